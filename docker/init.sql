@@ -1,0 +1,1 @@
+CREATE EXTENSION IF NOT EXISTS pg_meili_sync;

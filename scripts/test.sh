@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Runs every test tier: the test server against the recorded transcripts, the plain and in-Postgres
+# unit tests, and the end-to-end suite (set MEILI_URL and MEILI_MASTER_KEY to use a real Meilisearch).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+
+echo "== tier 1a: Meilisearch test server and transcript replay"
+cargo test --release -p meili-test-server
+
+echo "== tier 1b+2: plain #[test]s and #[pg_test]s inside PostgreSQL"
+pgdata=$(mktemp -d /tmp/pg_meili_sync_pgrx.XXXXXX)
+trap 'rm -rf "$pgdata"' EXIT
+rmdir "$pgdata"
+if [ "$(id -u)" -eq 0 ]; then
+    cargo pgrx test pg15 --runas postgres --pgdata "$pgdata"
+else
+    cargo pgrx test pg15
+fi
+
+echo "== tier 4: end to end"
+bash scripts/install.sh
+cargo test --release -p pg_meili_sync_e2e -- --test-threads=1

@@ -1,0 +1,28 @@
+-- Views over the catalog and the workers' shared-memory state. Keys never appear here.
+CREATE VIEW meili_sync_status AS
+SELECT t.id AS task,
+       t.source AS source_table,
+       t.index_uid,
+       t.url,
+       CASE
+           WHEN t.state IN ('stopped', 'error') THEN t.state
+           WHEN w.pid IS NOT NULL THEN w.phase
+           WHEN w.phase = 'error' THEN 'restarting'
+           ELSE 'starting'
+       END AS state,
+       w.pid AS worker_pid,
+       greatest(t.rows_copied, coalesce(w.rows_copied, 0)) AS rows_copied,
+       coalesce(w.documents_confirmed, 0) AS documents_confirmed,
+       coalesce(w.batches_in_flight, 0) AS batches_in_flight,
+       coalesce(w.retries, 0) AS retries,
+       coalesce(w.last_error, t.last_error) AS last_error,
+       CASE WHEN w.last_error IS NOT NULL THEN w.last_error_at ELSE t.last_error_at END AS last_error_at,
+       t.primary_key,
+       t.snapshot_started_at,
+       t.snapshot_finished_at,
+       t.created_at
+  FROM meili_sync.tasks t
+  LEFT JOIN meili_sync_worker_state() w ON w.task = t.id;
+
+REVOKE ALL ON meili_sync_status FROM PUBLIC;
+GRANT SELECT ON meili_sync_status TO pg_monitor, meili_sync_admin;

@@ -1,0 +1,366 @@
+//! The SQL functions: validate, write the catalog, and wake the launcher at COMMIT.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use pgrx::datum::TimestampWithTimeZone;
+use pgrx::prelude::*;
+use pgrx::{register_xact_callback, JsonB, PgRelation, PgXactCallbackEvent};
+
+use crate::catalog::{self, NewTask, RelationInfo};
+use crate::encode::ValueKind;
+use crate::error::{ErrorKind, OrRaise, SyncError};
+use crate::meili::client::{Client, MeiliError};
+use crate::options::{validate_index_uid, TaskOptions};
+use crate::{gucs, shmem};
+
+static WAKE_PENDING: AtomicBool = AtomicBool::new(false);
+
+/// Wakes the launcher when this transaction commits, so a new or changed task takes effect at once.
+fn wake_launcher_at_commit() {
+    if !WAKE_PENDING.swap(true, Ordering::Relaxed) {
+        register_xact_callback(PgXactCallbackEvent::Commit, || {
+            WAKE_PENDING.store(false, Ordering::Relaxed);
+            shmem::wake_launcher();
+        });
+        register_xact_callback(PgXactCallbackEvent::Abort, || {
+            WAKE_PENDING.store(false, Ordering::Relaxed);
+        });
+    }
+}
+
+fn require_admin() -> Result<(), SyncError> {
+    if catalog::current_role_is_admin()? {
+        Ok(())
+    } else {
+        Err(SyncError::new(
+            ErrorKind::Privilege,
+            "permission denied to manage meili_sync tasks",
+        )
+        .hint("Only superusers and members of the meili_sync_admin role can manage tasks."))
+    }
+}
+
+fn require_preloaded() -> Result<(), SyncError> {
+    if crate::preloaded() {
+        Ok(())
+    } else {
+        Err(SyncError::new(ErrorKind::Prerequisite, "pg_meili_sync is not loaded by shared_preload_libraries")
+            .hint("Add pg_meili_sync to shared_preload_libraries in postgresql.conf and restart the server."))
+    }
+}
+
+fn require_logical_wal() -> Result<(), SyncError> {
+    let level = catalog::wal_level()?;
+    if level == "logical" {
+        Ok(())
+    } else {
+        Err(SyncError::new(
+            ErrorKind::Prerequisite,
+            format!("wal_level is \"{level}\", not \"logical\""),
+        )
+        .hint("Set wal_level = logical in postgresql.conf and restart the server."))
+    }
+}
+
+/// Chooses the key columns: the `primary_key` option, else the table's primary key; checks that
+/// they identify rows and that the old key of a DELETE will be in the WAL.
+fn resolve_key(
+    info: &RelationInfo,
+    requested: Option<&Vec<String>>,
+) -> Result<Vec<String>, SyncError> {
+    let table = &info.qualified_name;
+    let key = match requested {
+        Some(names) => {
+            for name in names {
+                let column = info.columns.iter().find(|column| &column.name == name).ok_or_else(|| {
+                    SyncError::new(
+                        ErrorKind::UndefinedColumn,
+                        format!("column \"{name}\" of option \"primary_key\" does not exist in table {table}"),
+                    )
+                    .hint("Name columns of the table, as in its definition.")
+                })?;
+                if !column.not_null || column.generated {
+                    return Err(SyncError::new(
+                        ErrorKind::NoKey,
+                        format!("key column \"{name}\" of table {table} must be NOT NULL and not generated"),
+                    )
+                    .hint("Meilisearch needs an id for every document."));
+                }
+            }
+            let mut wanted = names.clone();
+            wanted.sort();
+            let unique = info.unique_keys.iter().any(|index| {
+                let mut columns = index.clone();
+                columns.sort();
+                columns == wanted
+            });
+            if !unique {
+                return Err(SyncError::new(
+                    ErrorKind::NoKey,
+                    format!("no unique index of table {table} is on exactly ({})", names.join(", ")),
+                )
+                .hint("Create a unique index on those columns, or name the columns of an existing one."));
+            }
+            names.clone()
+        }
+        None => info.primary_key.clone().ok_or_else(|| {
+            SyncError::new(ErrorKind::NoKey, format!("table {table} has no primary key"))
+                .hint("Add a primary key, or pass the columns of a unique NOT NULL index as the \"primary_key\" option.")
+        })?,
+    };
+    let mut sorted_key = key.clone();
+    sorted_key.sort();
+    let identity_covers_key = match info.replica_identity.as_str() {
+        "f" => true,
+        "d" => info.primary_key.as_ref().is_some_and(|pk| {
+            let mut pk = pk.clone();
+            pk.sort();
+            pk == sorted_key
+        }),
+        "i" => info.replica_identity_index.as_ref().is_some_and(|index| {
+            let mut index = index.clone();
+            index.sort();
+            index == sorted_key
+        }),
+        _ => false,
+    };
+    if !identity_covers_key {
+        return Err(SyncError::new(
+            ErrorKind::NoKey,
+            format!("the replica identity of table {table} does not carry the key ({})", key.join(", ")),
+        )
+        .detail("Deleted rows are found by their old key, which logical decoding takes from the replica identity.")
+        .hint(format!(
+            "Run ALTER TABLE {table} REPLICA IDENTITY USING INDEX <unique index on the key>, or REPLICA IDENTITY FULL."
+        )));
+    }
+    for name in &key {
+        let Some(column) = info.columns.iter().find(|column| &column.name == name) else {
+            continue;
+        };
+        let kind = catalog::value_kind(column.type_oid)?;
+        if matches!(
+            kind,
+            ValueKind::Json | ValueKind::Float | ValueKind::Array(_)
+        ) {
+            return Err(SyncError::new(
+                ErrorKind::UnsupportedType,
+                format!("key column \"{name}\" has type {}, which cannot be a Meilisearch document id", column.type_name),
+            )
+            .hint("Use an integer, text, uuid, numeric, date or time key, or pass other columns as \"primary_key\"."));
+        }
+    }
+    Ok(key)
+}
+
+fn check_column_names(
+    info: &RelationInfo,
+    option: &str,
+    names: &[String],
+) -> Result<(), SyncError> {
+    for name in names {
+        if !info.columns.iter().any(|column| &column.name == name) {
+            return Err(SyncError::new(
+                ErrorKind::UndefinedColumn,
+                format!(
+                    "column \"{name}\" of option \"{option}\" does not exist in table {}",
+                    info.qualified_name
+                ),
+            )
+            .hint("Name columns of the table, as in its definition."));
+        }
+    }
+    Ok(())
+}
+
+fn start_task(
+    source: &PgRelation,
+    index_uid: &str,
+    options: &serde_json::Value,
+) -> Result<i64, SyncError> {
+    require_admin()?;
+    require_preloaded()?;
+    require_logical_wal()?;
+    validate_index_uid(index_uid)?;
+    let parsed = TaskOptions::parse(options)?;
+    let url = parsed
+        .url
+        .clone()
+        .or_else(gucs::default_url)
+        .ok_or_else(|| {
+            SyncError::new(ErrorKind::InvalidParameter, "no Meilisearch URL given")
+                .hint("Pass {\"url\": \"http://host:7700\"} in the options, or set meili_sync.url.")
+        })?;
+    crate::options::validate_url(&url)?;
+    let url = url.trim_end_matches('/').to_owned();
+
+    let info = catalog::relation_info(source.oid())?;
+    let table = &info.qualified_name;
+    if info.relkind != "r" {
+        return Err(SyncError::new(ErrorKind::InvalidParameter, format!("{table} is not an ordinary table"))
+            .hint("Sync an ordinary table; partitioned tables, views and foreign tables are not supported."));
+    }
+    if info.persistence != "p" {
+        return Err(SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!("table {table} is temporary or unlogged, so its changes are not in the WAL"),
+        )
+        .hint(format!(
+            "Run ALTER TABLE {table} SET LOGGED, or sync a permanent table."
+        )));
+    }
+    if let Some(columns) = &parsed.columns {
+        check_column_names(&info, "columns", columns)?;
+    }
+    check_column_names(&info, "exclude_columns", &parsed.exclude_columns)?;
+    let key = resolve_key(&info, parsed.primary_key.as_ref())?;
+    if let Some(name) = parsed
+        .exclude_columns
+        .iter()
+        .find(|name| key.contains(name))
+    {
+        return Err(SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!("option \"exclude_columns\" leaves out key column \"{name}\""),
+        )
+        .hint("The key columns identify each document and are always sent."));
+    }
+    if let Some(existing) = catalog::task_exists(source.oid(), &url, index_uid)? {
+        return Err(SyncError::new(
+            ErrorKind::DuplicateTask,
+            format!("task {existing} already syncs {table} into index \"{index_uid}\" at {url}"),
+        )
+        .hint(format!("Use meili_sync_snapshot({existing}) to copy the table again, or meili_sync_drop({existing}) first.")));
+    }
+    let api_key = parsed.api_key.clone().or_else(gucs::default_api_key);
+    let id = catalog::insert_task(
+        NewTask {
+            relid: source.oid(),
+            index_uid,
+            url: &url,
+            api_key: api_key.as_deref(),
+            primary_key: &key,
+            options: parsed.to_stored_json(),
+        },
+        table,
+    )?;
+    wake_launcher_at_commit();
+    Ok(id)
+}
+
+/// Creates a task that copies `source` into the Meilisearch index `index_uid` and keeps it in step.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_start(source: PgRelation, index_uid: &str, options: default!(JsonB, "'{}'")) -> i64 {
+    start_task(&source, index_uid, &options.0).or_raise()
+}
+
+/// Stops a task's worker; its slot and progress are kept.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_stop(task: i64) -> bool {
+    let result = (|| {
+        require_admin()?;
+        let record = catalog::require_task(task)?;
+        catalog::set_state(record.id, "stopped")?;
+        wake_launcher_at_commit();
+        Ok(true)
+    })();
+    result.or_raise()
+}
+
+/// Copies the whole table into the index again, then keeps streaming.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_snapshot(task: i64) -> bool {
+    let result = (|| {
+        require_admin()?;
+        let record = catalog::require_task(task)?;
+        catalog::reset_snapshot(record.id)?;
+        wake_launcher_at_commit();
+        Ok(true)
+    })();
+    result.or_raise()
+}
+
+fn delete_index(record: &catalog::TaskRecord) -> Result<(), SyncError> {
+    let failed = |error: MeiliError| {
+        SyncError::new(
+            ErrorKind::Meilisearch,
+            format!(
+                "could not delete Meilisearch index \"{}\": {error}",
+                record.index_uid
+            ),
+        )
+        .hint("Check that Meilisearch is reachable, or drop the task with drop_index => false.")
+    };
+    let client = Client::new(
+        &record.url,
+        record.api_key.as_deref(),
+        Duration::from_secs(30),
+    )
+    .map_err(failed)?;
+    if client
+        .get_index(&record.index_uid)
+        .map_err(failed)?
+        .is_none()
+    {
+        return Ok(());
+    }
+    let uid = client.delete_index(&record.index_uid).map_err(failed)?;
+    client
+        .wait_task(uid, Duration::from_secs(60))
+        .map_err(failed)?;
+    Ok(())
+}
+
+/// Removes a task: its worker, publication, slot and catalog rows; with `drop_index`, the index too.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_drop(task: i64, drop_index: default!(bool, false)) -> bool {
+    let result = (|| {
+        require_admin()?;
+        let record = catalog::require_task(task)?;
+        if drop_index {
+            delete_index(&record)?;
+        }
+        catalog::delete_task(&record)?;
+        wake_launcher_at_commit();
+        Ok(true)
+    })();
+    result.or_raise()
+}
+
+/// Live state of every task worker, from shared memory; the status view joins it with the catalog.
+#[pg_extern(volatile, parallel_safe)]
+fn meili_sync_worker_state() -> TableIterator<
+    'static,
+    (
+        name!(task, i64),
+        name!(pid, Option<i32>),
+        name!(phase, Option<String>),
+        name!(rows_copied, i64),
+        name!(documents_confirmed, i64),
+        name!(batches_in_flight, i32),
+        name!(retries, i64),
+        name!(last_error, Option<String>),
+        name!(last_error_at, Option<TimestampWithTimeZone>),
+    ),
+> {
+    let tasks = if crate::preloaded() {
+        shmem::live_tasks()
+    } else {
+        Vec::new()
+    };
+    TableIterator::new(tasks.into_iter().map(|live| {
+        (
+            live.task_id,
+            live.pid,
+            live.phase.map(|phase| phase.as_str().to_owned()),
+            live.rows_copied,
+            live.docs_confirmed,
+            live.batches_inflight,
+            live.retries,
+            live.last_error,
+            live.last_error_at
+                .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),
+        )
+    }))
+}

@@ -1,0 +1,671 @@
+//! Batching of encoded documents into Meilisearch requests, and the
+//! watermark of confirmed checkpoints.
+//!
+//! The [`Batcher`] groups consecutive items of one [`Operation`] into one
+//! request body and closes the batch when the operation changes, so that
+//! Meilisearch applies operations in commit order, or when a count, size or
+//! age limit is reached. Checkpoints (commit LSNs, snapshot pages) ride on
+//! the batch that holds the last item before them. The [`Watermark`] then
+//! tells which checkpoint is safe: the newest one such that every batch
+//! sent before it is confirmed by Meilisearch.
+
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// What a batch asks Meilisearch to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Operation {
+    /// Add or replace whole documents: `POST /indexes/{uid}/documents`, NDJSON.
+    Replace,
+    /// Add or update fields of documents: `PUT /indexes/{uid}/documents`, NDJSON.
+    Update,
+    /// Delete by id: `POST /indexes/{uid}/documents/delete-batch`, a JSON array of ids.
+    Delete,
+    /// Delete every document: `DELETE /indexes/{uid}/documents`, no body.
+    DeleteAll,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BatchLimits {
+    /// Items per batch (at least 1).
+    pub max_docs: usize,
+    /// Body bytes per batch; a single larger item forms a batch alone.
+    pub max_bytes: usize,
+    /// How long a batch may stay open before [`Batcher::flush_due`] closes it.
+    pub max_age: Duration,
+}
+
+/// One request's worth of items.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// 1 for the first batch of a [`Batcher`], then increasing by 1.
+    pub seq: u64,
+    pub op: Operation,
+    /// NDJSON for `Replace`/`Update`, `[id,…]` for `Delete`, empty for `DeleteAll`.
+    pub body: Vec<u8>,
+    /// Items in the batch (documents, ids, or merged delete-alls).
+    pub docs: usize,
+    /// The newest checkpoint that this batch completes, if any.
+    pub checkpoint: Option<u64>,
+}
+
+struct OpenBatch {
+    op: Operation,
+    body: Vec<u8>,
+    docs: usize,
+    opened_at: Instant,
+    checkpoint: Option<u64>,
+}
+
+impl OpenBatch {
+    /// Body length once closed if `item_len` more bytes were added.
+    fn len_with(&self, item_len: usize) -> usize {
+        match self.op {
+            // Item and its newline.
+            Operation::Replace | Operation::Update => self.body.len() + item_len + 1,
+            // Item, its separator ('[' for the first, holds already), and ']'.
+            Operation::Delete => self.body.len() + usize::from(self.docs > 0) + item_len + 1,
+            Operation::DeleteAll => 0,
+        }
+    }
+
+    fn closed_len(&self) -> usize {
+        match self.op {
+            Operation::Delete => self.body.len() + 1,
+            _ => self.body.len(),
+        }
+    }
+
+    fn add(&mut self, item: &[u8]) {
+        match self.op {
+            Operation::Replace | Operation::Update => {
+                self.body.extend_from_slice(item);
+                self.body.push(b'\n');
+            }
+            Operation::Delete => {
+                if self.docs > 0 {
+                    self.body.push(b',');
+                }
+                self.body.extend_from_slice(item);
+            }
+            Operation::DeleteAll => {}
+        }
+        self.docs += 1;
+    }
+}
+
+/// Groups items into batches; see the module doc.
+pub struct Batcher {
+    limits: BatchLimits,
+    open: Option<OpenBatch>,
+    next_seq: u64,
+    pending_checkpoint: Option<u64>,
+}
+
+impl Batcher {
+    pub fn new(limits: BatchLimits) -> Self {
+        Batcher {
+            limits: BatchLimits {
+                max_docs: limits.max_docs.max(1),
+                max_bytes: limits.max_bytes.max(1),
+                max_age: limits.max_age,
+            },
+            open: None,
+            next_seq: 1,
+            pending_checkpoint: None,
+        }
+    }
+
+    /// Adds one item: an encoded document for `Replace`/`Update`, an encoded
+    /// id for `Delete`, nothing for `DeleteAll`. Returns the batch this push
+    /// closed, if any.
+    ///
+    /// The open batch is closed *before* adding when the operation changes,
+    /// when it is already full, or when the item would overflow `max_bytes`;
+    /// otherwise it is closed *after* adding if that filled it. So a push
+    /// closes at most one batch. The one case where a full batch stays open
+    /// (an operation change whose first item fills the new batch) is closed
+    /// by the next `push`, `flush_due` or `flush`.
+    pub fn push(&mut self, op: Operation, item: &[u8], now: Instant) -> Option<Batch> {
+        let closed = match &self.open {
+            Some(open)
+                if open.op != op
+                    || self.is_full(open)
+                    || open.len_with(item.len()) > self.limits.max_bytes =>
+            {
+                self.flush()
+            }
+            _ => None,
+        };
+        let open = self.open.get_or_insert_with(|| OpenBatch {
+            op,
+            body: if op == Operation::Delete {
+                vec![b'[']
+            } else {
+                Vec::new()
+            },
+            docs: 0,
+            opened_at: now,
+            // A checkpoint marked while no batch was open is completed by
+            // this batch too, in case the caller did not take it.
+            checkpoint: self.pending_checkpoint.take(),
+        });
+        open.add(item);
+        match closed {
+            Some(batch) => Some(batch),
+            None if self.open.as_ref().is_some_and(|open| self.is_full(open)) => self.flush(),
+            None => None,
+        }
+    }
+
+    /// Everything pushed so far is covered by `checkpoint`.
+    pub fn mark_checkpoint(&mut self, checkpoint: u64) {
+        match &mut self.open {
+            Some(open) => open.checkpoint = Some(checkpoint),
+            None => self.pending_checkpoint = Some(checkpoint),
+        }
+    }
+
+    /// A checkpoint marked after the last closed batch with no item after
+    /// it (e.g. a commit with nothing to send): safe once every batch sent
+    /// so far is confirmed (see [`Watermark::standalone`]).
+    pub fn take_pending_checkpoint(&mut self) -> Option<u64> {
+        self.pending_checkpoint.take()
+    }
+
+    /// Closes the open batch if it is older than `max_age` (or full).
+    pub fn flush_due(&mut self, now: Instant) -> Option<Batch> {
+        let open = self.open.as_ref()?;
+        if now.saturating_duration_since(open.opened_at) >= self.limits.max_age
+            || self.is_full(open)
+        {
+            self.flush()
+        } else {
+            None
+        }
+    }
+
+    /// Closes the open batch, if any.
+    pub fn flush(&mut self) -> Option<Batch> {
+        let mut open = self.open.take()?;
+        if open.op == Operation::Delete {
+            open.body.push(b']');
+        }
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        Some(Batch {
+            seq,
+            op: open.op,
+            body: open.body,
+            docs: open.docs,
+            checkpoint: open.checkpoint,
+        })
+    }
+
+    /// No batch is open.
+    pub fn is_empty(&self) -> bool {
+        self.open.is_none()
+    }
+
+    /// How long the open batch has been open.
+    pub fn open_age(&self, now: Instant) -> Option<Duration> {
+        self.open
+            .as_ref()
+            .map(|open| now.saturating_duration_since(open.opened_at))
+    }
+
+    fn is_full(&self, open: &OpenBatch) -> bool {
+        open.docs >= self.limits.max_docs || open.closed_len() >= self.limits.max_bytes
+    }
+}
+
+struct Sent {
+    /// `None` for a standalone checkpoint.
+    seq: Option<u64>,
+    checkpoint: Option<u64>,
+    confirmed: bool,
+}
+
+/// The newest checkpoint such that every batch sent up to it is confirmed.
+///
+/// A batch that failed for good counts once the caller has dealt with its
+/// documents (e.g. dead-lettered them): it then calls [`Watermark::confirmed`].
+#[derive(Default)]
+pub struct Watermark {
+    /// In send order; the front is the oldest not-yet-released entry.
+    queue: VecDeque<Sent>,
+    unconfirmed: usize,
+}
+
+impl Watermark {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// A batch was handed to the writer, in seq order.
+    pub fn sent(&mut self, seq: u64, checkpoint: Option<u64>) {
+        self.queue.push_back(Sent {
+            seq: Some(seq),
+            checkpoint,
+            confirmed: false,
+        });
+        self.unconfirmed += 1;
+    }
+
+    /// Meilisearch confirmed batch `seq`. Returns the newest checkpoint that
+    /// became safe, or `None` if the watermark did not move.
+    pub fn confirmed(&mut self, seq: u64) -> Option<u64> {
+        let entry = self
+            .queue
+            .iter_mut()
+            .find(|entry| entry.seq == Some(seq) && !entry.confirmed)?;
+        entry.confirmed = true;
+        self.unconfirmed -= 1;
+        self.release()
+    }
+
+    /// A checkpoint with no batch of its own: safe once everything sent
+    /// before it is confirmed. Returns it at once if that is already so.
+    pub fn standalone(&mut self, checkpoint: u64) -> Option<u64> {
+        self.queue.push_back(Sent {
+            seq: None,
+            checkpoint: Some(checkpoint),
+            confirmed: true,
+        });
+        self.release()
+    }
+
+    /// Batches sent and not yet confirmed.
+    pub fn inflight(&self) -> usize {
+        self.unconfirmed
+    }
+
+    fn release(&mut self) -> Option<u64> {
+        let mut newest = None;
+        while self.queue.front().is_some_and(|entry| entry.confirmed) {
+            if let Some(entry) = self.queue.pop_front() {
+                newest = entry.checkpoint.or(newest);
+            }
+        }
+        newest
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn limits(max_docs: usize, max_bytes: usize) -> BatchLimits {
+        BatchLimits {
+            max_docs,
+            max_bytes,
+            max_age: Duration::from_secs(1),
+        }
+    }
+
+    /// Deterministic xorshift64 for property-style tests.
+    struct Prng(u64);
+
+    impl Prng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+
+        fn below(&mut self, bound: usize) -> usize {
+            (self.next() % bound as u64) as usize
+        }
+    }
+
+    #[test]
+    fn bodies_are_ndjson_or_id_arrays() {
+        let now = Instant::now();
+        let mut batcher = Batcher::new(limits(100, 1 << 20));
+        assert!(batcher
+            .push(Operation::Replace, b"{\"id\":1}", now)
+            .is_none());
+        assert!(batcher
+            .push(Operation::Replace, b"{\"id\":2}", now)
+            .is_none());
+        let replace = batcher
+            .push(Operation::Delete, b"3", now)
+            .expect("op change closes");
+        assert_eq!(replace.seq, 1);
+        assert_eq!(replace.op, Operation::Replace);
+        assert_eq!(replace.body, b"{\"id\":1}\n{\"id\":2}\n");
+        assert_eq!(replace.docs, 2);
+        batcher.push(Operation::Delete, b"\"a\"", now);
+        let delete = batcher
+            .push(Operation::DeleteAll, b"", now)
+            .expect("op change");
+        assert_eq!((delete.seq, delete.op), (2, Operation::Delete));
+        assert_eq!(delete.body, b"[3,\"a\"]");
+        assert_eq!(delete.docs, 2);
+        batcher.push(Operation::DeleteAll, b"", now);
+        let update = batcher
+            .push(Operation::Update, b"{\"id\":4}", now)
+            .expect("op change");
+        assert_eq!(
+            (update.seq, update.op, update.docs),
+            (3, Operation::DeleteAll, 2)
+        );
+        assert!(update.body.is_empty());
+        let last = batcher.flush().expect("open batch");
+        assert_eq!((last.seq, last.op), (4, Operation::Update));
+        assert_eq!(last.body, b"{\"id\":4}\n");
+        assert!(batcher.flush().is_none());
+        assert!(batcher.is_empty());
+    }
+
+    #[test]
+    fn count_limit_closes_after_the_last_item() {
+        let now = Instant::now();
+        let mut batcher = Batcher::new(limits(2, 1 << 20));
+        assert!(batcher.push(Operation::Replace, b"{}", now).is_none());
+        let batch = batcher.push(Operation::Replace, b"{}", now).expect("full");
+        assert_eq!(batch.docs, 2);
+        assert!(batcher.is_empty());
+    }
+
+    #[test]
+    fn byte_limit_closes_before_overflowing() {
+        let now = Instant::now();
+        // Each item takes 4 bytes with its newline.
+        let mut batcher = Batcher::new(limits(100, 10));
+        assert!(batcher.push(Operation::Replace, b"aaa", now).is_none());
+        assert!(batcher.push(Operation::Replace, b"bbb", now).is_none());
+        let batch = batcher
+            .push(Operation::Replace, b"ccc", now)
+            .expect("would overflow");
+        assert_eq!(batch.body, b"aaa\nbbb\n");
+        // Exactly max_bytes closes after adding.
+        let mut batcher = Batcher::new(limits(100, 8));
+        batcher.push(Operation::Replace, b"aaa", now);
+        let batch = batcher
+            .push(Operation::Replace, b"bbb", now)
+            .expect("exactly full");
+        assert_eq!(batch.body.len(), 8);
+        // A delete body counts its brackets and commas: `[1,2]` is 5 bytes.
+        let mut batcher = Batcher::new(limits(100, 5));
+        batcher.push(Operation::Delete, b"1", now);
+        let batch = batcher
+            .push(Operation::Delete, b"2", now)
+            .expect("exactly full");
+        assert_eq!(batch.body, b"[1,2]");
+        let mut batcher = Batcher::new(limits(100, 4));
+        batcher.push(Operation::Delete, b"1", now);
+        let batch = batcher
+            .push(Operation::Delete, b"2", now)
+            .expect("would overflow");
+        assert_eq!(batch.body, b"[1]");
+    }
+
+    #[test]
+    fn oversized_item_forms_a_batch_alone() {
+        let now = Instant::now();
+        let mut batcher = Batcher::new(limits(100, 10));
+        batcher.push(Operation::Replace, b"a", now);
+        let first = batcher
+            .push(Operation::Replace, b"0123456789abc", now)
+            .expect("closes a");
+        assert_eq!(first.body, b"a\n");
+        let big = batcher.flush_due(now).expect("oversized batch is full");
+        assert_eq!(big.body, b"0123456789abc\n");
+        let big = batcher
+            .push(Operation::Replace, b"0123456789abc", now)
+            .expect("alone and full at once");
+        assert_eq!(big.docs, 1);
+    }
+
+    #[test]
+    fn op_change_into_a_full_batch_closes_it_on_the_next_push() {
+        let now = Instant::now();
+        let mut batcher = Batcher::new(limits(1, 1 << 20));
+        let mut batches = Vec::new();
+        for (op, item) in [
+            (Operation::Replace, &b"{\"id\":1}"[..]),
+            (Operation::Delete, b"1"),
+            (Operation::Replace, b"{\"id\":1}"),
+        ] {
+            batches.extend(batcher.push(op, item, now));
+        }
+        batches.extend(batcher.flush());
+        let ops: Vec<(u64, Operation)> = batches.iter().map(|b| (b.seq, b.op)).collect();
+        assert_eq!(
+            ops,
+            [
+                (1, Operation::Replace),
+                (2, Operation::Delete),
+                (3, Operation::Replace)
+            ]
+        );
+    }
+
+    #[test]
+    fn age_limit() {
+        let start = Instant::now();
+        let mut batcher = Batcher::new(limits(100, 1 << 20));
+        assert!(batcher.flush_due(start).is_none());
+        assert_eq!(batcher.open_age(start), None);
+        batcher.push(Operation::Replace, b"{}", start);
+        batcher.push(
+            Operation::Replace,
+            b"{}",
+            start + Duration::from_millis(900),
+        );
+        assert_eq!(
+            batcher.open_age(start + Duration::from_millis(500)),
+            Some(Duration::from_millis(500))
+        );
+        assert!(batcher
+            .flush_due(start + Duration::from_millis(999))
+            .is_none());
+        let batch = batcher
+            .flush_due(start + Duration::from_secs(1))
+            .expect("old");
+        assert_eq!(batch.docs, 2);
+    }
+
+    #[test]
+    fn checkpoints_ride_on_batches() {
+        let now = Instant::now();
+        let mut batcher = Batcher::new(limits(100, 1 << 20));
+        batcher.push(Operation::Replace, b"{}", now);
+        batcher.mark_checkpoint(10);
+        batcher.push(Operation::Replace, b"{}", now);
+        batcher.mark_checkpoint(20);
+        assert_eq!(batcher.take_pending_checkpoint(), None);
+        let batch = batcher
+            .push(Operation::Delete, b"1", now)
+            .expect("op change");
+        assert_eq!(batch.checkpoint, Some(20));
+        let batch = batcher.flush().expect("open");
+        assert_eq!(batch.checkpoint, None);
+        batcher.mark_checkpoint(30);
+        batcher.mark_checkpoint(40);
+        assert_eq!(batcher.take_pending_checkpoint(), Some(40));
+        assert_eq!(batcher.take_pending_checkpoint(), None);
+    }
+
+    #[test]
+    fn an_untaken_pending_checkpoint_joins_the_next_batch() {
+        let now = Instant::now();
+        let mut batcher = Batcher::new(limits(100, 1 << 20));
+        batcher.mark_checkpoint(5);
+        batcher.push(Operation::Replace, b"{}", now);
+        assert_eq!(batcher.take_pending_checkpoint(), None);
+        assert_eq!(batcher.flush().expect("open").checkpoint, Some(5));
+    }
+
+    #[test]
+    fn watermark_moves_over_a_contiguous_confirmed_prefix() {
+        let mut watermark = Watermark::new();
+        watermark.sent(1, Some(100));
+        watermark.sent(2, None);
+        watermark.sent(3, Some(300));
+        watermark.sent(4, Some(400));
+        assert_eq!(watermark.inflight(), 4);
+        assert_eq!(watermark.confirmed(2), None);
+        assert_eq!(watermark.confirmed(4), None);
+        assert_eq!(watermark.confirmed(1), Some(100));
+        assert_eq!(watermark.inflight(), 1);
+        assert_eq!(watermark.confirmed(3), Some(400));
+        assert_eq!(watermark.inflight(), 0);
+        assert_eq!(watermark.confirmed(3), None);
+        assert_eq!(watermark.confirmed(99), None);
+    }
+
+    #[test]
+    fn standalone_checkpoints_wait_for_earlier_batches() {
+        let mut watermark = Watermark::new();
+        assert_eq!(watermark.standalone(5), Some(5));
+        watermark.sent(1, Some(10));
+        assert_eq!(watermark.standalone(15), None);
+        watermark.sent(2, None);
+        assert_eq!(watermark.standalone(25), None);
+        assert_eq!(watermark.confirmed(2), None);
+        assert_eq!(watermark.confirmed(1), Some(25));
+        assert_eq!(watermark.inflight(), 0);
+    }
+
+    /// Random pushes, checkpoints and confirmation orders: every item comes
+    /// out once, in order, and a checkpoint is released only when all batches
+    /// holding items pushed before it are confirmed.
+    #[test]
+    fn random_streams_keep_order_and_safety() {
+        enum Event {
+            Sent(Batch),
+            Standalone(u64),
+        }
+        let ops = [
+            Operation::Replace,
+            Operation::Update,
+            Operation::Delete,
+            Operation::DeleteAll,
+        ];
+        let max_bytes = 40;
+        let mut prng = Prng(0x2545_f491_4f6c_dd1d);
+        for round in 0..300 {
+            let start = Instant::now();
+            let mut batcher = Batcher::new(BatchLimits {
+                max_docs: 1 + prng.below(5),
+                max_bytes: 1 + prng.below(max_bytes),
+                max_age: Duration::from_millis(prng.below(50) as u64),
+            });
+            let mut events = Vec::new();
+            let mut pushed: Vec<(Operation, Vec<u8>)> = Vec::new();
+            // (items pushed before it, checkpoint), in marking order.
+            let mut checkpoints: Vec<(usize, u64)> = Vec::new();
+            for step in 0..60 {
+                let now = start + Duration::from_millis(step);
+                match prng.below(4) {
+                    0 => {
+                        let checkpoint = checkpoints.len() as u64 + 1;
+                        checkpoints.push((pushed.len(), checkpoint));
+                        batcher.mark_checkpoint(checkpoint);
+                        events.extend(batcher.take_pending_checkpoint().map(Event::Standalone));
+                    }
+                    1 => events.extend(batcher.flush_due(now).map(Event::Sent)),
+                    _ => {
+                        let op = ops[prng.below(ops.len())];
+                        let item = match op {
+                            Operation::DeleteAll => Vec::new(),
+                            _ => pushed
+                                .len()
+                                .to_string()
+                                .repeat(1 + prng.below(8))
+                                .into_bytes(),
+                        };
+                        events.extend(batcher.push(op, &item, now).map(Event::Sent));
+                        pushed.push((op, item));
+                    }
+                }
+            }
+            events.extend(batcher.flush().map(Event::Sent));
+
+            let mut watermark = Watermark::new();
+            let mut batches = Vec::new();
+            let mut safe = 0;
+            for event in events {
+                match event {
+                    Event::Sent(batch) => {
+                        watermark.sent(batch.seq, batch.checkpoint);
+                        batches.push(batch);
+                    }
+                    Event::Standalone(checkpoint) => {
+                        // Only with nothing in flight is it released at once.
+                        let released = watermark.standalone(checkpoint);
+                        assert_eq!(released.is_some(), batches.is_empty(), "round {round}");
+                        safe = released.unwrap_or(safe);
+                    }
+                }
+            }
+
+            // Order and content: the batches give back the pushes.
+            let seqs: Vec<u64> = batches.iter().map(|b| b.seq).collect();
+            assert_eq!(seqs, (1..=batches.len() as u64).collect::<Vec<_>>());
+            let mut rebuilt: Vec<(Operation, Vec<u8>)> = Vec::new();
+            for batch in &batches {
+                let items: Vec<Vec<u8>> = match batch.op {
+                    Operation::Replace | Operation::Update => batch
+                        .body
+                        .split(|&b| b == b'\n')
+                        .filter(|line| !line.is_empty())
+                        .map(<[u8]>::to_vec)
+                        .collect(),
+                    Operation::Delete => batch.body[1..batch.body.len() - 1]
+                        .split(|&b| b == b',')
+                        .map(<[u8]>::to_vec)
+                        .collect(),
+                    Operation::DeleteAll => vec![Vec::new(); batch.docs],
+                };
+                assert_eq!(items.len(), batch.docs, "round {round}");
+                assert!(
+                    batch.docs == 1 || batch.body.len() <= max_bytes,
+                    "round {round}"
+                );
+                rebuilt.extend(items.into_iter().map(|item| (batch.op, item)));
+            }
+            assert_eq!(rebuilt, pushed, "round {round}");
+
+            // Safety under a random confirmation order.
+            let mut first_item = Vec::new();
+            let mut count = 0;
+            for batch in &batches {
+                first_item.push(count);
+                count += batch.docs;
+            }
+            let mut order: Vec<usize> = (0..batches.len()).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, prng.below(i + 1));
+            }
+            let mut confirmed = vec![false; batches.len()];
+            for index in order {
+                confirmed[index] = true;
+                if let Some(checkpoint) = watermark.confirmed(batches[index].seq) {
+                    assert!(checkpoint > safe, "round {round}: watermark went back");
+                    safe = checkpoint;
+                }
+                let covered_items = checkpoints
+                    .iter()
+                    .filter(|(_, checkpoint)| *checkpoint <= safe)
+                    .map(|(items, _)| *items)
+                    .max()
+                    .unwrap_or(0);
+                for (batch_index, first) in first_item.iter().enumerate() {
+                    if *first < covered_items {
+                        assert!(confirmed[batch_index], "round {round}: released too early");
+                    }
+                }
+            }
+            assert_eq!(watermark.inflight(), 0);
+            let last = checkpoints.last().map_or(0, |(_, checkpoint)| *checkpoint);
+            assert_eq!(
+                safe, last,
+                "round {round}: every checkpoint released at the end"
+            );
+        }
+    }
+}

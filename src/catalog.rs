@@ -1,0 +1,593 @@
+//! All SPI: the task catalog, progress, slots and publications, and reading source pages.
+//!
+//! Every function here expects to run inside a transaction (the caller's, or one a worker opened).
+
+use std::ffi::CStr;
+
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use pgrx::spi::quote_identifier;
+use pgrx::JsonB;
+
+use crate::encode::ValueKind;
+use crate::error::{ErrorKind, SyncError};
+
+pub type CatalogResult<T> = Result<T, SyncError>;
+
+/// A column of the source table as the catalog describes it.
+#[derive(Debug, Clone)]
+pub struct ColumnInfo {
+    pub name: String,
+    pub type_oid: pg_sys::Oid,
+    pub type_name: String,
+    pub not_null: bool,
+    pub generated: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct RelationInfo {
+    pub qualified_name: String,
+    pub relkind: String,
+    pub persistence: String,
+    pub replica_identity: String,
+    pub columns: Vec<ColumnInfo>,
+    pub primary_key: Option<Vec<String>>,
+    pub replica_identity_index: Option<Vec<String>>,
+    pub unique_keys: Vec<Vec<String>>,
+}
+
+/// One task row, with its key: only the worker and privileged functions load it.
+#[derive(Debug, Clone)]
+pub struct TaskRecord {
+    pub id: i64,
+    pub relid: pg_sys::Oid,
+    pub relation: String,
+    pub index_uid: String,
+    pub url: String,
+    pub api_key: Option<String>,
+    pub primary_key: Vec<String>,
+    pub options: serde_json::Value,
+    pub state: String,
+    pub slot_name: String,
+    pub publication_name: String,
+    pub snapshot_key: Option<Vec<String>>,
+    pub rows_copied: i64,
+}
+
+/// A task as the launcher sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskSummary {
+    pub id: i64,
+    pub active: bool,
+    pub generation: i32,
+}
+
+/// Runs a read-only query and returns the first column of its first row. pgrx's `Spi::get_one`
+/// and `Spi::run` mark the transaction as writing, which assigns it an xid: a worker polling
+/// the catalog would burn xids, and a slot cannot be created after one.
+fn select_one<T: IntoDatum + FromDatum>(
+    query: &str,
+    args: &[DatumWithOid],
+) -> CatalogResult<Option<T>> {
+    Spi::connect(|client| {
+        let table = client.select(query, Some(1), args)?;
+        if table.is_empty() {
+            Ok(None)
+        } else {
+            Ok(table.first().get_one::<T>()?)
+        }
+    })
+}
+
+fn names_from(value: Option<Vec<Option<String>>>) -> Option<Vec<String>> {
+    value.map(|names| names.into_iter().flatten().collect())
+}
+
+pub fn current_role_is_admin() -> CatalogResult<bool> {
+    Ok(select_one::<bool>(
+        "SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user)
+             OR pg_catalog.pg_has_role(current_user, 'meili_sync_admin', 'MEMBER')",
+        &[],
+    )?
+    .unwrap_or(false))
+}
+
+pub fn wal_level() -> CatalogResult<String> {
+    Ok(
+        select_one::<String>("SELECT pg_catalog.current_setting('wal_level')", &[])?
+            .unwrap_or_default(),
+    )
+}
+
+pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
+    Spi::connect(|client| {
+        let mut header = client.select(
+            "SELECT c.relkind::text, c.relpersistence::text, c.relreplident::text,
+                    pg_catalog.format('%I.%I', n.nspname, c.relname)
+               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+              WHERE c.oid = $1",
+            Some(1),
+            &[relid.into()],
+        )?;
+        let Some(row) = header.next() else {
+            return Err(SyncError::new(
+                ErrorKind::UndefinedTable,
+                format!("relation with OID {relid} does not exist"),
+            ));
+        };
+        let relkind: String = row.get(1)?.unwrap_or_default();
+        let persistence: String = row.get(2)?.unwrap_or_default();
+        let replica_identity: String = row.get(3)?.unwrap_or_default();
+        let qualified_name: String = row.get(4)?.unwrap_or_default();
+
+        let mut columns = Vec::new();
+        let rows = client.select(
+            "SELECT a.attname::text, a.atttypid, pg_catalog.format_type(a.atttypid, a.atttypmod),
+                    a.attnotnull, a.attgenerated <> ''
+               FROM pg_catalog.pg_attribute a
+              WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
+              ORDER BY a.attnum",
+            None,
+            &[relid.into()],
+        )?;
+        for row in rows {
+            columns.push(ColumnInfo {
+                name: row.get(1)?.unwrap_or_default(),
+                type_oid: row.get(2)?.unwrap_or(pg_sys::InvalidOid),
+                type_name: row.get(3)?.unwrap_or_default(),
+                not_null: row.get(4)?.unwrap_or(false),
+                generated: row.get(5)?.unwrap_or(false),
+            });
+        }
+
+        let mut primary_key = None;
+        let mut replica_identity_index = None;
+        let mut unique_keys = Vec::new();
+        let indexes = client.select(
+            "SELECT i.indisprimary, i.indisreplident,
+                    ARRAY(SELECT a.attname::text
+                            FROM unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
+                            JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                           ORDER BY k.ord)
+               FROM pg_catalog.pg_index i
+              WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid AND i.indpred IS NULL
+                AND i.indexprs IS NULL AND i.indimmediate",
+            None,
+            &[relid.into()],
+        )?;
+        for row in indexes {
+            let is_primary: bool = row.get(1)?.unwrap_or(false);
+            let is_replica_identity: bool = row.get(2)?.unwrap_or(false);
+            let Some(names) = names_from(row.get::<Vec<Option<String>>>(3)?) else {
+                continue;
+            };
+            if is_primary {
+                primary_key = Some(names.clone());
+            }
+            if is_replica_identity {
+                replica_identity_index = Some(names.clone());
+            }
+            unique_keys.push(names);
+        }
+        Ok(RelationInfo {
+            qualified_name,
+            relkind,
+            persistence,
+            replica_identity,
+            columns,
+            primary_key,
+            replica_identity_index,
+            unique_keys,
+        })
+    })
+}
+
+/// Resolves how values of a type become JSON: domains to their base type, enums to text,
+/// arrays to their element kind. Uses the syscache, not SPI, so that it also works inside a
+/// decoding callback (where the catalog is read as of the decoded change).
+pub fn value_kind(type_oid: pg_sys::Oid) -> CatalogResult<ValueKind> {
+    // SAFETY: lsyscache lookups by OID; they raise an ERROR for a missing type, which pgrx turns
+    // into a panic handled by the caller's error path.
+    let (base, element, typtype) = unsafe {
+        let base = pg_sys::getBaseType(type_oid);
+        (
+            base,
+            pg_sys::get_element_type(base),
+            pg_sys::get_typtype(base) as u8,
+        )
+    };
+    if element != pg_sys::InvalidOid {
+        return Ok(ValueKind::Array(Box::new(value_kind(element)?)));
+    }
+    match typtype {
+        b'e' => Ok(ValueKind::Text),
+        0 => Err(SyncError::new(
+            ErrorKind::Internal,
+            format!("type with OID {type_oid} does not exist"),
+        )),
+        _ => Ok(builtin_kind(base)),
+    }
+}
+
+fn builtin_kind(oid: pg_sys::Oid) -> ValueKind {
+    use pg_sys::BuiltinOid as B;
+    match B::from_u32(oid.to_u32()) {
+        Ok(B::INT2OID | B::INT4OID | B::INT8OID | B::OIDOID) => ValueKind::Integer,
+        Ok(B::FLOAT4OID | B::FLOAT8OID) => ValueKind::Float,
+        Ok(B::NUMERICOID) => ValueKind::Numeric,
+        Ok(B::BOOLOID) => ValueKind::Bool,
+        Ok(B::TEXTOID | B::VARCHAROID | B::BPCHAROID | B::NAMEOID | B::UUIDOID | B::CHAROID) => {
+            ValueKind::Text
+        }
+        Ok(B::JSONOID | B::JSONBOID) => ValueKind::Json,
+        Ok(B::TIMESTAMPOID) => ValueKind::Timestamp,
+        Ok(B::TIMESTAMPTZOID) => ValueKind::TimestampTz,
+        Ok(B::DATEOID) => ValueKind::Date,
+        Ok(B::TIMEOID) => ValueKind::Time,
+        Ok(B::TIMETZOID) => ValueKind::TimeTz,
+        Ok(B::BYTEAOID) => ValueKind::Bytea,
+        _ => ValueKind::Other,
+    }
+}
+
+pub fn task_exists(relid: pg_sys::Oid, url: &str, index_uid: &str) -> CatalogResult<Option<i64>> {
+    Ok(select_one::<i64>(
+        "SELECT (SELECT id FROM meili_sync.tasks WHERE source = $1::oid::regclass AND url = $2 AND index_uid = $3)",
+        &[relid.into(), url.into(), index_uid.into()],
+    )?)
+}
+
+pub struct NewTask<'a> {
+    pub relid: pg_sys::Oid,
+    pub index_uid: &'a str,
+    pub url: &'a str,
+    pub api_key: Option<&'a str>,
+    pub primary_key: &'a [String],
+    pub options: serde_json::Value,
+}
+
+/// Inserts the task and its publication; returns the task id.
+pub fn insert_task(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i64> {
+    Spi::connect_mut(|client| {
+        let id: i64 = client
+            .update(
+                "INSERT INTO meili_sync.tasks (source, index_uid, url, primary_key, options)
+                 VALUES ($1::oid::regclass, $2, $3, $4, $5) RETURNING id",
+                Some(1),
+                &[
+                    task.relid.into(),
+                    task.index_uid.into(),
+                    task.url.into(),
+                    task.primary_key.to_vec().into(),
+                    JsonB(task.options).into(),
+                ],
+            )?
+            .first()
+            .get_one::<i64>()?
+            .ok_or_else(|| {
+                SyncError::new(
+                    ErrorKind::Internal,
+                    "INSERT into meili_sync.tasks returned no id",
+                )
+            })?;
+        if let Some(key) = task.api_key {
+            client.update(
+                "INSERT INTO meili_sync.task_secrets (task_id, api_key) VALUES ($1, $2)",
+                None,
+                &[id.into(), key.into()],
+            )?;
+        }
+        // Publish every column: a column list would have to cover the replica identity, or
+        // UPDATEs on the user's table would fail; the worker picks the columns itself.
+        client.update(
+            &format!(
+                "CREATE PUBLICATION {} FOR TABLE ONLY {} WITH (publish = 'insert, update, delete, truncate')",
+                quote_identifier(publication_name(id)),
+                qualified_table
+            ),
+            None,
+            &[],
+        )?;
+        Ok(id)
+    })
+}
+
+pub fn slot_name(task_id: i64) -> String {
+    format!("meili_sync_{task_id}")
+}
+
+pub fn publication_name(task_id: i64) -> String {
+    format!("meili_sync_{task_id}")
+}
+
+pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
+    Spi::connect(|client| {
+        let mut rows = client.select(
+            "SELECT t.id, t.source::oid, t.source::text, t.index_uid, t.url, s.api_key, t.primary_key,
+                    t.options, t.state, t.snapshot_key, t.rows_copied
+               FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id = t.id
+              WHERE t.id = $1",
+            Some(1),
+            &[task_id.into()],
+        )?;
+        let Some(row) = rows.next() else {
+            return Ok(None);
+        };
+        let id: i64 = row.get(1)?.unwrap_or(task_id);
+        Ok(Some(TaskRecord {
+            id,
+            relid: row.get(2)?.unwrap_or(pg_sys::InvalidOid),
+            relation: row.get(3)?.unwrap_or_default(),
+            index_uid: row.get(4)?.unwrap_or_default(),
+            url: row.get(5)?.unwrap_or_default(),
+            api_key: row.get(6)?,
+            primary_key: names_from(row.get(7)?).unwrap_or_default(),
+            options: row
+                .get::<JsonB>(8)?
+                .map(|json| json.0)
+                .unwrap_or(serde_json::Value::Null),
+            state: row.get(9)?.unwrap_or_default(),
+            slot_name: slot_name(id),
+            publication_name: publication_name(id),
+            snapshot_key: names_from(row.get(10)?),
+            rows_copied: row.get(11)?.unwrap_or(0),
+        }))
+    })
+}
+
+/// For the task-changing functions: the task's id, index and connection, or "no such task".
+pub fn require_task(task_id: i64) -> CatalogResult<TaskRecord> {
+    load_task(task_id)?.ok_or_else(|| {
+        SyncError::new(
+            ErrorKind::UndefinedTask,
+            format!("meili_sync task {task_id} does not exist"),
+        )
+        .hint("SELECT task FROM meili_sync_status lists the tasks.")
+    })
+}
+
+pub fn set_state(task_id: i64, state: &str) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET state = $2, generation = generation + 1 WHERE id = $1",
+        &[task_id.into(), state.into()],
+    )?;
+    Ok(())
+}
+
+pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks
+            SET state = 'snapshot', generation = generation + 1, snapshot_key = NULL, rows_copied = 0,
+                snapshot_started_at = NULL, snapshot_finished_at = NULL, last_error = NULL, last_error_at = NULL
+          WHERE id = $1",
+        &[task_id.into()],
+    )?;
+    Ok(())
+}
+
+pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
+    Spi::connect_mut(|client| {
+        client.update(
+            &format!(
+                "DROP PUBLICATION IF EXISTS {}",
+                quote_identifier(&task.publication_name)
+            ),
+            None,
+            &[],
+        )?;
+        client.update(
+            "DELETE FROM meili_sync.tasks WHERE id = $1",
+            None,
+            &[task.id.into()],
+        )?;
+        Ok(())
+    })
+}
+
+pub fn save_snapshot_progress(task_id: i64, key: &[String], rows_copied: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks
+            SET snapshot_key = $2, rows_copied = $3, snapshot_started_at = coalesce(snapshot_started_at, now())
+          WHERE id = $1",
+        &[task_id.into(), key.to_vec().into(), rows_copied.into()],
+    )?;
+    Ok(())
+}
+
+pub fn finish_snapshot(task_id: i64, rows_copied: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks
+            SET state = 'streaming', rows_copied = $2, snapshot_started_at = coalesce(snapshot_started_at, now()),
+                snapshot_finished_at = now()
+          WHERE id = $1 AND state = 'snapshot'",
+        &[task_id.into(), rows_copied.into()],
+    )?;
+    Ok(())
+}
+
+pub fn set_error_state(task_id: i64, message: &str) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET state = 'error', last_error = $2, last_error_at = now() WHERE id = $1",
+        &[task_id.into(), message.into()],
+    )?;
+    Ok(())
+}
+
+pub fn extension_installed() -> CatalogResult<bool> {
+    Ok(select_one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_meili_sync')",
+        &[],
+    )?
+    .unwrap_or(false))
+}
+
+pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT id, state IN ('snapshot', 'streaming'), generation FROM meili_sync.tasks ORDER BY id",
+            None,
+            &[],
+        )?;
+        let mut tasks = Vec::new();
+        for row in rows {
+            let Some(id) = row.get::<i64>(1)? else {
+                continue;
+            };
+            tasks.push(TaskSummary {
+                id,
+                active: row.get(2)?.unwrap_or(false),
+                generation: row.get(3)?.unwrap_or(0),
+            });
+        }
+        Ok(tasks)
+    })
+}
+
+pub fn slot_exists(name: &str) -> CatalogResult<bool> {
+    Ok(select_one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = $1)",
+        &[name.into()],
+    )?
+    .unwrap_or(false))
+}
+
+/// Creates the task's logical slot; must be the first statement of its transaction.
+pub fn create_slot(name: &str) -> CatalogResult<()> {
+    select_one::<String>(
+        "SELECT slot_name::text FROM pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[name.into()],
+    )?;
+    Ok(())
+}
+
+/// Slots this extension created in this database whose task is gone and which nobody holds.
+pub fn orphan_slots() -> CatalogResult<Vec<String>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT s.slot_name::text FROM pg_catalog.pg_replication_slots s
+              WHERE s.database = pg_catalog.current_database() AND s.slot_name ~ '^meili_sync_[0-9]+$'
+                AND NOT s.active
+                AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE 'meili_sync_' || t.id = s.slot_name)",
+            None,
+            &[],
+        )?;
+        let mut names = Vec::new();
+        for row in rows {
+            if let Some(name) = row.get::<String>(1)? {
+                names.push(name);
+            }
+        }
+        Ok(names)
+    })
+}
+
+/// Asks a backend (a task worker) to exit; its SIGTERM handler only sets a flag it checks.
+pub fn terminate_backend(pid: i32) -> CatalogResult<()> {
+    select_one::<bool>("SELECT pg_catalog.pg_terminate_backend($1)", &[pid.into()])?;
+    Ok(())
+}
+
+pub fn drop_slot(name: &str) -> CatalogResult<()> {
+    select_one::<String>(
+        "SELECT pg_catalog.pg_drop_replication_slot($1)::text",
+        &[name.into()],
+    )?;
+    Ok(())
+}
+
+/// Sets the session so that every type's text output is the one the encoder expects, in the
+/// snapshot and in the decoded stream alike.
+pub fn set_output_formats() -> CatalogResult<()> {
+    for (name, value) in [
+        ("DateStyle", "ISO, YMD"),
+        ("TimeZone", "UTC"),
+        ("IntervalStyle", "iso_8601"),
+        ("extra_float_digits", "1"),
+        ("bytea_output", "hex"),
+    ] {
+        select_one::<String>(
+            "SELECT pg_catalog.set_config($1, $2, false)",
+            &[name.into(), value.into()],
+        )?;
+    }
+    Ok(())
+}
+
+/// One page of the source table in key order after `after`, each value as its type's text
+/// output (what pgoutput sends), or None for NULL.
+pub fn read_page(
+    query: &str,
+    after: Option<&[String]>,
+    column_count: usize,
+) -> CatalogResult<Vec<Vec<Option<String>>>> {
+    Spi::connect(|client| {
+        let args: Vec<DatumWithOid> = after
+            .map(|key| key.iter().map(|value| value.as_str().into()).collect())
+            .unwrap_or_default();
+        let table = client.select(query, None, &args)?;
+        Ok(page_text_values(&table, column_count))
+    })
+}
+
+fn page_text_values(
+    table: &pgrx::spi::SpiTupleTable<'_>,
+    column_count: usize,
+) -> Vec<Vec<Option<String>>> {
+    let mut rows = Vec::with_capacity(table.len());
+    // SAFETY: `client.select` just filled SPI_tuptable and we are still inside its SPI connection,
+    // so the tuple table, its tuple descriptor and its `table.len()` tuples are valid; SPI_getvalue
+    // calls the column type's output function and returns a palloc'd C string or NULL for NULL.
+    unsafe {
+        let tuptable = pg_sys::SPI_tuptable;
+        if tuptable.is_null() {
+            return rows;
+        }
+        let tupdesc = (*tuptable).tupdesc;
+        let tuples = std::slice::from_raw_parts((*tuptable).vals, table.len());
+        for &tuple in tuples {
+            let mut values = Vec::with_capacity(column_count);
+            for column in 1..=column_count {
+                let text = pg_sys::SPI_getvalue(tuple, tupdesc, column as i32);
+                if text.is_null() {
+                    values.push(None);
+                } else {
+                    values.push(Some(CStr::from_ptr(text).to_string_lossy().into_owned()));
+                    pg_sys::pfree(text.cast());
+                }
+            }
+            rows.push(values);
+        }
+    }
+    rows
+}
+
+/// The keyset page queries (first page, and pages after a key): the document columns, then the
+/// key columns, in key order.
+pub fn page_queries(
+    relation: &str,
+    columns: &[String],
+    key: &[(String, String)],
+    page_rows: usize,
+) -> (String, String) {
+    let select: Vec<String> = columns
+        .iter()
+        .chain(key.iter().map(|(name, _)| name))
+        .map(quote_identifier)
+        .collect();
+    let key_names: Vec<String> = key.iter().map(|(name, _)| quote_identifier(name)).collect();
+    let key_params: Vec<String> = key
+        .iter()
+        .enumerate()
+        .map(|(index, (_, type_name))| format!("${}::{}", index + 1, type_name))
+        .collect();
+    let head = format!("SELECT {} FROM ONLY {}", select.join(", "), relation);
+    let tail = format!("ORDER BY {} LIMIT {}", key_names.join(", "), page_rows);
+    (
+        format!("{head} {tail}"),
+        format!(
+            "{head} WHERE ({}) > ({}) {tail}",
+            key_names.join(", "),
+            key_params.join(", ")
+        ),
+    )
+}

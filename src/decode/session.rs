@@ -1,0 +1,273 @@
+//! In-process logical decoding of the task's `pgoutput` slot: the steps of the server's own
+//! `pg_logical_slot_get_changes` (logicalfuncs.c), but with one decoding context kept open for the
+//! worker's whole life, fed WAL as it is flushed, and our own write callback receiving pgoutput's
+//! messages in memory. Every FFI call of the project's decoding lives here.
+//!
+//! Read ../shared/notes/in-process-decoding.md before changing this file: a mistake here takes the
+//! whole cluster down (a segfault in any backend restarts all of them).
+
+use std::ffi::{c_char, c_int, CStr, CString};
+use std::ptr;
+
+use pgrx::pg_sys;
+use pgrx::pg_sys::submodules::ffi::pg_guard_ffi_boundary;
+use pgrx::prelude::*;
+
+// pgrx binds these as Rust wrappers (or not at all); callbacks handed to C must be the C symbols.
+extern "C-unwind" {
+    fn LogicalDecodingProcessRecord(
+        ctx: *mut pg_sys::LogicalDecodingContext,
+        record: *mut pg_sys::XLogReaderState,
+    );
+    #[link_name = "read_local_xlog_page"]
+    fn c_read_local_xlog_page(
+        state: *mut pg_sys::XLogReaderState,
+        target_page: pg_sys::XLogRecPtr,
+        request_length: c_int,
+        target_record: pg_sys::XLogRecPtr,
+        buffer: *mut c_char,
+    ) -> c_int;
+    #[link_name = "wal_segment_open"]
+    fn c_wal_segment_open(
+        state: *mut pg_sys::XLogReaderState,
+        segment: pg_sys::XLogSegNo,
+        timeline: *mut pg_sys::TimeLineID,
+    );
+    #[link_name = "wal_segment_close"]
+    fn c_wal_segment_close(state: *mut pg_sys::XLogReaderState);
+}
+
+/// Receives each pgoutput message, with the LSN the plugin gave it (for Commit: the commit's end).
+pub trait MessageSink {
+    fn message(&mut self, lsn: u64, data: &[u8]);
+}
+
+/// Where the write callback finds the sink of the current `read` call.
+struct SinkSlot {
+    current: Option<*mut dyn MessageSink>,
+}
+
+pub struct DecodingSession {
+    context: *mut pg_sys::LogicalDecodingContext,
+    memory: pg_sys::MemoryContext,
+    sink: Box<SinkSlot>,
+    // The routine must outlive the reader that points to it.
+    _routine: Box<pg_sys::XLogReaderRoutine>,
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn prepare_write(
+    context: *mut pg_sys::LogicalDecodingContext,
+    _lsn: pg_sys::XLogRecPtr,
+    _xid: pg_sys::TransactionId,
+    _last_write: bool,
+) {
+    // SAFETY: Postgres calls this with the live decoding context, whose `out` buffer it owns.
+    unsafe { pg_sys::resetStringInfo((*context).out) };
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn write_message(
+    context: *mut pg_sys::LogicalDecodingContext,
+    lsn: pg_sys::XLogRecPtr,
+    _xid: pg_sys::TransactionId,
+    _last_write: bool,
+) {
+    // SAFETY: `output_writer_private` is the session's boxed SinkSlot, which outlives the context;
+    // `current` is only Some during `DecodingSession::read`, which holds the `&mut dyn MessageSink`
+    // it points to. `out` holds exactly one whole pgoutput message of `len` bytes.
+    unsafe {
+        let slot = (*context).output_writer_private.cast::<SinkSlot>();
+        let Some(sink) = slot.as_mut().and_then(|slot| slot.current) else {
+            return;
+        };
+        let out = (*context).out;
+        let length = usize::try_from((*out).len).unwrap_or(0);
+        let data = if length == 0 {
+            &[][..]
+        } else {
+            std::slice::from_raw_parts((*out).data.cast::<u8>(), length)
+        };
+        (*sink).message(lsn, data);
+    }
+}
+
+/// Runs `f` with `memory` as CurrentMemoryContext, restoring the previous one afterwards (also
+/// when `f` raises, since pgrx turns the ERROR into a panic that unwinds through here).
+fn in_memory_context<T>(memory: pg_sys::MemoryContext, f: impl FnOnce() -> T) -> T {
+    struct Restore(pg_sys::MemoryContext);
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            // SAFETY: puts back the context that was current on entry, which is still alive.
+            unsafe { pg_sys::CurrentMemoryContext = self.0 };
+        }
+    }
+    // SAFETY: `memory` is a live context owned by the session; switching is what MemoryContextSwitchTo does.
+    let _restore = Restore(unsafe {
+        std::mem::replace(&mut *(&raw mut pg_sys::CurrentMemoryContext), memory)
+    });
+    f()
+}
+
+fn option(name: &str, value: &str) -> *mut pg_sys::DefElem {
+    let name = CString::new(name).unwrap_or_default();
+    let value = CString::new(value).unwrap_or_default();
+    // SAFETY: pstrdup copies into the current (session) memory context; makeDefElem/makeString
+    // build nodes there, as pg_logical_slot_get_changes does for its options.
+    unsafe {
+        pg_sys::makeDefElem(
+            pg_sys::pstrdup(name.as_ptr()),
+            pg_sys::makeString(pg_sys::pstrdup(value.as_ptr())).cast(),
+            -1,
+        )
+    }
+}
+
+impl DecodingSession {
+    /// Acquires the slot and opens a decoding context on it with pgoutput for `publication`.
+    /// Must run outside a transaction, in the worker's main thread.
+    pub fn open(slot_name: &str, publication: &str) -> Result<DecodingSession, String> {
+        let slot =
+            CString::new(slot_name).map_err(|_| format!("invalid slot name {slot_name:?}"))?;
+        // SAFETY: a child of TopMemoryContext lives until we delete it in `close`, so the context,
+        // the reader and its lazily allocated decode buffer outlive every transaction.
+        let memory = unsafe {
+            pg_sys::AllocSetContextCreateInternal(
+                pg_sys::TopMemoryContext,
+                c"pg_meili_sync decoding".as_ptr(),
+                0,
+                8 * 1024,
+                8 * 1024 * 1024,
+            )
+        };
+        let mut routine = Box::new(pg_sys::XLogReaderRoutine {
+            page_read: Some(c_read_local_xlog_page),
+            segment_open: Some(c_wal_segment_open),
+            segment_close: Some(c_wal_segment_close),
+        });
+        let mut sink = Box::new(SinkSlot { current: None });
+        let context = in_memory_context(memory, || {
+            // SAFETY: the documented sequence of logicalfuncs.c: check requirements, acquire the
+            // slot by name (errors if another process holds it), build the plugin options as a
+            // List of DefElem and create the context starting at the slot's confirmed position.
+            unsafe {
+                pg_sys::CheckLogicalDecodingRequirements();
+                pg_sys::ReplicationSlotAcquire(slot.as_ptr(), true);
+                let mut options: *mut pg_sys::List = ptr::null_mut();
+                for (name, value) in [("proto_version", "1"), ("publication_names", publication)] {
+                    options = pg_sys::lappend(options, option(name, value).cast());
+                }
+                let context = pg_sys::CreateDecodingContext(
+                    pg_sys::InvalidXLogRecPtr as pg_sys::XLogRecPtr,
+                    options,
+                    false,
+                    &mut *routine,
+                    Some(prepare_write),
+                    Some(write_message),
+                    None,
+                );
+                (*context).output_writer_private = (&mut *sink as *mut SinkSlot).cast();
+                // Decode from restart_lsn so transactions committing after confirmed_flush are complete.
+                pg_sys::XLogBeginRead(
+                    (*context).reader,
+                    (*pg_sys::MyReplicationSlot).data.restart_lsn,
+                );
+                pg_sys::InvalidateSystemCaches();
+                context
+            }
+        });
+        Ok(DecodingSession {
+            context,
+            memory,
+            sink,
+            _routine: routine,
+        })
+    }
+
+    /// Where the reader is: the end of the last record read.
+    pub fn read_position(&self) -> u64 {
+        // SAFETY: the context and its reader live as long as the session.
+        unsafe { (*(*self.context).reader).EndRecPtr }
+    }
+
+    /// The slot's confirmed position.
+    pub fn confirmed(&self) -> u64 {
+        // SAFETY: we hold the slot (MyReplicationSlot) for the session's life.
+        unsafe { (*pg_sys::MyReplicationSlot).data.confirmed_flush }
+    }
+
+    /// WAL flushed so far: decoding never reads past it, so it never waits inside the page reader.
+    pub fn flushed() -> u64 {
+        // SAFETY: reads shared WAL state under its own lock.
+        unsafe { pg_sys::GetFlushRecPtr(ptr::null_mut()) }
+    }
+
+    /// Reads and decodes up to `max_records` WAL records that are already flushed, handing every
+    /// pgoutput message to `sink`; returns how many records it read (0 when caught up).
+    pub fn read(
+        &mut self,
+        sink: &mut dyn MessageSink,
+        max_records: usize,
+    ) -> Result<usize, String> {
+        let end_of_wal = Self::flushed();
+        // SAFETY: erases the borrow's lifetime for the callback; cleared again before returning
+        // (and on an ERROR the worker exits without touching the session again).
+        self.sink.current = Some(unsafe {
+            std::mem::transmute::<&mut dyn MessageSink, &'static mut dyn MessageSink>(sink)
+        });
+        let context = self.context;
+        let result = in_memory_context(self.memory, || {
+            let mut records = 0;
+            while records < max_records {
+                // SAFETY: the reader belongs to our live context and its decode buffer is allocated in
+                // the session's memory context (current here), as the decoding notes require.
+                unsafe {
+                    let reader = (*context).reader;
+                    if (*reader).EndRecPtr >= end_of_wal {
+                        break;
+                    }
+                    let mut error: *mut c_char = ptr::null_mut();
+                    let record = pg_sys::XLogReadRecord(reader, &mut error);
+                    if !error.is_null() {
+                        return Err(format!(
+                            "could not read WAL for logical decoding: {}",
+                            CStr::from_ptr(error).to_string_lossy()
+                        ));
+                    }
+                    if !record.is_null() {
+                        pg_guard_ffi_boundary(|| LogicalDecodingProcessRecord(context, reader));
+                    }
+                }
+                records += 1;
+            }
+            Ok(records)
+        });
+        self.sink.current = None;
+        result
+    }
+
+    /// Confirms that everything up to `lsn` is in Meilisearch: the slot may release that WAL.
+    /// Never moves backwards (PG15's LogicalConfirmReceivedLocation would).
+    pub fn confirm(&mut self, lsn: u64) {
+        if lsn <= self.confirmed() {
+            return;
+        }
+        // SAFETY: we hold the slot; marking it dirty makes a clean shutdown keep the position
+        // (the decoding notes: without it PG15 forgot it).
+        unsafe {
+            pg_sys::LogicalConfirmReceivedLocation(lsn);
+            pg_sys::ReplicationSlotMarkDirty();
+        }
+    }
+
+    /// Frees the decoding context and releases the slot (on an ERROR Postgres releases it itself).
+    pub fn close(self) {
+        // SAFETY: the context is ours and no read is in progress; the memory context holding it is
+        // deleted last.
+        unsafe {
+            pg_sys::FreeDecodingContext(self.context);
+            pg_sys::ReplicationSlotRelease();
+            pg_sys::MemoryContextDelete(self.memory);
+        }
+    }
+}

@@ -1,0 +1,107 @@
+//! The one error type of the SQL API: each kind maps to a SQLSTATE, a message and a hint.
+
+use pgrx::pg_sys::panic::ErrorReport;
+use pgrx::{PgLogLevel, PgSqlErrorCode};
+
+/// What went wrong, in terms the caller can act on; `raise` turns it into a Postgres ERROR.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidParameter,
+    UndefinedTable,
+    UndefinedColumn,
+    UndefinedTask,
+    NoKey,
+    UnsupportedType,
+    DuplicateTask,
+    Prerequisite,
+    Privilege,
+    Meilisearch,
+    Internal,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SyncError {
+    pub kind: ErrorKind,
+    pub message: String,
+    pub detail: Option<String>,
+    pub hint: Option<String>,
+}
+
+impl SyncError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        SyncError {
+            kind,
+            message: message.into(),
+            detail: None,
+            hint: None,
+        }
+    }
+
+    pub fn hint(mut self, hint: impl Into<String>) -> Self {
+        self.hint = Some(hint.into());
+        self
+    }
+
+    pub fn detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    pub fn sqlstate(&self) -> PgSqlErrorCode {
+        match self.kind {
+            ErrorKind::InvalidParameter => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
+            ErrorKind::UndefinedTable => PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
+            ErrorKind::UndefinedColumn => PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN,
+            ErrorKind::UndefinedTask => PgSqlErrorCode::ERRCODE_UNDEFINED_OBJECT,
+            ErrorKind::NoKey => PgSqlErrorCode::ERRCODE_INVALID_TABLE_DEFINITION,
+            ErrorKind::UnsupportedType => PgSqlErrorCode::ERRCODE_FEATURE_NOT_SUPPORTED,
+            ErrorKind::DuplicateTask => PgSqlErrorCode::ERRCODE_DUPLICATE_OBJECT,
+            ErrorKind::Prerequisite => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
+            ErrorKind::Privilege => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            ErrorKind::Meilisearch => PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
+            ErrorKind::Internal => PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
+        }
+    }
+
+    /// Raises this as a Postgres ERROR; never returns.
+    pub fn raise(self) -> ! {
+        let mut report = ErrorReport::new(self.sqlstate(), self.message, "pg_meili_sync");
+        if let Some(detail) = self.detail {
+            report = report.set_detail(detail);
+        }
+        if let Some(hint) = self.hint {
+            report = report.set_hint(hint);
+        }
+        report.report(PgLogLevel::ERROR);
+        unreachable!("ereport(ERROR) returned")
+    }
+}
+
+impl std::fmt::Display for SyncError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl From<pgrx::spi::SpiError> for SyncError {
+    fn from(error: pgrx::spi::SpiError) -> Self {
+        SyncError::new(
+            ErrorKind::Internal,
+            format!("pg_meili_sync catalog access failed: {error}"),
+        )
+    }
+}
+
+/// Unwraps a result or raises its error as a Postgres ERROR.
+pub trait OrRaise<T> {
+    fn or_raise(self) -> T;
+}
+
+impl<T> OrRaise<T> for Result<T, SyncError> {
+    fn or_raise(self) -> T {
+        match self {
+            Ok(value) => value,
+            Err(error) => error.raise(),
+        }
+    }
+}

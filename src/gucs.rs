@@ -1,0 +1,96 @@
+//! Every `meili_sync.*` setting, registered once from `_PG_init`.
+
+use std::ffi::CString;
+
+use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
+
+static URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+static API_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
+static DATABASE: GucSetting<Option<CString>> =
+    GucSetting::<Option<CString>>::new(Some(c"postgres"));
+static RESTART_BACKOFF_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+
+pub fn init() {
+    GucRegistry::define_string_guc(
+        c"meili_sync.url",
+        c"Default Meilisearch URL for tasks that do not set the url option.",
+        c"For example http://127.0.0.1:7700.",
+        &URL,
+        GucContext::Suset,
+        GucFlags::default(),
+    );
+    // Superuser-only and hidden from SHOW ALL so the key never reaches ordinary roles.
+    GucRegistry::define_string_guc(
+        c"meili_sync.api_key",
+        c"Default Meilisearch API key for tasks that do not set the api_key option.",
+        c"Readable by superusers only.",
+        &API_KEY,
+        GucContext::Suset,
+        GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
+    );
+    GucRegistry::define_string_guc(
+        c"meili_sync.database",
+        c"Database whose meili_sync tasks the launcher runs.",
+        c"The extension must be created in this database.",
+        &DATABASE,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
+    GucRegistry::define_int_guc(
+        c"meili_sync.restart_backoff",
+        c"First delay before the launcher restarts a crashed task worker; doubles per crash up to 60 s.",
+        c"",
+        &RESTART_BACKOFF_MS,
+        10,
+        60_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"meili_sync.naptime",
+        c"How often the launcher rereads the task catalog when nothing wakes it.",
+        c"",
+        &NAPTIME_MS,
+        10,
+        600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    // SAFETY: called from _PG_init after our settings are defined; warns about misspelled ones.
+    #[cfg(not(any(feature = "pg13", feature = "pg14")))]
+    unsafe {
+        pgrx::pg_sys::MarkGUCPrefixReserved(c"meili_sync".as_ptr());
+    }
+    #[cfg(any(feature = "pg13", feature = "pg14"))]
+    unsafe {
+        pgrx::pg_sys::EmitWarningsOnPlaceholders(c"meili_sync".as_ptr());
+    }
+}
+
+fn string_setting(setting: &GucSetting<Option<CString>>) -> Option<String> {
+    setting
+        .get()
+        .and_then(|value| value.into_string().ok())
+        .filter(|value| !value.is_empty())
+}
+
+pub fn default_url() -> Option<String> {
+    string_setting(&URL)
+}
+
+pub fn default_api_key() -> Option<String> {
+    string_setting(&API_KEY)
+}
+
+pub fn database() -> String {
+    string_setting(&DATABASE).unwrap_or_else(|| "postgres".to_owned())
+}
+
+pub fn restart_backoff() -> std::time::Duration {
+    std::time::Duration::from_millis(RESTART_BACKOFF_MS.get().max(10) as u64)
+}
+
+pub fn naptime() -> std::time::Duration {
+    std::time::Duration::from_millis(NAPTIME_MS.get().max(10) as u64)
+}

@@ -1,0 +1,62 @@
+//! pg_meili_sync: keeps Meilisearch indexes in step with PostgreSQL tables.
+//!
+//! Wiring only: modules, SQL files in order, and `_PG_init`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use pgrx::prelude::*;
+
+mod api;
+mod batch;
+mod catalog;
+mod changes;
+mod decode;
+mod encode;
+mod error;
+mod gucs;
+mod meili;
+mod options;
+mod shmem;
+mod snapshot;
+mod worker;
+
+::pgrx::pg_module_magic!(name, version);
+
+extension_sql_file!("../sql/bootstrap.sql", bootstrap);
+extension_sql_file!("../sql/views.sql", finalize);
+
+static PRELOADED: AtomicBool = AtomicBool::new(false);
+
+/// Whether the library came in through shared_preload_libraries (and so has shared memory and a launcher).
+pub fn preloaded() -> bool {
+    PRELOADED.load(Ordering::Relaxed)
+}
+
+#[pg_guard]
+pub extern "C-unwind" fn _PG_init() {
+    gucs::init();
+    // SAFETY: reading a postmaster-set global during library load.
+    if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {
+        return;
+    }
+    PRELOADED.store(true, Ordering::Relaxed);
+    shmem::init();
+    worker::launcher::register();
+}
+
+#[cfg(any(test, feature = "pg_test"))]
+mod sql_tests;
+
+/// Required by `cargo pgrx test`.
+#[cfg(test)]
+pub mod pg_test {
+    pub fn setup(_options: Vec<&str>) {}
+
+    #[must_use]
+    pub fn postgresql_conf_options() -> Vec<&'static str> {
+        vec![
+            "shared_preload_libraries = 'pg_meili_sync'",
+            "wal_level = logical",
+        ]
+    }
+}

@@ -1,0 +1,7 @@
+//! Talking to Meilisearch: the HTTP client, the retry policy, and the writer
+//! threads that send batches and confirm their tasks. Nothing here calls
+//! Postgres, so all of it may run off the main thread.
+
+pub mod client;
+pub mod retry;
+pub mod writer;

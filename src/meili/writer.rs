@@ -1,0 +1,1006 @@
+//! The writer threads of one sync task.
+//!
+//! * The **sender** takes batches from a bounded channel and enqueues them
+//!   with Meilisearch strictly in order, without waiting for a task to
+//!   finish before sending the next (Meilisearch applies the tasks of an
+//!   index in enqueue order). Document bodies are gzip-compressed here, off
+//!   the owner's thread. A retryable error (transport, 5xx, 408, 429) resends
+//!   the same bytes after a backoff, forever, until shutdown; since nothing
+//!   else is sent meanwhile, a batch that Meilisearch did receive before the
+//!   connection broke is at worst applied twice in a row, which changes
+//!   nothing. Any other error fails the batch; the sender goes on with the
+//!   next one and the owner decides what to do.
+//! * The **poller** confirms the enqueued tasks, many per request
+//!   (`GET /tasks?uids=…`), every `poll_interval`. Its own request errors are
+//!   retried with backoff: a task's outcome cannot be skipped.
+//!
+//! The owner (the task worker's main thread, which must keep reacting to
+//! signals) never blocks on the writer: [`Writer::try_send`] refuses a batch
+//! while `max_inflight` batches are unconfirmed, and outcomes arrive as
+//! [`WriterEvent`]s on a channel it polls. The events of one batch come in
+//! order (`Enqueued` before `Confirmed` or `Failed`); those of different
+//! batches may interleave, e.g. a rejected batch's `Failed` before
+//! an earlier batch's `Confirmed`, which [`crate::batch::Watermark`] absorbs.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::{self, JoinHandle};
+use std::time::Duration;
+
+use crossbeam_channel::{after, bounded, select, unbounded, Receiver, RecvTimeoutError, Sender};
+use flate2::write::GzEncoder;
+use flate2::Compression;
+
+use super::client::{Client, MeiliError, MeiliErrorBody, TaskStatus};
+use super::retry::Backoff;
+use crate::batch::{Batch, Operation};
+
+/// Task uids asked about in one `GET /tasks` request, to keep URLs short.
+const MAX_UIDS_PER_POLL: usize = 500;
+
+pub struct WriterConfig {
+    pub client: Client,
+    pub index_uid: String,
+    /// The primary-key attribute sent as `?primaryKey=`.
+    pub primary_key: String,
+    /// Compress `Replace` and `Update` bodies.
+    pub gzip: bool,
+    /// 0 (fastest) to 9 (smallest).
+    pub gzip_level: u32,
+    /// Batches sent and not yet confirmed, at most (at least 1).
+    pub max_inflight: usize,
+    /// Pause between two task polls.
+    pub poll_interval: Duration,
+    pub retry_base: Duration,
+    pub retry_cap: Duration,
+}
+
+/// Why a batch failed for good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriteError {
+    /// Meilisearch refused to enqueue it (a non-retryable HTTP error).
+    Rejected(MeiliError),
+    /// Its task failed; Meilisearch's error object, when it gave one.
+    TaskFailed(Option<MeiliErrorBody>),
+    /// Its task was canceled (by someone else: the sync never cancels).
+    TaskCanceled,
+}
+
+impl fmt::Display for WriteError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WriteError::Rejected(error) => write!(f, "{error}"),
+            WriteError::TaskFailed(Some(body)) => write!(f, "Meilisearch task failed: {body}"),
+            WriteError::TaskFailed(None) => write!(f, "Meilisearch task failed without an error"),
+            WriteError::TaskCanceled => write!(f, "Meilisearch task was canceled"),
+        }
+    }
+}
+
+/// What happened to the batches, in the order it happened.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum WriterEvent {
+    /// Meilisearch accepted batch `seq` as task `task_uid`.
+    Enqueued { seq: u64, task_uid: u64 },
+    /// The task of batch `seq` succeeded.
+    Confirmed {
+        seq: u64,
+        task_uid: u64,
+        docs: usize,
+    },
+    /// Batch `seq` failed for good: refused at enqueue (`task_uid` is
+    /// `None`) or its task failed or was canceled.
+    Failed {
+        seq: u64,
+        task_uid: Option<u64>,
+        error: WriteError,
+    },
+    /// A request for batch `seq` failed and is retried after a backoff:
+    /// sending the batch, or (by the poller) asking for its task's state,
+    /// `seq` then being the oldest unconfirmed batch.
+    Retrying {
+        seq: u64,
+        attempt: u32,
+        error: String,
+    },
+}
+
+/// Cumulative counters, updated by the writer threads.
+#[derive(Debug, Default)]
+pub struct WriterStats {
+    pub batches_enqueued: AtomicU64,
+    pub docs_enqueued: AtomicU64,
+    /// Body bytes of enqueued batches before compression.
+    pub bytes_uncompressed: AtomicU64,
+    /// Body bytes of enqueued batches as sent (after gzip, when on).
+    pub bytes_sent: AtomicU64,
+    pub batches_confirmed: AtomicU64,
+    pub docs_confirmed: AtomicU64,
+    pub batches_failed: AtomicU64,
+    /// Requests retried, by the sender or the poller.
+    pub retries: AtomicU64,
+}
+
+/// A batch Meilisearch accepted, waiting for its task to finish.
+struct Enqueued {
+    seq: u64,
+    task_uid: u64,
+    docs: usize,
+}
+
+/// What both threads share.
+struct Shared {
+    client: Client,
+    events: Sender<WriterEvent>,
+    stats: Arc<WriterStats>,
+    inflight: Arc<AtomicUsize>,
+    stopping: Arc<AtomicBool>,
+    /// Never sent on; closed by shutdown, which wakes every wait.
+    stop: Receiver<()>,
+    retry_base: Duration,
+    retry_cap: Duration,
+}
+
+impl Shared {
+    fn emit(&self, event: WriterEvent) {
+        // The owner dropped the receiver only while shutting us down.
+        let _ = self.events.send(event);
+    }
+
+    /// A batch left the in-flight set. Counted down before the event is
+    /// emitted, so an owner reacting to the event can send at once.
+    fn finish(&self, event: WriterEvent) {
+        self.inflight.fetch_sub(1, Ordering::SeqCst);
+        self.emit(event);
+    }
+
+    fn is_stopping(&self) -> bool {
+        self.stopping.load(Ordering::SeqCst)
+    }
+
+    /// Sleeps `duration` unless shutdown comes first; `false` on shutdown.
+    fn pause(&self, duration: Duration) -> bool {
+        match self.stop.recv_timeout(duration) {
+            Err(RecvTimeoutError::Timeout) => !self.is_stopping(),
+            Ok(()) | Err(RecvTimeoutError::Disconnected) => false,
+        }
+    }
+}
+
+/// Handle of the writer threads, owned by the task worker's main thread.
+pub struct Writer {
+    batches: Option<Sender<Batch>>,
+    events: Receiver<WriterEvent>,
+    stats: Arc<WriterStats>,
+    inflight: Arc<AtomicUsize>,
+    max_inflight: usize,
+    stopping: Arc<AtomicBool>,
+    stop: Option<Sender<()>>,
+    client: Client,
+    threads: Vec<JoinHandle<()>>,
+}
+
+impl Writer {
+    /// Starts the sender and poller threads.
+    pub fn start(config: WriterConfig) -> Writer {
+        let max_inflight = config.max_inflight.max(1);
+        // Its own connections, so that shutdown interrupting them leaves the
+        // owner's copy of the client usable.
+        let client = config.client.with_own_connections();
+        let (batch_tx, batch_rx) = bounded::<Batch>(max_inflight);
+        let (event_tx, event_rx) = unbounded();
+        let (enqueued_tx, enqueued_rx) = unbounded::<Enqueued>();
+        let (stop_tx, stop_rx) = bounded::<()>(0);
+        let stats = Arc::new(WriterStats::default());
+        let inflight = Arc::new(AtomicUsize::new(0));
+        let stopping = Arc::new(AtomicBool::new(false));
+        let shared = || Shared {
+            client: client.clone(),
+            events: event_tx.clone(),
+            stats: Arc::clone(&stats),
+            inflight: Arc::clone(&inflight),
+            stopping: Arc::clone(&stopping),
+            stop: stop_rx.clone(),
+            retry_base: config.retry_base,
+            retry_cap: config.retry_cap,
+        };
+        let sender = SenderThread {
+            shared: shared(),
+            batches: batch_rx,
+            enqueued: enqueued_tx,
+            index_uid: config.index_uid,
+            primary_key: config.primary_key,
+            gzip: config
+                .gzip
+                .then(|| Compression::new(config.gzip_level.min(9))),
+        };
+        let poller = PollerThread {
+            shared: shared(),
+            enqueued: enqueued_rx,
+            poll_interval: config.poll_interval,
+        };
+        let threads = vec![
+            thread::Builder::new()
+                .name("meili-sender".to_string())
+                .spawn(move || sender.run())
+                .expect("the OS can start a thread"),
+            thread::Builder::new()
+                .name("meili-poller".to_string())
+                .spawn(move || poller.run())
+                .expect("the OS can start a thread"),
+        ];
+        Writer {
+            batches: Some(batch_tx),
+            events: event_rx,
+            stats,
+            inflight,
+            max_inflight,
+            stopping,
+            stop: Some(stop_tx),
+            client,
+            threads,
+        }
+    }
+
+    /// Hands a batch to the sender, or gives it back when `max_inflight`
+    /// batches are unconfirmed (or the writer has stopped). Never blocks.
+    pub fn try_send(&self, batch: Batch) -> Result<(), Batch> {
+        let Some(batches) = &self.batches else {
+            return Err(batch);
+        };
+        // Only this thread counts up, so the check cannot race.
+        if self.inflight.load(Ordering::SeqCst) >= self.max_inflight {
+            return Err(batch);
+        }
+        self.inflight.fetch_add(1, Ordering::SeqCst);
+        batches.try_send(batch).map_err(|error| {
+            self.inflight.fetch_sub(1, Ordering::SeqCst);
+            error.into_inner()
+        })
+    }
+
+    /// Batches handed over and not yet confirmed or failed.
+    pub fn inflight(&self) -> usize {
+        self.inflight.load(Ordering::SeqCst)
+    }
+
+    pub fn events(&self) -> &Receiver<WriterEvent> {
+        &self.events
+    }
+
+    pub fn stats(&self) -> &Arc<WriterStats> {
+        &self.stats
+    }
+
+    /// Stops both threads and waits for them; prompt even mid-request or
+    /// mid-backoff. Unconfirmed batches are abandoned: the owner resends
+    /// from its last confirmed checkpoint.
+    pub fn shutdown(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Writer {
+    fn drop(&mut self) {
+        self.stopping.store(true, Ordering::SeqCst);
+        self.batches = None;
+        self.stop = None;
+        self.client.close_connections();
+        for handle in self.threads.drain(..) {
+            // A panic in a writer thread has already been reported by the
+            // panic hook; the owner learns of it by the channel closing.
+            let _ = handle.join();
+        }
+    }
+}
+
+struct SenderThread {
+    shared: Shared,
+    batches: Receiver<Batch>,
+    enqueued: Sender<Enqueued>,
+    index_uid: String,
+    primary_key: String,
+    gzip: Option<Compression>,
+}
+
+impl SenderThread {
+    fn run(self) {
+        let mut backoff = Backoff::new(self.shared.retry_base, self.shared.retry_cap);
+        loop {
+            let batch = select! {
+                recv(self.batches) -> batch => match batch {
+                    Ok(batch) => batch,
+                    Err(_) => return,
+                },
+                recv(self.shared.stop) -> _ => return,
+            };
+            if !self.send(batch, &mut backoff) {
+                return;
+            }
+        }
+    }
+
+    /// Enqueues one batch, retrying as long as that may help; `false` on
+    /// shutdown.
+    fn send(&self, batch: Batch, backoff: &mut Backoff) -> bool {
+        let compressed = match (self.gzip, batch.op) {
+            (Some(level), Operation::Replace | Operation::Update) => Some(gzip(&batch.body, level)),
+            _ => None,
+        };
+        let body = compressed.as_deref().unwrap_or(&batch.body);
+        let mut attempt = 0;
+        loop {
+            if self.shared.is_stopping() {
+                return false;
+            }
+            let sent = self.shared.client.send_batch(
+                &self.index_uid,
+                &self.primary_key,
+                batch.op,
+                body,
+                compressed.is_some(),
+            );
+            match sent {
+                Ok(task_uid) => {
+                    let stats = &self.shared.stats;
+                    stats.batches_enqueued.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .docs_enqueued
+                        .fetch_add(batch.docs as u64, Ordering::Relaxed);
+                    stats
+                        .bytes_uncompressed
+                        .fetch_add(batch.body.len() as u64, Ordering::Relaxed);
+                    stats
+                        .bytes_sent
+                        .fetch_add(body.len() as u64, Ordering::Relaxed);
+                    self.shared.emit(WriterEvent::Enqueued {
+                        seq: batch.seq,
+                        task_uid,
+                    });
+                    // The poller only stops on shutdown.
+                    let _ = self.enqueued.send(Enqueued {
+                        seq: batch.seq,
+                        task_uid,
+                        docs: batch.docs,
+                    });
+                    return true;
+                }
+                Err(error) if error.is_retryable() => {
+                    if self.shared.is_stopping() {
+                        return false;
+                    }
+                    self.shared.stats.retries.fetch_add(1, Ordering::Relaxed);
+                    self.shared.emit(WriterEvent::Retrying {
+                        seq: batch.seq,
+                        attempt: attempt + 1,
+                        error: error.to_string(),
+                    });
+                    if !self.shared.pause(backoff.delay(attempt)) {
+                        return false;
+                    }
+                    attempt += 1;
+                }
+                Err(error) => {
+                    if self.shared.is_stopping() {
+                        return false;
+                    }
+                    self.shared
+                        .stats
+                        .batches_failed
+                        .fetch_add(1, Ordering::Relaxed);
+                    self.shared.finish(WriterEvent::Failed {
+                        seq: batch.seq,
+                        task_uid: None,
+                        error: WriteError::Rejected(error),
+                    });
+                    return true;
+                }
+            }
+        }
+    }
+}
+
+fn gzip(body: &[u8], level: Compression) -> Vec<u8> {
+    let mut encoder = GzEncoder::new(Vec::with_capacity(body.len() / 4), level);
+    encoder
+        .write_all(body)
+        .expect("writing into a Vec cannot fail");
+    encoder.finish().expect("writing into a Vec cannot fail")
+}
+
+struct PollerThread {
+    shared: Shared,
+    enqueued: Receiver<Enqueued>,
+    poll_interval: Duration,
+}
+
+impl PollerThread {
+    fn run(self) {
+        let mut backoff = Backoff::new(self.shared.retry_base, self.shared.retry_cap);
+        let mut pending: VecDeque<Enqueued> = VecDeque::new();
+        let mut attempt = 0;
+        loop {
+            if pending.is_empty() {
+                select! {
+                    recv(self.enqueued) -> task => match task {
+                        Ok(task) => pending.push_back(task),
+                        Err(_) => return,
+                    },
+                    recv(self.shared.stop) -> _ => return,
+                }
+            }
+            // Give Meilisearch time to process, taking in tasks enqueued
+            // meanwhile so that one request confirms them all.
+            let next_poll = after(self.poll_interval);
+            loop {
+                select! {
+                    recv(self.enqueued) -> task => match task {
+                        Ok(task) => pending.push_back(task),
+                        Err(_) => return,
+                    },
+                    recv(self.shared.stop) -> _ => return,
+                    recv(next_poll) -> _ => break,
+                }
+            }
+            match self.poll(&mut pending) {
+                Ok(()) => attempt = 0,
+                Err(error) => {
+                    if self.shared.is_stopping() {
+                        return;
+                    }
+                    self.shared.stats.retries.fetch_add(1, Ordering::Relaxed);
+                    if let Some(oldest) = pending.front() {
+                        self.shared.emit(WriterEvent::Retrying {
+                            seq: oldest.seq,
+                            attempt: attempt + 1,
+                            error: error.to_string(),
+                        });
+                    }
+                    if !self.shared.pause(backoff.delay(attempt)) {
+                        return;
+                    }
+                    attempt += 1;
+                }
+            }
+        }
+    }
+
+    /// Asks for the pending tasks' states and reports, in send order, the
+    /// ones that finished.
+    fn poll(&self, pending: &mut VecDeque<Enqueued>) -> Result<(), MeiliError> {
+        let uids: Vec<u64> = pending
+            .iter()
+            .take(MAX_UIDS_PER_POLL)
+            .map(|task| task.task_uid)
+            .collect();
+        let states: HashMap<u64, _> = self
+            .shared
+            .client
+            .get_tasks(&uids)?
+            .into_iter()
+            .map(|state| (state.uid, state))
+            .collect();
+        let stats = &self.shared.stats;
+        let mut still_pending = VecDeque::with_capacity(pending.len());
+        for task in pending.drain(..) {
+            let Some(state) = states
+                .get(&task.task_uid)
+                .filter(|s| s.status.is_finished())
+            else {
+                still_pending.push_back(task);
+                continue;
+            };
+            let event = match state.status {
+                TaskStatus::Succeeded => {
+                    stats.batches_confirmed.fetch_add(1, Ordering::Relaxed);
+                    stats
+                        .docs_confirmed
+                        .fetch_add(task.docs as u64, Ordering::Relaxed);
+                    WriterEvent::Confirmed {
+                        seq: task.seq,
+                        task_uid: task.task_uid,
+                        docs: task.docs,
+                    }
+                }
+                status => {
+                    stats.batches_failed.fetch_add(1, Ordering::Relaxed);
+                    WriterEvent::Failed {
+                        seq: task.seq,
+                        task_uid: Some(task.task_uid),
+                        error: if status == TaskStatus::Canceled {
+                            WriteError::TaskCanceled
+                        } else {
+                            WriteError::TaskFailed(state.error.clone())
+                        },
+                    }
+                }
+            };
+            self.shared.finish(event);
+        }
+        *pending = still_pending;
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    fn config(url: &str) -> WriterConfig {
+        WriterConfig {
+            client: Client::new(url, Some("masterKey"), Duration::from_secs(5)).expect("valid URL"),
+            index_uid: "books".to_string(),
+            primary_key: "id".to_string(),
+            gzip: false,
+            gzip_level: 1,
+            max_inflight: 4,
+            poll_interval: Duration::from_millis(20),
+            retry_base: Duration::from_millis(5),
+            retry_cap: Duration::from_millis(50),
+        }
+    }
+
+    fn replace(seq: u64, ids: std::ops::Range<u64>) -> Batch {
+        let mut body = Vec::new();
+        for id in ids.clone() {
+            body.extend_from_slice(format!("{{\"id\":{id},\"title\":\"book {id}\"}}\n").as_bytes());
+        }
+        Batch {
+            seq,
+            op: Operation::Replace,
+            body,
+            docs: ids.count(),
+            checkpoint: Some(seq * 10),
+        }
+    }
+
+    /// Nothing listens on port 1 of loopback: every request is refused.
+    const UNREACHABLE: &str = "http://127.0.0.1:1";
+
+    #[test]
+    fn refuses_batches_beyond_max_inflight() {
+        let writer = Writer::start(WriterConfig {
+            max_inflight: 3,
+            ..config(UNREACHABLE)
+        });
+        for seq in 1..=3 {
+            assert!(writer.try_send(replace(seq, 0..1)).is_ok());
+        }
+        let refused = writer.try_send(replace(4, 0..1)).expect_err("full");
+        assert_eq!(refused.seq, 4);
+        assert_eq!(writer.inflight(), 3);
+        writer.shutdown();
+    }
+
+    #[test]
+    fn retries_transport_errors_and_shuts_down_promptly_mid_backoff() {
+        let writer = Writer::start(WriterConfig {
+            retry_base: Duration::from_secs(30),
+            retry_cap: Duration::from_secs(60),
+            ..config(UNREACHABLE)
+        });
+        writer.try_send(replace(1, 0..1)).expect("room");
+        match writer.events().recv_timeout(Duration::from_secs(5)) {
+            Ok(WriterEvent::Retrying {
+                seq,
+                attempt,
+                error,
+            }) => {
+                assert_eq!((seq, attempt), (1, 1));
+                assert!(error.contains("cannot reach Meilisearch"), "{error}");
+                assert!(!error.contains("masterKey"));
+            }
+            other => panic!("expected a retry, got {other:?}"),
+        }
+        assert_eq!(writer.stats().retries.load(Ordering::Relaxed), 1);
+        let started = Instant::now();
+        writer.shutdown();
+        assert!(
+            started.elapsed() < Duration::from_secs(2),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn shutdown_interrupts_a_request_in_flight() {
+        // Accepts one connection and never answers on it.
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("a free port");
+        let url = format!("http://{}", listener.local_addr().expect("bound"));
+        let (done_tx, done_rx) = bounded::<()>(0);
+        let silent = thread::spawn(move || {
+            let connection = listener.accept().expect("the sender connects");
+            let _ = done_rx.recv();
+            drop(connection);
+        });
+        let writer = Writer::start(WriterConfig {
+            client: Client::new(&url, None, Duration::from_secs(60)).expect("valid URL"),
+            ..config(&url)
+        });
+        writer.try_send(replace(1, 0..1)).expect("room");
+        thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        writer.shutdown();
+        assert!(
+            started.elapsed() < Duration::from_secs(1),
+            "{:?}",
+            started.elapsed()
+        );
+        drop(done_tx);
+        silent.join().expect("listener thread");
+    }
+
+    #[test]
+    fn gzip_round_trips() {
+        let body = replace(1, 0..100).body;
+        let compressed = gzip(&body, Compression::new(6));
+        assert!(compressed.len() < body.len() / 2);
+        let mut decoded = Vec::new();
+        std::io::Read::read_to_end(
+            &mut flate2::read::GzDecoder::new(&compressed[..]),
+            &mut decoded,
+        )
+        .expect("valid gzip");
+        assert_eq!(decoded, body);
+    }
+
+    #[test]
+    fn write_errors_read_well() {
+        let body = MeiliErrorBody {
+            message: "Document identifier `\"a b\"` is invalid.".to_string(),
+            code: "invalid_document_id".to_string(),
+            kind: "invalid_request".to_string(),
+            link: String::new(),
+        };
+        assert_eq!(
+            WriteError::TaskFailed(Some(body)).to_string(),
+            "Meilisearch task failed: Document identifier `\"a b\"` is invalid. (invalid_document_id)"
+        );
+        assert_eq!(
+            WriteError::TaskCanceled.to_string(),
+            "Meilisearch task was canceled"
+        );
+    }
+
+    mod against_test_server {
+        use super::*;
+        use crate::batch::Watermark;
+        use meili_test_server::TestServer;
+        use serde_json::{json, Value};
+
+        const WAIT: Duration = Duration::from_secs(20);
+
+        fn start(tune: impl FnOnce(&mut WriterConfig)) -> (TestServer, Writer) {
+            let server = TestServer::start(Some("masterKey")).expect("test server starts");
+            let mut config = config(&server.url());
+            tune(&mut config);
+            (server, Writer::start(config))
+        }
+
+        /// Collects events until `done` holds for them.
+        fn events_until(
+            writer: &Writer,
+            done: impl Fn(&[WriterEvent]) -> bool,
+        ) -> Vec<WriterEvent> {
+            let deadline = Instant::now() + WAIT;
+            let mut events = Vec::new();
+            while !done(&events) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match writer.events().recv_timeout(left) {
+                    Ok(event) => events.push(event),
+                    Err(_) => panic!("timed out; events so far: {events:?}"),
+                }
+            }
+            events
+        }
+
+        fn finished(events: &[WriterEvent]) -> usize {
+            events
+                .iter()
+                .filter(|e| {
+                    matches!(
+                        e,
+                        WriterEvent::Confirmed { .. } | WriterEvent::Failed { .. }
+                    )
+                })
+                .count()
+        }
+
+        fn confirmed_seqs(events: &[WriterEvent]) -> Vec<u64> {
+            events
+                .iter()
+                .filter_map(|e| match e {
+                    WriterEvent::Confirmed { seq, .. } => Some(*seq),
+                    _ => None,
+                })
+                .collect()
+        }
+
+        fn document_posts(server: &TestServer) -> Vec<Vec<u8>> {
+            server
+                .request_log()
+                .into_iter()
+                .filter(|r| r.method == "POST" && r.path.contains("/documents"))
+                .map(|r| r.body)
+                .collect()
+        }
+
+        #[test]
+        fn delivers_many_batches_in_order() {
+            let (server, writer) = start(|c| c.max_inflight = 4);
+            // Writes and deletes of the same few ids: only the order
+            // Meilisearch applies them in gives the expected final state.
+            let mut expected: std::collections::BTreeMap<u64, Value> = Default::default();
+            let mut batches = VecDeque::new();
+            for seq in 1..=40u64 {
+                let id = seq % 5;
+                let batch = if seq % 3 == 0 {
+                    expected.remove(&id);
+                    Batch {
+                        seq,
+                        op: Operation::Delete,
+                        body: format!("[{id}]").into_bytes(),
+                        docs: 1,
+                        checkpoint: Some(seq * 10),
+                    }
+                } else {
+                    expected.insert(id, json!({"id": id, "v": seq}));
+                    Batch {
+                        seq,
+                        op: Operation::Replace,
+                        body: format!("{{\"id\":{id},\"v\":{seq}}}\n").into_bytes(),
+                        docs: 1,
+                        checkpoint: Some(seq * 10),
+                    }
+                };
+                batches.push_back(batch);
+            }
+            let mut watermark = Watermark::new();
+            let mut safe = None;
+            let mut events = Vec::new();
+            let deadline = Instant::now() + WAIT;
+            while finished(&events) < 40 {
+                assert!(Instant::now() < deadline, "timed out: {events:?}");
+                while let Some(batch) = batches.pop_front() {
+                    let (seq, checkpoint) = (batch.seq, batch.checkpoint);
+                    match writer.try_send(batch) {
+                        Ok(()) => watermark.sent(seq, checkpoint),
+                        Err(batch) => {
+                            batches.push_front(batch);
+                            break;
+                        }
+                    }
+                }
+                assert!(writer.inflight() <= 4);
+                if let Ok(event) = writer.events().recv_timeout(Duration::from_millis(50)) {
+                    if let WriterEvent::Confirmed { seq, .. } = event {
+                        safe = watermark.confirmed(seq).or(safe);
+                    }
+                    events.push(event);
+                }
+            }
+            assert_eq!(safe, Some(400));
+            assert_eq!(confirmed_seqs(&events).len(), 40, "{events:?}");
+            let task_uids: Vec<(u64, u64)> = events
+                .iter()
+                .filter_map(|e| match e {
+                    WriterEvent::Enqueued { seq, task_uid } => Some((*seq, *task_uid)),
+                    _ => None,
+                })
+                .collect();
+            assert!(task_uids
+                .windows(2)
+                .all(|w| w[0].0 < w[1].0 && w[0].1 < w[1].1));
+            assert_eq!(
+                server.documents("books"),
+                expected.into_values().collect::<Vec<_>>()
+            );
+            let stats = writer.stats();
+            assert_eq!(stats.batches_confirmed.load(Ordering::Relaxed), 40);
+            assert_eq!(stats.docs_confirmed.load(Ordering::Relaxed), 40);
+            writer.shutdown();
+        }
+
+        #[test]
+        fn respects_max_inflight_and_confirms_many_tasks_per_poll() {
+            let (server, writer) = start(|c| {
+                c.max_inflight = 3;
+                c.poll_interval = Duration::from_millis(300);
+            });
+            for seq in 1..=3 {
+                writer
+                    .try_send(replace(seq, seq * 10..seq * 10 + 2))
+                    .expect("room");
+            }
+            assert!(writer.try_send(replace(4, 0..1)).is_err());
+            let events = events_until(&writer, |events| finished(events) == 3);
+            assert_eq!(confirmed_seqs(&events), [1, 2, 3]);
+            assert_eq!(writer.inflight(), 0);
+            writer.try_send(replace(4, 0..1)).expect("room again");
+            let task_polls: Vec<String> = server
+                .request_log()
+                .into_iter()
+                .filter(|r| r.path.starts_with("/tasks?uids="))
+                .map(|r| r.path)
+                .collect();
+            // The three tasks were enqueued within one poll interval, so one
+            // request confirmed them all.
+            assert!(
+                task_polls.iter().any(|path| path.matches(',').count() == 2),
+                "{task_polls:?}"
+            );
+            writer.shutdown();
+        }
+
+        #[test]
+        fn retries_server_errors_with_the_same_bytes() {
+            let (server, writer) = start(|_| {});
+            server.faults().fail_next_requests(3, 503);
+            writer.try_send(replace(1, 0..3)).expect("room");
+            let events = events_until(&writer, |events| finished(events) == 1);
+            let attempts: Vec<u32> = events
+                .iter()
+                .filter_map(|e| match e {
+                    WriterEvent::Retrying {
+                        seq: 1, attempt, ..
+                    } => Some(*attempt),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(attempts, [1, 2, 3]);
+            assert!(matches!(events[3], WriterEvent::Enqueued { seq: 1, .. }));
+            assert_eq!(confirmed_seqs(&events), [1]);
+            let posts = document_posts(&server);
+            assert_eq!(posts.len(), 4);
+            assert!(posts.iter().all(|body| *body == replace(1, 0..3).body));
+            assert_eq!(server.documents("books").len(), 3);
+            assert_eq!(writer.stats().retries.load(Ordering::Relaxed), 3);
+            writer.shutdown();
+        }
+
+        #[test]
+        fn retries_dropped_connections() {
+            let (server, writer) = start(|_| {});
+            server.faults().drop_next_connections(2);
+            writer.try_send(replace(1, 0..2)).expect("room");
+            let events = events_until(&writer, |events| finished(events) == 1);
+            let retries = events
+                .iter()
+                .filter(|e| matches!(e, WriterEvent::Retrying { .. }))
+                .count();
+            assert_eq!(retries, 2, "{events:?}");
+            assert_eq!(confirmed_seqs(&events), [1]);
+            assert_eq!(server.documents("books").len(), 2);
+            writer.shutdown();
+        }
+
+        #[test]
+        fn reports_failed_tasks_and_goes_on() {
+            let (server, writer) = start(|_| {});
+            server.faults().fail_next_tasks(1, "invalid_document_id");
+            writer.try_send(replace(1, 0..1)).expect("room");
+            writer.try_send(replace(2, 1..2)).expect("room");
+            let events = events_until(&writer, |events| finished(events) == 2);
+            let failure = events
+                .iter()
+                .find_map(|e| match e {
+                    WriterEvent::Failed {
+                        seq,
+                        task_uid,
+                        error,
+                    } => Some((*seq, *task_uid, error)),
+                    _ => None,
+                })
+                .expect("a failure");
+            assert_eq!(failure.0, 1);
+            assert!(failure.1.is_some());
+            let WriteError::TaskFailed(Some(body)) = failure.2 else {
+                panic!("{failure:?}");
+            };
+            assert_eq!(body.code, "invalid_document_id");
+            assert_eq!(confirmed_seqs(&events), [2]);
+            assert_eq!(writer.inflight(), 0);
+            assert_eq!(writer.stats().batches_failed.load(Ordering::Relaxed), 1);
+            writer.shutdown();
+        }
+
+        #[test]
+        fn rejected_batches_fail_without_a_task() {
+            let (server, writer) = start(|_| {});
+            server.faults().fail_next_requests(1, 400);
+            writer.try_send(replace(1, 0..1)).expect("room");
+            writer.try_send(replace(2, 1..2)).expect("room");
+            let events = events_until(&writer, |events| finished(events) == 2);
+            assert!(
+                matches!(
+                    &events[0],
+                    WriterEvent::Failed {
+                        seq: 1,
+                        task_uid: None,
+                        error: WriteError::Rejected(MeiliError::Http { status: 400, .. })
+                    }
+                ),
+                "{events:?}"
+            );
+            assert_eq!(confirmed_seqs(&events), [2]);
+            writer.shutdown();
+        }
+
+        #[test]
+        fn gzip_bodies_are_accepted() {
+            let (server, writer) = start(|c| {
+                c.gzip = true;
+                c.gzip_level = 6;
+            });
+            writer.try_send(replace(1, 0..200)).expect("room");
+            let delete = Batch {
+                seq: 2,
+                op: Operation::Delete,
+                body: b"[0,1]".to_vec(),
+                docs: 2,
+                checkpoint: None,
+            };
+            writer.try_send(delete).expect("room");
+            let events = events_until(&writer, |events| finished(events) == 2);
+            assert_eq!(confirmed_seqs(&events), [1, 2]);
+            assert_eq!(server.documents("books").len(), 198);
+            let log = server.request_log();
+            let encodings: Vec<Option<&str>> = log
+                .iter()
+                .filter(|r| r.method == "POST")
+                .map(|r| r.content_encoding.as_deref())
+                .collect();
+            // Delete bodies go uncompressed.
+            assert_eq!(encodings, [Some("gzip"), None]);
+            let stats = writer.stats();
+            let uncompressed = stats.bytes_uncompressed.load(Ordering::Relaxed);
+            let sent = stats.bytes_sent.load(Ordering::Relaxed);
+            assert_eq!(uncompressed, replace(1, 0..200).body.len() as u64 + 5);
+            assert!(sent < uncompressed / 4, "{sent} of {uncompressed}");
+            writer.shutdown();
+        }
+
+        #[test]
+        fn shutdown_while_unavailable_is_prompt() {
+            let (server, writer) = start(|c| {
+                c.retry_base = Duration::from_millis(200);
+                c.retry_cap = Duration::from_secs(30);
+            });
+            server.faults().set_unavailable(true);
+            writer.try_send(replace(1, 0..1)).expect("room");
+            events_until(&writer, |events| events.len() >= 3);
+            let started = Instant::now();
+            writer.shutdown();
+            assert!(
+                started.elapsed() < Duration::from_secs(1),
+                "{:?}",
+                started.elapsed()
+            );
+        }
+
+        #[test]
+        fn poller_retries_its_own_errors() {
+            let (server, writer) = start(|c| c.poll_interval = Duration::from_millis(100));
+            writer.try_send(replace(1, 0..1)).expect("room");
+            events_until(&writer, |events| {
+                events
+                    .iter()
+                    .any(|e| matches!(e, WriterEvent::Enqueued { .. }))
+            });
+            // The next requests are the poller's.
+            server.faults().fail_next_requests(2, 502);
+            let events = events_until(&writer, |events| finished(events) == 1);
+            let retries = events
+                .iter()
+                .filter(|e| matches!(e, WriterEvent::Retrying { seq: 1, .. }))
+                .count();
+            assert_eq!(retries, 2, "{events:?}");
+            assert_eq!(confirmed_seqs(&events), [1]);
+            writer.shutdown();
+        }
+    }
+}

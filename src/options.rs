@@ -1,0 +1,402 @@
+//! Task options: parsed from the `options jsonb` argument, validated, and stored normalized.
+
+use serde_json::{Map, Value};
+
+use crate::error::{ErrorKind, SyncError};
+
+/// Whether streamed rows replace whole documents or update them field by field.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    Replace,
+    Upsert,
+}
+
+impl WriteMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WriteMode::Replace => "replace",
+            WriteMode::Upsert => "upsert",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct TaskOptions {
+    pub url: Option<String>,
+    pub api_key: Option<String>,
+    pub primary_key: Option<Vec<String>>,
+    pub columns: Option<Vec<String>>,
+    pub exclude_columns: Vec<String>,
+    pub batch_size: usize,
+    pub batch_bytes: usize,
+    pub max_inflight: usize,
+    pub flush_interval_ms: u64,
+    pub gzip: bool,
+    pub write_mode: WriteMode,
+    pub settings: Option<Map<String, Value>>,
+}
+
+impl Default for TaskOptions {
+    fn default() -> Self {
+        TaskOptions {
+            url: None,
+            api_key: None,
+            primary_key: None,
+            columns: None,
+            exclude_columns: Vec::new(),
+            batch_size: 10_000,
+            batch_bytes: 16 * 1024 * 1024,
+            max_inflight: 8,
+            flush_interval_ms: 200,
+            gzip: false,
+            write_mode: WriteMode::Replace,
+            settings: None,
+        }
+    }
+}
+
+const KNOWN_OPTIONS: &[&str] = &[
+    "url",
+    "api_key",
+    "primary_key",
+    "columns",
+    "exclude_columns",
+    "batch_size",
+    "batch_bytes",
+    "max_inflight",
+    "flush_interval_ms",
+    "gzip",
+    "write_mode",
+    "settings",
+];
+
+fn invalid(message: String, hint: &str) -> SyncError {
+    SyncError::new(ErrorKind::InvalidParameter, message).hint(hint)
+}
+
+fn expect_string(name: &str, value: &Value) -> Result<String, SyncError> {
+    match value {
+        Value::String(text) if !text.is_empty() => Ok(text.clone()),
+        _ => Err(invalid(
+            format!("option \"{name}\" must be a non-empty string"),
+            "Pass it as a JSON string.",
+        )),
+    }
+}
+
+fn expect_names(name: &str, value: &Value) -> Result<Vec<String>, SyncError> {
+    let items = match value {
+        Value::String(_) => vec![expect_string(name, value)?],
+        Value::Array(items) if !items.is_empty() => items
+            .iter()
+            .map(|item| expect_string(name, item))
+            .collect::<Result<_, _>>()?,
+        _ => {
+            return Err(invalid(
+                format!(
+                    "option \"{name}\" must be a column name or a non-empty array of column names"
+                ),
+                "For example [\"id\", \"name\"].",
+            ))
+        }
+    };
+    let mut seen = std::collections::HashSet::new();
+    for item in &items {
+        if !seen.insert(item) {
+            return Err(invalid(
+                format!("option \"{name}\" names column \"{item}\" twice"),
+                "List each column once.",
+            ));
+        }
+    }
+    Ok(items)
+}
+
+fn expect_integer(name: &str, value: &Value, min: u64, max: u64) -> Result<u64, SyncError> {
+    match value.as_u64() {
+        Some(number) if (min..=max).contains(&number) => Ok(number),
+        _ => Err(invalid(
+            format!("option \"{name}\" must be an integer between {min} and {max}, not {value}"),
+            "Pass a JSON number without quotes.",
+        )),
+    }
+}
+
+/// Checks that a URL can reach a Meilisearch server: http or https, a host, no credentials.
+pub fn validate_url(url: &str) -> Result<(), SyncError> {
+    let hint = "Use a URL such as http://127.0.0.1:7700.";
+    let rest = url
+        .strip_prefix("http://")
+        .or_else(|| url.strip_prefix("https://"))
+        .ok_or_else(|| {
+            invalid(
+                format!("invalid Meilisearch URL \"{url}\": the scheme must be http or https"),
+                hint,
+            )
+        })?;
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or_default();
+    if authority.contains('@') {
+        return Err(invalid(
+            "invalid Meilisearch URL: credentials in the URL are not allowed".to_owned(),
+            "Pass the key with the api_key option.",
+        ));
+    }
+    let host = match authority.rsplit_once(':') {
+        Some((host, port)) if !host.ends_with(']') || authority.starts_with('[') => {
+            if port.is_empty() || port.parse::<u16>().is_err() {
+                return Err(invalid(
+                    format!("invalid Meilisearch URL \"{url}\": bad port \"{port}\""),
+                    hint,
+                ));
+            }
+            host
+        }
+        _ => authority,
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_' | '[' | ']' | ':'));
+    if !host_ok || url.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(invalid(
+            format!("invalid Meilisearch URL \"{url}\": bad host"),
+            hint,
+        ));
+    }
+    Ok(())
+}
+
+/// Meilisearch index uids: 1 to 400 characters of `[A-Za-z0-9_-]`.
+pub fn validate_index_uid(uid: &str) -> Result<(), SyncError> {
+    let valid = !uid.is_empty()
+        && uid.len() <= 400
+        && uid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_');
+    if valid {
+        Ok(())
+    } else {
+        Err(SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!("invalid Meilisearch index uid \"{}\"", uid.escape_default()),
+        )
+        .hint("An index uid is 1 to 400 characters among A-Z, a-z, 0-9, '-' and '_'."))
+    }
+}
+
+impl TaskOptions {
+    /// Parses the options object given to `meili_sync_start`; unknown keys and wrong types are errors.
+    pub fn parse(options: &Value) -> Result<TaskOptions, SyncError> {
+        let object = match options {
+            Value::Object(object) => object,
+            Value::Null => return Ok(TaskOptions::default()),
+            _ => {
+                return Err(invalid(
+                    "options must be a JSON object".to_owned(),
+                    "For example '{\"batch_size\": 5000}'.",
+                ))
+            }
+        };
+        let mut parsed = TaskOptions::default();
+        for (name, value) in object {
+            match name.as_str() {
+                "url" => {
+                    let url = expect_string(name, value)?;
+                    validate_url(&url)?;
+                    parsed.url = Some(url.trim_end_matches('/').to_owned());
+                }
+                "api_key" => parsed.api_key = Some(expect_string(name, value)?),
+                "primary_key" => parsed.primary_key = Some(expect_names(name, value)?),
+                "columns" => parsed.columns = Some(expect_names(name, value)?),
+                "exclude_columns" => parsed.exclude_columns = expect_names(name, value)?,
+                "batch_size" => {
+                    parsed.batch_size = expect_integer(name, value, 1, 1_000_000)? as usize
+                }
+                "batch_bytes" => {
+                    parsed.batch_bytes =
+                        expect_integer(name, value, 1024, 1024 * 1024 * 1024)? as usize
+                }
+                "max_inflight" => {
+                    parsed.max_inflight = expect_integer(name, value, 1, 256)? as usize
+                }
+                "flush_interval_ms" => {
+                    parsed.flush_interval_ms = expect_integer(name, value, 0, 600_000)?
+                }
+                "gzip" => {
+                    parsed.gzip = value.as_bool().ok_or_else(|| {
+                        invalid(
+                            format!("option \"gzip\" must be true or false, not {value}"),
+                            "Pass a JSON boolean.",
+                        )
+                    })?
+                }
+                "write_mode" => {
+                    parsed.write_mode = match value.as_str() {
+                        Some("replace") => WriteMode::Replace,
+                        Some("upsert") => WriteMode::Upsert,
+                        _ => return Err(invalid(
+                            format!(
+                            "option \"write_mode\" must be \"replace\" or \"upsert\", not {value}"
+                        ),
+                            "replace sends whole documents; upsert updates the fields it sends.",
+                        )),
+                    }
+                }
+                "settings" => match value {
+                    Value::Object(settings) => parsed.settings = Some(settings.clone()),
+                    _ => return Err(invalid(
+                        "option \"settings\" must be a JSON object of Meilisearch index settings"
+                            .to_owned(),
+                        "For example {\"filterableAttributes\": [\"category\"]}.",
+                    )),
+                },
+                unknown => {
+                    return Err(invalid(
+                        format!("unknown option \"{}\"", unknown.escape_default()),
+                        &format!("Valid options are: {}.", KNOWN_OPTIONS.join(", ")),
+                    ))
+                }
+            }
+        }
+        if parsed.columns.is_some() && !parsed.exclude_columns.is_empty() {
+            return Err(invalid(
+                "options \"columns\" and \"exclude_columns\" cannot be used together".to_owned(),
+                "Give the columns to send, or the columns to leave out.",
+            ));
+        }
+        Ok(parsed)
+    }
+
+    /// The options as stored in the catalog: everything but the URL and the key, which have columns of their own.
+    pub fn to_stored_json(&self) -> Value {
+        let mut stored = Map::new();
+        if let Some(primary_key) = &self.primary_key {
+            stored.insert("primary_key".into(), Value::from(primary_key.clone()));
+        }
+        if let Some(columns) = &self.columns {
+            stored.insert("columns".into(), Value::from(columns.clone()));
+        }
+        if !self.exclude_columns.is_empty() {
+            stored.insert(
+                "exclude_columns".into(),
+                Value::from(self.exclude_columns.clone()),
+            );
+        }
+        stored.insert("batch_size".into(), Value::from(self.batch_size));
+        stored.insert("batch_bytes".into(), Value::from(self.batch_bytes));
+        stored.insert("max_inflight".into(), Value::from(self.max_inflight));
+        stored.insert(
+            "flush_interval_ms".into(),
+            Value::from(self.flush_interval_ms),
+        );
+        stored.insert("gzip".into(), Value::from(self.gzip));
+        stored.insert("write_mode".into(), Value::from(self.write_mode.as_str()));
+        if let Some(settings) = &self.settings {
+            stored.insert("settings".into(), Value::Object(settings.clone()));
+        }
+        Value::Object(stored)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn defaults_for_empty_object() {
+        assert_eq!(
+            TaskOptions::parse(&json!({})).ok(),
+            Some(TaskOptions::default())
+        );
+    }
+
+    #[test]
+    fn parses_every_option() {
+        let parsed = TaskOptions::parse(&json!({
+            "url": "http://meili:7700/", "api_key": "k", "primary_key": ["a", "b"],
+            "exclude_columns": "secret", "batch_size": 500, "batch_bytes": 2048, "max_inflight": 2,
+            "flush_interval_ms": 0, "gzip": true, "write_mode": "upsert",
+            "settings": {"filterableAttributes": ["a"]}
+        }))
+        .expect("valid options");
+        assert_eq!(parsed.url.as_deref(), Some("http://meili:7700"));
+        assert_eq!(
+            parsed.primary_key,
+            Some(vec!["a".to_owned(), "b".to_owned()])
+        );
+        assert_eq!(parsed.exclude_columns, vec!["secret".to_owned()]);
+        assert_eq!(
+            (parsed.batch_size, parsed.batch_bytes, parsed.max_inflight),
+            (500, 2048, 2)
+        );
+        assert!(parsed.gzip);
+        assert_eq!(parsed.write_mode, WriteMode::Upsert);
+        let stored = parsed.to_stored_json();
+        assert_eq!(stored["write_mode"], json!("upsert"));
+        assert!(stored.get("api_key").is_none() && stored.get("url").is_none());
+    }
+
+    #[test]
+    fn rejects_bad_input_with_a_message_naming_the_option() {
+        let cases = [
+            (json!({"bogus": 1}), "unknown option \"bogus\""),
+            (
+                json!({"batch_size": "10"}),
+                "\"batch_size\" must be an integer",
+            ),
+            (
+                json!({"batch_size": 0}),
+                "\"batch_size\" must be an integer",
+            ),
+            (json!({"gzip": "yes"}), "\"gzip\" must be true or false"),
+            (json!({"write_mode": "merge"}), "\"write_mode\""),
+            (json!({"url": "ftp://x"}), "scheme must be http or https"),
+            (json!({"url": "http://user:pw@x:7700"}), "credentials"),
+            (json!({"url": "http://x:notaport"}), "bad port"),
+            (json!({"url": "http:// x"}), "bad host"),
+            (
+                json!({"columns": ["a"], "exclude_columns": ["b"]}),
+                "cannot be used together",
+            ),
+            (json!({"primary_key": []}), "\"primary_key\" must be"),
+            (json!({"columns": ["a", "a"]}), "twice"),
+            (
+                json!({"settings": [1]}),
+                "\"settings\" must be a JSON object",
+            ),
+            (json!([1]), "options must be a JSON object"),
+        ];
+        for (input, expected) in cases {
+            let error = TaskOptions::parse(&input).expect_err("must be rejected");
+            assert!(
+                error.message.contains(expected),
+                "{input}: {}",
+                error.message
+            );
+            assert_eq!(error.kind, ErrorKind::InvalidParameter);
+            assert!(error.hint.is_some());
+        }
+    }
+
+    #[test]
+    fn index_uid_rules() {
+        assert!(validate_index_uid("products_2024-v1").is_ok());
+        assert!(validate_index_uid(&"a".repeat(400)).is_ok());
+        for bad in ["", "a b", "a/b", "produits-é", "x'; DROP TABLE t; --"] {
+            assert!(validate_index_uid(bad).is_err(), "{bad}");
+        }
+        assert!(validate_index_uid(&"a".repeat(401)).is_err());
+    }
+
+    #[test]
+    fn url_rules() {
+        for good in [
+            "http://127.0.0.1:7700",
+            "https://search.example.com",
+            "http://[::1]:7700/",
+        ] {
+            assert!(validate_url(good).is_ok(), "{good}");
+        }
+    }
+}

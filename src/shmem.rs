@@ -1,0 +1,293 @@
+//! Shared memory: the launcher's latch (so SQL can wake it) and one live-state slot per task worker.
+
+use pgrx::lwlock::PgLwLock;
+use pgrx::pg_shmem_init;
+use pgrx::prelude::*;
+use pgrx::shmem::PGRXSharedMemory;
+
+/// Tasks that can run at once; a fixed array keeps shared memory a constant size.
+pub const MAX_TASKS: usize = 64;
+const ERROR_BYTES: usize = 512;
+
+/// What a task worker is doing right now, as shown in `meili_sync_status.state`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Phase {
+    Starting = 1,
+    Snapshot = 2,
+    Streaming = 3,
+    Retrying = 4,
+    Error = 5,
+    Exited = 6,
+}
+
+impl Phase {
+    fn from_u8(value: u8) -> Option<Phase> {
+        Some(match value {
+            1 => Phase::Starting,
+            2 => Phase::Snapshot,
+            3 => Phase::Streaming,
+            4 => Phase::Retrying,
+            5 => Phase::Error,
+            6 => Phase::Exited,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Starting => "starting",
+            Phase::Snapshot => "snapshot",
+            Phase::Streaming => "streaming",
+            Phase::Retrying => "retrying",
+            Phase::Error => "error",
+            Phase::Exited => "exited",
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+pub struct TaskSlot {
+    task_id: i64,
+    pid: i32,
+    /// Address of the worker's PGPROC latch, so committing backends can wake it.
+    latch: usize,
+    phase: u8,
+    rows_copied: i64,
+    docs_confirmed: i64,
+    batches_inflight: i32,
+    retries: i64,
+    error_len: u16,
+    error: [u8; ERROR_BYTES],
+    error_at: pg_sys::TimestampTz,
+}
+
+impl TaskSlot {
+    const EMPTY: TaskSlot = TaskSlot {
+        task_id: 0,
+        pid: 0,
+        latch: 0,
+        phase: 0,
+        rows_copied: 0,
+        docs_confirmed: 0,
+        batches_inflight: 0,
+        retries: 0,
+        error_len: 0,
+        error: [0; ERROR_BYTES],
+        error_at: 0,
+    };
+}
+
+#[derive(Clone, Copy)]
+pub struct SharedState {
+    launcher_latch: usize,
+    slots: [TaskSlot; MAX_TASKS],
+}
+
+impl Default for SharedState {
+    fn default() -> Self {
+        SharedState {
+            launcher_latch: 0,
+            slots: [TaskSlot::EMPTY; MAX_TASKS],
+        }
+    }
+}
+
+// SAFETY: plain old data; the one address it holds (the launcher's latch) points into shared
+// memory, which is mapped at the same address in every backend.
+unsafe impl PGRXSharedMemory for SharedState {}
+
+// SAFETY: the name is unique to this extension.
+static STATE: PgLwLock<SharedState> = unsafe { PgLwLock::new(c"pg_meili_sync_state") };
+
+pub fn init() {
+    pg_shmem_init!(STATE);
+    // SAFETY: registering a transaction callback from _PG_init of a preloaded library: every
+    // backend inherits it.
+    unsafe { pg_sys::RegisterXactCallback(Some(wake_workers_at_commit), std::ptr::null_mut()) };
+}
+
+static WROTE_WAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Wakes the task workers when a transaction that wrote something commits, so they decode it at
+/// once instead of after their nap. Runs in every backend; costs a shared lock per writing commit.
+#[pg_guard]
+unsafe extern "C-unwind" fn wake_workers_at_commit(
+    event: pg_sys::XactEvent::Type,
+    _arg: *mut std::ffi::c_void,
+) {
+    use std::sync::atomic::Ordering;
+    match event {
+        pg_sys::XactEvent::XACT_EVENT_PRE_COMMIT => {
+            // SAFETY: reads this backend's transaction state during its own commit.
+            let has_xid =
+                unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId;
+            WROTE_WAL.store(has_xid, Ordering::Relaxed);
+        }
+        pg_sys::XactEvent::XACT_EVENT_COMMIT => {
+            if WROTE_WAL.swap(false, Ordering::Relaxed) {
+                wake_task_workers();
+            }
+        }
+        pg_sys::XactEvent::XACT_EVENT_ABORT => WROTE_WAL.store(false, Ordering::Relaxed),
+        _ => {}
+    }
+}
+
+fn wake_task_workers() {
+    let state = STATE.share();
+    for slot in state.slots.iter().filter(|slot| slot.latch != 0) {
+        // SAFETY: the address is a worker's PGPROC latch in shared memory (valid for the cluster's
+        // life); setting the latch of a process that just exited is harmless.
+        unsafe { pg_sys::SetLatch(slot.latch as *mut pg_sys::Latch) };
+    }
+}
+
+/// A snapshot of one task's live state, copied out of shared memory.
+#[derive(Clone, Debug)]
+pub struct TaskLive {
+    pub task_id: i64,
+    pub pid: Option<i32>,
+    pub phase: Option<Phase>,
+    pub rows_copied: i64,
+    pub docs_confirmed: i64,
+    pub batches_inflight: i32,
+    pub retries: i64,
+    pub last_error: Option<String>,
+    pub last_error_at: Option<pg_sys::TimestampTz>,
+}
+
+/// Publishes the calling launcher's latch so SQL functions can wake it.
+pub fn register_launcher() {
+    // SAFETY: MyProc is this process's PGPROC, in shared memory at the same address in every backend.
+    let latch = unsafe { &raw mut (*pg_sys::MyProc).procLatch } as usize;
+    STATE.exclusive().launcher_latch = latch;
+}
+
+pub fn unregister_launcher() {
+    STATE.exclusive().launcher_latch = 0;
+}
+
+/// Sets the launcher's latch so it rereads the catalog now rather than after its naptime.
+pub fn wake_launcher() {
+    let latch = STATE.share().launcher_latch;
+    if latch != 0 {
+        // SAFETY: the address is the launcher's PGPROC latch, which lives in shared memory for the
+        // life of the cluster; setting a latch of a process that has exited is harmless.
+        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+    }
+}
+
+/// Claims the task's slot (or a free one) for the calling worker; None when all slots are taken.
+pub fn attach(task_id: i64, pid: i32) -> Option<usize> {
+    let mut state = STATE.exclusive();
+    let index = state
+        .slots
+        .iter()
+        .position(|slot| slot.task_id == task_id)
+        .or_else(|| state.slots.iter().position(|slot| slot.task_id == 0))?;
+    let slot = &mut state.slots[index];
+    let keep_error = slot.task_id == task_id;
+    let (error_len, error, error_at) = (slot.error_len, slot.error, slot.error_at);
+    *slot = TaskSlot::EMPTY;
+    slot.task_id = task_id;
+    slot.pid = pid;
+    // SAFETY: MyProc is this worker's PGPROC, in shared memory at the same address in every backend.
+    slot.latch = unsafe { &raw mut (*pg_sys::MyProc).procLatch } as usize;
+    slot.phase = Phase::Starting as u8;
+    if keep_error {
+        slot.error_len = error_len;
+        slot.error = error;
+        slot.error_at = error_at;
+    }
+    Some(index)
+}
+
+/// Frees the slots of tasks that no longer exist.
+pub fn release_missing(existing: &[i64]) {
+    let mut state = STATE.exclusive();
+    for slot in state.slots.iter_mut() {
+        if slot.task_id != 0 && !existing.contains(&slot.task_id) {
+            *slot = TaskSlot::EMPTY;
+        }
+    }
+}
+
+/// A handle on the worker's own slot; every update is a short exclusive lock.
+#[derive(Clone, Copy)]
+pub struct SlotHandle {
+    index: usize,
+}
+
+impl SlotHandle {
+    pub fn new(index: usize) -> Self {
+        SlotHandle { index }
+    }
+
+    fn update(&self, f: impl FnOnce(&mut TaskSlot)) {
+        let mut state = STATE.exclusive();
+        f(&mut state.slots[self.index]);
+    }
+
+    pub fn set_phase(&self, phase: Phase) {
+        self.update(|slot| slot.phase = phase as u8);
+    }
+
+    pub fn set_progress(&self, rows_copied: i64, docs_confirmed: i64, batches_inflight: usize) {
+        self.update(|slot| {
+            slot.rows_copied = rows_copied;
+            slot.docs_confirmed = docs_confirmed;
+            slot.batches_inflight = batches_inflight.try_into().unwrap_or(i32::MAX);
+        });
+    }
+
+    pub fn add_retry(&self) {
+        self.update(|slot| slot.retries += 1);
+    }
+
+    pub fn set_error(&self, message: &str) {
+        // SAFETY: reads the transaction-independent wall clock.
+        let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        self.update(|slot| {
+            let mut end = message.len().min(ERROR_BYTES);
+            while !message.is_char_boundary(end) {
+                end -= 1;
+            }
+            slot.error[..end].copy_from_slice(&message.as_bytes()[..end]);
+            slot.error_len = end as u16;
+            slot.error_at = now;
+        });
+    }
+
+    pub fn detach(&self, phase: Phase) {
+        self.update(|slot| {
+            slot.pid = 0;
+            slot.latch = 0;
+            slot.phase = phase as u8;
+            slot.batches_inflight = 0;
+        });
+    }
+}
+
+/// Every slot in use, for the status view.
+pub fn live_tasks() -> Vec<TaskLive> {
+    let state = STATE.share();
+    state
+        .slots
+        .iter()
+        .filter(|slot| slot.task_id != 0)
+        .map(|slot| TaskLive {
+            task_id: slot.task_id,
+            pid: (slot.pid > 0).then_some(slot.pid),
+            phase: Phase::from_u8(slot.phase),
+            rows_copied: slot.rows_copied,
+            docs_confirmed: slot.docs_confirmed,
+            batches_inflight: slot.batches_inflight,
+            retries: slot.retries,
+            last_error: (slot.error_len > 0).then(|| {
+                String::from_utf8_lossy(&slot.error[..slot.error_len as usize]).into_owned()
+            }),
+            last_error_at: (slot.error_len > 0).then_some(slot.error_at),
+        })
+        .collect()
+}

@@ -1,0 +1,232 @@
+//! SQL-level tests, run inside Postgres in a transaction that is rolled back (so no worker ever
+//! sees these rows): every function, and every bad input with its SQLSTATE and hint.
+
+#[pgrx::pg_schema]
+mod tests {
+    use pgrx::prelude::*;
+
+    /// Runs `sql` and returns "SQLSTATE: message | hint", or "ok" (plpgsql's EXCEPTION block is a
+    /// subtransaction, so an error leaves the test's transaction usable).
+    fn outcome(sql: &str) -> String {
+        Spi::run(
+            "CREATE OR REPLACE FUNCTION pg_temp.outcome(statement text) RETURNS text LANGUAGE plpgsql AS $$
+             DECLARE state text; message text; hint text;
+             BEGIN
+                 EXECUTE statement;
+                 RETURN 'ok';
+             EXCEPTION WHEN OTHERS THEN
+                 GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT, hint = PG_EXCEPTION_HINT;
+                 RETURN state || ': ' || message || ' | ' || hint;
+             END $$",
+        )
+        .expect("create helper");
+        Spi::get_one_with_args::<String>("SELECT pg_temp.outcome($1)", &[sql.into()])
+            .expect("run statement")
+            .unwrap_or_default()
+    }
+
+    fn products() {
+        Spi::run(
+            "CREATE TABLE products (id bigint PRIMARY KEY, name text, price numeric, tags text[], meta jsonb);
+             CREATE TABLE no_key (a int, b text);
+             CREATE TABLE float_key (k float8 PRIMARY KEY, v text);
+             CREATE TABLE json_key (k jsonb PRIMARY KEY);
+             CREATE TABLE unique_code (id int, code text NOT NULL UNIQUE);
+             CREATE UNLOGGED TABLE scratch (id int PRIMARY KEY);
+             CREATE VIEW products_view AS SELECT * FROM products;",
+        )
+        .expect("create tables");
+    }
+
+    #[pg_test]
+    fn start_creates_task_and_publication() {
+        products();
+        let id = Spi::get_one::<i64>(
+            "SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\", \"api_key\": \"s3cret\", \"batch_size\": 500}')",
+        )
+        .expect("start")
+        .expect("task id");
+        let row = Spi::get_three_with_args::<String, String, String>(
+            "SELECT source::text, index_uid, primary_key::text FROM meili_sync.tasks WHERE id = $1",
+            &[id.into()],
+        )
+        .expect("task row");
+        assert_eq!(
+            row,
+            (
+                Some("products".into()),
+                Some("products".into()),
+                Some("{id}".into())
+            )
+        );
+        let options = Spi::get_one_with_args::<String>(
+            "SELECT options->>'batch_size' || ',' || (options ? 'api_key')::text FROM meili_sync.tasks WHERE id = $1",
+            &[id.into()],
+        )
+        .expect("options");
+        assert_eq!(options.as_deref(), Some("500,false"));
+        let key = Spi::get_one_with_args::<String>(
+            "SELECT api_key FROM meili_sync.task_secrets WHERE task_id = $1",
+            &[id.into()],
+        )
+        .expect("secret");
+        assert_eq!(key.as_deref(), Some("s3cret"));
+        let published = Spi::get_one_with_args::<String>(
+            "SELECT tablename::text FROM pg_publication_tables WHERE pubname = 'meili_sync_' || $1",
+            &[id.into()],
+        )
+        .expect("publication");
+        assert_eq!(published.as_deref(), Some("products"));
+        let status = Spi::get_two_with_args::<String, String>(
+            "SELECT index_uid, state FROM meili_sync_status WHERE task = $1",
+            &[id.into()],
+        )
+        .expect("status");
+        assert_eq!(status, (Some("products".into()), Some("starting".into())));
+    }
+
+    #[pg_test]
+    fn start_with_unique_key_option_and_replica_identity() {
+        products();
+        let refused = outcome(
+            "SELECT meili_sync_start('unique_code', 'codes', '{\"url\": \"http://x:7700\", \"primary_key\": \"code\"}')",
+        );
+        assert!(
+            refused.starts_with("42P10: the replica identity of table public.unique_code"),
+            "{refused}"
+        );
+        assert!(refused.contains("REPLICA IDENTITY"), "{refused}");
+        Spi::run("ALTER TABLE unique_code REPLICA IDENTITY USING INDEX unique_code_code_key")
+            .expect("identity");
+        let accepted = outcome(
+            "SELECT meili_sync_start('unique_code', 'codes', '{\"url\": \"http://x:7700\", \"primary_key\": \"code\"}')",
+        );
+        assert_eq!(accepted, "ok");
+    }
+
+    #[pg_test]
+    fn bad_input_is_refused_with_sqlstate_and_hint() {
+        products();
+        let url = "\"url\": \"http://127.0.0.1:7700\"";
+        let cases: Vec<(String, &str)> = vec![
+            (format!("SELECT meili_sync_start('missing_table', 'x', '{{{url}}}')"), "42P01: relation \"missing_table\" does not exist"),
+            (format!("SELECT meili_sync_start('no_key', 'x', '{{{url}}}')"), "42P10: table public.no_key has no primary key | Add a primary key"),
+            (format!("SELECT meili_sync_start('float_key', 'x', '{{{url}}}')"), "0A000: key column \"k\" has type double precision"),
+            (format!("SELECT meili_sync_start('json_key', 'x', '{{{url}}}')"), "0A000: key column \"k\" has type jsonb"),
+            (format!("SELECT meili_sync_start('products', 'bad uid', '{{{url}}}')"), "22023: invalid Meilisearch index uid \"bad uid\" | An index uid is"),
+            (format!("SELECT meili_sync_start('products', 'x''; DROP TABLE products; --', '{{{url}}}')"), "22023: invalid Meilisearch index uid"),
+            (format!("SELECT meili_sync_start('products', 'x', '{{{url}, \"batchsize\": 1}}')"), "22023: unknown option \"batchsize\" | Valid options are"),
+            (format!("SELECT meili_sync_start('products', 'x', '{{{url}, \"batch_size\": \"big\"}}')"), "22023: option \"batch_size\" must be an integer"),
+            (format!("SELECT meili_sync_start('products', 'x', '{{{url}, \"gzip\": 1}}')"), "22023: option \"gzip\" must be true or false"),
+            ("SELECT meili_sync_start('products', 'x', '{\"url\": \"localhost:7700\"}')".into(), "22023: invalid Meilisearch URL \"localhost:7700\""),
+            ("SELECT meili_sync_start('products', 'x', '{}')".into(), "22023: no Meilisearch URL given | Pass {\"url\""),
+            (format!("SELECT meili_sync_start('products', 'x', '{{{url}, \"columns\": [\"nope\"]}}')"), "42703: column \"nope\" of option \"columns\" does not exist"),
+            (format!("SELECT meili_sync_start('products', 'x', '{{{url}, \"exclude_columns\": [\"id\"]}}')"), "22023: option \"exclude_columns\" leaves out key column \"id\""),
+            (format!("SELECT meili_sync_start('products', 'x', '{{{url}, \"primary_key\": \"name\"}}')"), "42P10: key column \"name\" of table public.products must be NOT NULL"),
+            (format!("SELECT meili_sync_start('scratch', 'x', '{{{url}}}')"), "22023: table public.scratch is temporary or unlogged"),
+            (format!("SELECT meili_sync_start('products_view', 'x', '{{{url}}}')"), "22023: public.products_view is not an ordinary table"),
+            ("SELECT meili_sync_stop(424242)".into(), "42704: meili_sync task 424242 does not exist | SELECT task FROM meili_sync_status"),
+            ("SELECT meili_sync_drop(424242)".into(), "42704: meili_sync task 424242 does not exist"),
+            ("SELECT meili_sync_snapshot(424242)".into(), "42704: meili_sync task 424242 does not exist"),
+        ];
+        for (sql, expected) in cases {
+            let got = outcome(&sql);
+            assert!(
+                got.starts_with(expected) || got.contains(expected),
+                "{sql}\n  got:      {got}\n  expected: {expected}"
+            );
+        }
+        let tasks = Spi::get_one::<i64>("SELECT count(*) FROM meili_sync.tasks").expect("count");
+        let publications = Spi::get_one::<i64>(
+            "SELECT count(*) FROM pg_publication WHERE pubname LIKE 'meili_sync_%'",
+        )
+        .expect("count");
+        assert_eq!(
+            (tasks, publications),
+            (Some(0), Some(0)),
+            "a refused call left something behind"
+        );
+    }
+
+    #[pg_test]
+    fn duplicate_task_is_refused() {
+        products();
+        let start = "SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\"}')";
+        assert_eq!(outcome(start), "ok");
+        let second = outcome(start);
+        assert!(
+            second.starts_with("42710: task ") && second.contains("already syncs public.products"),
+            "{second}"
+        );
+    }
+
+    #[pg_test]
+    fn stop_snapshot_and_drop_change_the_catalog() {
+        products();
+        let id = Spi::get_one::<i64>("SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\"}')")
+            .expect("start")
+            .expect("id");
+        Spi::run_with_args(
+            "UPDATE meili_sync.tasks SET snapshot_key = '{41}', rows_copied = 41 WHERE id = $1",
+            &[id.into()],
+        )
+        .expect("fake progress");
+        assert_eq!(
+            Spi::get_one_with_args::<bool>("SELECT meili_sync_stop($1)", &[id.into()])
+                .expect("stop"),
+            Some(true)
+        );
+        let state = Spi::get_one_with_args::<String>(
+            "SELECT state FROM meili_sync.tasks WHERE id = $1",
+            &[id.into()],
+        )
+        .expect("state");
+        assert_eq!(state.as_deref(), Some("stopped"));
+        assert_eq!(
+            Spi::get_one_with_args::<bool>("SELECT meili_sync_snapshot($1)", &[id.into()])
+                .expect("snapshot"),
+            Some(true)
+        );
+        let reset = Spi::get_two_with_args::<String, i64>(
+            "SELECT state || coalesce(snapshot_key::text, '-'), rows_copied FROM meili_sync.tasks WHERE id = $1",
+            &[id.into()],
+        )
+        .expect("reset");
+        assert_eq!(reset, (Some("snapshot-".into()), Some(0)));
+        assert_eq!(
+            Spi::get_one_with_args::<bool>("SELECT meili_sync_drop($1)", &[id.into()])
+                .expect("drop"),
+            Some(true)
+        );
+        let left = Spi::get_two::<i64, i64>(
+            "SELECT (SELECT count(*) FROM meili_sync.tasks), (SELECT count(*) FROM pg_publication WHERE pubname LIKE 'meili_sync_%')",
+        )
+        .expect("left");
+        assert_eq!(left, (Some(0), Some(0)));
+    }
+
+    #[pg_test]
+    fn keys_are_hidden_from_ordinary_roles() {
+        products();
+        Spi::run("SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\", \"api_key\": \"s3cret\"}')")
+            .expect("start");
+        Spi::run("CREATE ROLE meili_sync_test_reader; CREATE ROLE meili_sync_test_monitor IN ROLE pg_monitor").expect("roles");
+        Spi::run("SET ROLE meili_sync_test_reader").expect("set role");
+        let denied = outcome("SELECT api_key FROM meili_sync.task_secrets");
+        assert!(denied.starts_with("42501"), "{denied}");
+        let start = outcome(
+            "SELECT meili_sync_start('products', 'other', '{\"url\": \"http://127.0.0.1:7700\"}')",
+        );
+        assert!(
+            start.starts_with("42501: permission denied to manage meili_sync tasks"),
+            "{start}"
+        );
+        Spi::run("RESET ROLE; SET ROLE meili_sync_test_monitor").expect("set role");
+        let visible =
+            Spi::get_one::<i64>("SELECT count(*) FROM meili_sync_status").expect("status");
+        assert_eq!(visible, Some(1));
+        let denied = outcome("SELECT api_key FROM meili_sync.task_secrets");
+        assert!(denied.starts_with("42501"), "{denied}");
+        Spi::run("RESET ROLE").expect("reset");
+    }
+}

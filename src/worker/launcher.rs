@@ -1,0 +1,225 @@
+//! The launcher: one static worker that starts a task worker per active task, restarts crashed
+//! ones after a growing backoff, stops the ones whose task was stopped or dropped, and drops the
+//! slots of dropped tasks.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use pgrx::bgworkers::{
+    BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime,
+    DynamicBackgroundWorker, SignalWakeFlags,
+};
+use pgrx::prelude::*;
+
+use crate::catalog::{self, TaskSummary};
+use crate::{gucs, shmem};
+
+const MAX_BACKOFF: Duration = Duration::from_secs(60);
+/// A worker that ran this long before exiting is not counted as a crash loop.
+const HEALTHY_RUN: Duration = Duration::from_secs(60);
+
+pub fn register() {
+    BackgroundWorkerBuilder::new("pg_meili_sync launcher")
+        .set_type("pg_meili_sync launcher")
+        .set_library("pg_meili_sync")
+        .set_function("meili_sync_launcher_main")
+        .enable_spi_access()
+        .set_start_time(BgWorkerStartTime::RecoveryFinished)
+        .set_restart_time(Some(Duration::from_secs(5)))
+        .load();
+}
+
+struct Running {
+    handle: DynamicBackgroundWorker,
+    generation: i32,
+    started: Instant,
+    terminating: bool,
+}
+
+#[derive(Default)]
+struct Backoff {
+    crashes: u32,
+    not_before: Option<Instant>,
+}
+
+struct Launcher {
+    running: HashMap<i64, Running>,
+    backoff: HashMap<i64, Backoff>,
+    database: String,
+}
+
+impl Launcher {
+    /// Reaps exited workers; an exit while the task should still run counts as a crash.
+    fn reap(&mut self, tasks: &[TaskSummary]) {
+        let exited: Vec<i64> = self
+            .running
+            .iter()
+            .filter(|(_, running)| {
+                matches!(running.handle.pid(), Err(BackgroundWorkerStatus::Stopped))
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in exited {
+            let Some(running) = self.running.remove(&id) else {
+                continue;
+            };
+            let still_wanted = tasks
+                .iter()
+                .any(|task| task.id == id && task.active && task.generation == running.generation);
+            if still_wanted && !running.terminating {
+                let backoff = self.backoff.entry(id).or_default();
+                if running.started.elapsed() >= HEALTHY_RUN {
+                    backoff.crashes = 0;
+                }
+                let delay = gucs::restart_backoff()
+                    .saturating_mul(1 << backoff.crashes.min(16))
+                    .min(MAX_BACKOFF);
+                backoff.crashes += 1;
+                backoff.not_before = Some(Instant::now() + delay);
+                log!(
+                    "pg_meili_sync: worker of task {id} exited; restarting in {} ms",
+                    delay.as_millis()
+                );
+            }
+        }
+    }
+
+    fn reconcile(&mut self, tasks: &[TaskSummary]) {
+        let stale: Vec<i64> = self
+            .running
+            .iter()
+            .filter(|(id, running)| {
+                !running.terminating
+                    && !tasks.iter().any(|task| {
+                        task.id == **id && task.active && task.generation == running.generation
+                    })
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for id in stale {
+            if let Some(running) = self.running.get_mut(&id) {
+                terminate(&running.handle);
+                running.terminating = true;
+            }
+        }
+        for task in tasks.iter().filter(|task| task.active) {
+            if self.running.contains_key(&task.id) {
+                continue;
+            }
+            let backoff = self.backoff.entry(task.id).or_default();
+            if backoff.not_before.is_some_and(|at| Instant::now() < at) {
+                continue;
+            }
+            match start_worker(task.id, &self.database) {
+                Ok(handle) => {
+                    self.running.insert(
+                        task.id,
+                        Running {
+                            handle,
+                            generation: task.generation,
+                            started: Instant::now(),
+                            terminating: false,
+                        },
+                    );
+                }
+                Err(()) => {
+                    warning!("pg_meili_sync: could not start a worker for task {}: no background worker slot free", task.id);
+                    backoff.not_before = Some(Instant::now() + gucs::restart_backoff());
+                }
+            }
+        }
+        self.backoff
+            .retain(|id, _| tasks.iter().any(|task| task.id == *id && task.active));
+    }
+
+    /// The soonest moment a delayed restart is due, so the wait does not oversleep it.
+    fn next_wake(&self, naptime: Duration) -> Duration {
+        let now = Instant::now();
+        self.backoff
+            .values()
+            .filter_map(|backoff| backoff.not_before)
+            .map(|at| at.saturating_duration_since(now))
+            .fold(naptime, Duration::min)
+            .max(Duration::from_millis(10))
+    }
+}
+
+/// Sends SIGTERM to a task worker (its handler only sets a flag that the worker checks).
+fn terminate(handle: &DynamicBackgroundWorker) {
+    if let Ok(pid) = handle.pid() {
+        BackgroundWorker::transaction(|| {
+            let _ = catalog::terminate_backend(pid);
+        });
+    }
+}
+
+fn start_worker(task_id: i64, database: &str) -> Result<DynamicBackgroundWorker, ()> {
+    // SAFETY: reading this process's own pid.
+    let launcher_pid = unsafe { pg_sys::MyProcPid };
+    BackgroundWorkerBuilder::new(&format!("pg_meili_sync task {task_id}"))
+        .set_type("pg_meili_sync task")
+        .set_library("pg_meili_sync")
+        .set_function("meili_sync_task_main")
+        .set_argument(Some(pg_sys::Datum::from(task_id)))
+        .set_extra(database)
+        .enable_spi_access()
+        .set_notify_pid(launcher_pid)
+        .load_dynamic()
+        .map_err(|_| ())
+}
+
+fn read_catalog() -> Option<(Vec<TaskSummary>, Vec<String>)> {
+    BackgroundWorker::transaction(|| {
+        if !catalog::extension_installed().ok()? {
+            return None;
+        }
+        let tasks = catalog::list_tasks().ok()?;
+        let orphans = catalog::orphan_slots().ok()?;
+        Some((tasks, orphans))
+    })
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    let database = gucs::database();
+    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
+    shmem::register_launcher();
+    log!("pg_meili_sync launcher started in database \"{database}\"");
+
+    let mut launcher = Launcher {
+        running: HashMap::new(),
+        backoff: HashMap::new(),
+        database,
+    };
+    let mut wait = Duration::ZERO;
+    while BackgroundWorker::wait_latch(Some(wait)) {
+        if BackgroundWorker::sighup_received() {
+            // SAFETY: reloading the configuration files in the main thread, outside a transaction.
+            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+        }
+        let Some((tasks, orphans)) = read_catalog() else {
+            wait = gucs::naptime();
+            continue;
+        };
+        launcher.reap(&tasks);
+        launcher.reconcile(&tasks);
+        let existing: Vec<i64> = tasks.iter().map(|task| task.id).collect();
+        shmem::release_missing(&existing);
+        for slot in orphans {
+            let dropped = BackgroundWorker::transaction(|| catalog::drop_slot(&slot).is_ok());
+            if dropped {
+                log!("pg_meili_sync: dropped replication slot \"{slot}\" of a dropped task");
+            }
+        }
+        wait = launcher.next_wake(gucs::naptime());
+    }
+    for running in launcher.running.values() {
+        terminate(&running.handle);
+    }
+    shmem::unregister_launcher();
+    // Exit non-zero so that the postmaster starts the launcher again if someone terminated it.
+    // SAFETY: ends this background worker process the way Postgres expects.
+    unsafe { pg_sys::proc_exit(1) };
+}

@@ -1,0 +1,5 @@
+//! The two kinds of background worker: one launcher, and one worker per active task.
+
+pub mod launcher;
+pub mod stream;
+pub mod task;

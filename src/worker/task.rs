@@ -1,0 +1,304 @@
+//! A task worker: sets up the slot and the index, runs the snapshot copy, then streams changes.
+//! Its main thread is the only one that calls Postgres; HTTP runs on the writer's threads.
+
+use std::time::Duration;
+
+use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
+use pgrx::prelude::*;
+
+use crate::batch::BatchLimits;
+use crate::catalog::{self, TaskRecord};
+use crate::encode::{Column, DocumentShape};
+use crate::error::{ErrorKind, SyncError};
+use crate::meili::client::{Client, MeiliError, TaskStatus};
+use crate::meili::retry::Backoff;
+use crate::meili::writer::{Writer, WriterConfig};
+use crate::options::TaskOptions;
+use crate::shmem::{self, Phase, SlotHandle};
+use crate::snapshot::{self, SnapshotOutcome, SnapshotPlan};
+use crate::worker::stream::{self, ColumnRules, Streamer};
+
+const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// True once SIGTERM arrived or the postmaster died; checked between units of work.
+pub fn should_stop() -> bool {
+    // SAFETY: reads a flag that this process's SIGTERM handler sets.
+    let terminated = unsafe { (&raw const pg_sys::ShutdownRequestPending).read_volatile() != 0 };
+    // A zero-timeout latch wait reports postmaster death (and SIGTERM) without sleeping.
+    terminated || !BackgroundWorker::wait_latch(Some(Duration::ZERO))
+}
+
+/// Why the worker ended without finishing: a permanent error stops the task, anything else is retried.
+enum Stop {
+    Terminated,
+    Permanent(String),
+}
+
+fn permanent(message: impl Into<String>) -> Stop {
+    Stop::Permanent(message.into())
+}
+
+/// Runs a Meilisearch call, retrying transient failures with backoff until it succeeds, fails
+/// for good, or the worker is asked to stop.
+fn with_retry<T>(
+    slot: SlotHandle,
+    what: &str,
+    mut call: impl FnMut() -> Result<T, MeiliError>,
+) -> Result<T, Stop> {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+    let mut attempt = 0;
+    loop {
+        match call() {
+            Ok(value) => return Ok(value),
+            Err(error) if error.is_retryable() || error.is_auth() => {
+                slot.add_retry();
+                slot.set_error(&format!("{what}: {error}"));
+                slot.set_phase(Phase::Retrying);
+                let delay = backoff.delay(attempt);
+                attempt += 1;
+                let deadline = std::time::Instant::now() + delay;
+                while std::time::Instant::now() < deadline {
+                    if should_stop() {
+                        return Err(Stop::Terminated);
+                    }
+                    std::thread::sleep(Duration::from_millis(20).min(delay));
+                }
+            }
+            Err(error) => return Err(permanent(format!("{what}: {error}"))),
+        }
+    }
+}
+
+/// Waits for a Meilisearch task and turns its failure into a permanent error.
+fn await_meili_task(slot: SlotHandle, client: &Client, uid: u64, what: &str) -> Result<(), Stop> {
+    let state = with_retry(slot, what, || client.wait_task(uid, SETUP_TIMEOUT))?;
+    match state.status {
+        TaskStatus::Succeeded => Ok(()),
+        _ => Err(permanent(format!(
+            "{what}: Meilisearch task {uid} {}",
+            state
+                .error
+                .map(|error| format!("failed: {} ({})", error.message, error.code))
+                .unwrap_or_else(|| "did not succeed".into())
+        ))),
+    }
+}
+
+/// Creates the index with the task's key attribute, or checks an existing one; applies settings.
+fn prepare_index(
+    slot: SlotHandle,
+    client: &Client,
+    task: &TaskRecord,
+    options: &TaskOptions,
+    key_attribute: &str,
+) -> Result<(), Stop> {
+    let uid = &task.index_uid;
+    match with_retry(slot, "reading the index", || client.get_index(uid))? {
+        None => {
+            let task_uid = with_retry(slot, "creating the index", || client.create_index(uid, key_attribute))?;
+            // Someone else may have created it meanwhile; the check below covers that case.
+            let _ = await_meili_task(slot, client, task_uid, "creating the index");
+            if with_retry(slot, "reading the index", || client.get_index(uid))?.is_none() {
+                return Err(permanent(format!("index \"{uid}\" could not be created")));
+            }
+        }
+        Some(index) => match index.get("primaryKey").and_then(|key| key.as_str()) {
+            Some(existing) if existing != key_attribute => {
+                return Err(permanent(format!(
+                    "index \"{uid}\" has primary key \"{existing}\" but this task sends \"{key_attribute}\"; drop the index or use another index uid"
+                )))
+            }
+            _ => {}
+        },
+    }
+    if let Some(settings) = &options.settings {
+        let settings = serde_json::Value::Object(settings.clone());
+        let task_uid = with_retry(slot, "updating index settings", || {
+            client.update_settings(uid, &settings)
+        })?;
+        await_meili_task(slot, client, task_uid, "updating index settings")?;
+    }
+    Ok(())
+}
+
+fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPlan, SyncError> {
+    let info = catalog::relation_info(task.relid)?;
+    let mut columns = Vec::new();
+    let mut column_names = Vec::new();
+    let mut key_types = Vec::new();
+    let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
+    for column in info.columns.iter().filter(|column| !column.generated) {
+        if rules.includes(&column.name) {
+            columns.push(Column {
+                name: column.name.clone(),
+                kind: catalog::value_kind(column.type_oid)?,
+            });
+            column_names.push(column.name.clone());
+        }
+    }
+    let mut key_columns = Vec::new();
+    for name in &task.primary_key {
+        let Some(position) = column_names.iter().position(|column| column == name) else {
+            return Err(SyncError::new(
+                ErrorKind::UndefinedColumn,
+                format!(
+                    "key column \"{name}\" is no longer in table {}",
+                    task.relation
+                ),
+            ));
+        };
+        key_columns.push(position);
+        let type_name = info
+            .columns
+            .iter()
+            .find(|column| &column.name == name)
+            .map(|column| column.type_name.clone())
+            .unwrap_or_default();
+        key_types.push((name.clone(), type_name));
+    }
+    let shape = DocumentShape::new(columns, key_columns).map_err(|error| {
+        SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!("cannot build documents of table {}: {error}", task.relation),
+        )
+    })?;
+    let page_rows = options.batch_size.clamp(100, 10_000);
+    let (first_page_query, next_page_query) =
+        catalog::page_queries(&info.qualified_name, &column_names, &key_types, page_rows);
+    Ok(SnapshotPlan {
+        first_page_query,
+        next_page_query,
+        page_rows,
+        shape,
+        limits: BatchLimits {
+            max_docs: options.batch_size,
+            max_bytes: options.batch_bytes,
+            max_age: Duration::from_millis(options.flush_interval_ms),
+        },
+        max_inflight: options.max_inflight,
+    })
+}
+
+fn ensure_slot(task: &TaskRecord) -> Result<(), SyncError> {
+    if !BackgroundWorker::transaction(|| catalog::slot_exists(&task.slot_name))? {
+        // Slot creation must come first in its transaction; changes after its LSN will be streamed.
+        BackgroundWorker::transaction(|| catalog::create_slot(&task.slot_name))?;
+        log!(
+            "pg_meili_sync task {}: created replication slot \"{}\"",
+            task.id,
+            task.slot_name
+        );
+    }
+    Ok(())
+}
+
+fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
+    let task = BackgroundWorker::transaction(|| {
+        catalog::set_output_formats()?;
+        catalog::load_task(task_id)
+    })
+    .map_err(|error| permanent(error.message))?;
+    let Some(task) = task else {
+        return Err(Stop::Terminated);
+    };
+    let options = TaskOptions::parse(&task.options).map_err(|error| permanent(error.message))?;
+    let plan = BackgroundWorker::transaction(|| build_plan(&task, &options))
+        .map_err(|error| permanent(error.message))?;
+    ensure_slot(&task).map_err(|error| permanent(error.message))?;
+
+    let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
+        .map_err(|error| permanent(error.to_string()))?;
+    let key_attribute = plan.shape.primary_key_attribute().to_owned();
+    prepare_index(slot, &client, &task, &options, &key_attribute)?;
+
+    let writer = Writer::start(WriterConfig {
+        client,
+        index_uid: task.index_uid.clone(),
+        primary_key: key_attribute,
+        gzip: options.gzip,
+        gzip_level: 1,
+        max_inflight: options.max_inflight,
+        poll_interval: Duration::from_millis(20),
+        retry_base: Duration::from_millis(100),
+        retry_cap: Duration::from_secs(30),
+    });
+    if task.state == "snapshot" {
+        match snapshot::run(&task, &plan, &writer, slot) {
+            Ok(SnapshotOutcome::Done { rows }) => {
+                if let Err(error) =
+                    BackgroundWorker::transaction(|| catalog::finish_snapshot(task.id, rows))
+                {
+                    writer.shutdown();
+                    return Err(permanent(error.message));
+                }
+                log!(
+                    "pg_meili_sync task {}: snapshot of {} finished, {rows} rows",
+                    task.id,
+                    task.relation
+                );
+            }
+            Ok(SnapshotOutcome::Interrupted) => {
+                writer.shutdown();
+                return Err(Stop::Terminated);
+            }
+            Ok(SnapshotOutcome::Failed(message)) => {
+                writer.shutdown();
+                return Err(permanent(message));
+            }
+            Err(error) => {
+                writer.shutdown();
+                return Err(permanent(error.message));
+            }
+        }
+    }
+    let rules = ColumnRules::new(&task.relation, &task.primary_key, &options);
+    let result = {
+        let mut streamer =
+            Streamer::new(task.id, slot, &writer, rules, plan.limits.clone(), &options);
+        stream::run(&mut streamer, &task)
+    };
+    writer.shutdown();
+    result.map_err(permanent).and(Err(Stop::Terminated))
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn meili_sync_task_main(arg: pg_sys::Datum) {
+    let task_id = arg.value() as i64;
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(Some(BackgroundWorker::get_extra()), None);
+    // SAFETY: reading this process's own pid.
+    let pid = unsafe { pg_sys::MyProcPid };
+    let Some(index) = shmem::attach(task_id, pid) else {
+        warning!(
+            "pg_meili_sync: no free task slot for task {task_id} ({} tasks at most)",
+            shmem::MAX_TASKS
+        );
+        return;
+    };
+    let slot = SlotHandle::new(index);
+    let outcome = PgTryBuilder::new(|| run(task_id, slot))
+        .catch_others(|error| {
+            let message = match &error {
+                pg_sys::panic::CaughtError::PostgresError(report)
+                | pg_sys::panic::CaughtError::ErrorReport(report)
+                | pg_sys::panic::CaughtError::RustPanic {
+                    ereport: report, ..
+                } => report.message().to_owned(),
+            };
+            slot.set_error(&message);
+            slot.detach(Phase::Error);
+            error.rethrow()
+        })
+        .execute();
+    match outcome {
+        Ok(()) | Err(Stop::Terminated) => slot.detach(Phase::Exited),
+        Err(Stop::Permanent(message)) => {
+            warning!("pg_meili_sync task {task_id} stopped: {message}");
+            slot.set_error(&message);
+            slot.detach(Phase::Error);
+            let _ = BackgroundWorker::transaction(|| catalog::set_error_state(task_id, &message));
+        }
+    }
+}

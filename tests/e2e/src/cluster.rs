@@ -1,0 +1,290 @@
+//! A throwaway Postgres cluster, run as the `postgres` OS user when we are root (Postgres refuses
+//! to run as root), stopped and removed on drop, also when a test panics.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+pub struct Cluster {
+    pub data_dir: PathBuf,
+    pub socket_dir: PathBuf,
+    pub port: u16,
+    bin_dir: PathBuf,
+    as_postgres: bool,
+    settings: Vec<String>,
+}
+
+fn pg_bin_dir() -> PathBuf {
+    let output = Command::new("pg_config")
+        .arg("--bindir")
+        .output()
+        .expect("pg_config must be on PATH");
+    PathBuf::from(String::from_utf8_lossy(&output.stdout).trim())
+}
+
+fn running_as_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|output| String::from_utf8_lossy(&output.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .map(|address| address.port())
+        .expect("a free port")
+}
+
+impl Cluster {
+    /// initdb + start with the extension preloaded and logical WAL; `extra` adds settings.
+    pub fn start(extra: &[&str]) -> Cluster {
+        let as_postgres = running_as_root();
+        let base = std::env::temp_dir().join(format!(
+            "pg_meili_sync_e2e_{}_{}",
+            std::process::id(),
+            free_port()
+        ));
+        let data_dir = base.join("data");
+        let socket_dir = base.join("sock");
+        std::fs::create_dir_all(&socket_dir).expect("create cluster directories");
+        if as_postgres {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(&base)
+                .status();
+            assert!(
+                status.map(|s| s.success()).unwrap_or(false),
+                "chown of {base:?} failed"
+            );
+        }
+        let mut settings: Vec<String> = [
+            "shared_preload_libraries=pg_meili_sync",
+            "wal_level=logical",
+            "max_worker_processes=32",
+            "max_replication_slots=32",
+            "meili_sync.naptime=200ms",
+            "meili_sync.restart_backoff=200ms",
+            "fsync=off",
+            "log_min_messages=log",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        settings.extend(extra.iter().map(|s| s.to_string()));
+        let cluster = Cluster {
+            data_dir,
+            socket_dir,
+            port: free_port(),
+            bin_dir: pg_bin_dir(),
+            as_postgres,
+            settings,
+        };
+        let initdb = cluster.run_pg(
+            "initdb",
+            &[
+                "-D",
+                path_str(&cluster.data_dir),
+                "-A",
+                "trust",
+                "-U",
+                "postgres",
+                "-E",
+                "UTF8",
+                "--locale=C.UTF-8",
+            ],
+        );
+        assert!(
+            initdb.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&initdb.stderr)
+        );
+        let conf: String = cluster.settings.iter().map(|s| format!("{s}\n")).collect();
+        std::fs::write(cluster.data_dir.join("postgresql.auto.conf"), conf)
+            .expect("write settings");
+        if as_postgres {
+            let _ = Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(cluster.data_dir.join("postgresql.auto.conf"))
+                .status();
+        }
+        cluster.pg_ctl_start();
+        cluster
+    }
+
+    fn command(&self, program: &Path) -> Command {
+        if self.as_postgres {
+            let mut command = Command::new("runuser");
+            command.args(["-u", "postgres", "--"]).arg(program);
+            command
+        } else {
+            Command::new(program)
+        }
+    }
+
+    fn run_pg(&self, program: &str, args: &[&str]) -> Output {
+        self.command(&self.bin_dir.join(program))
+            .args(args)
+            .output()
+            .unwrap_or_else(|error| panic!("{program}: {error}"))
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.data_dir.join("server.log")
+    }
+
+    pub fn pg_ctl_start(&self) {
+        let options = format!(
+            "-p {} -k {} -c listen_addresses=''",
+            self.port,
+            path_str(&self.socket_dir)
+        );
+        let output = self.run_pg(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&self.data_dir),
+                "-l",
+                path_str(&self.log_path()),
+                "-o",
+                &options,
+                "-w",
+                "-t",
+                "120",
+                "start",
+            ],
+        );
+        assert!(
+            output.status.success(),
+            "pg_ctl start failed: {}\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            self.server_log()
+        );
+    }
+
+    /// pg_ctl stop with the given mode (`fast`, `immediate`).
+    pub fn pg_ctl_stop(&self, mode: &str) {
+        let _ = self.run_pg(
+            "pg_ctl",
+            &[
+                "-D",
+                path_str(&self.data_dir),
+                "-m",
+                mode,
+                "-w",
+                "-t",
+                "120",
+                "stop",
+            ],
+        );
+    }
+
+    pub fn server_log(&self) -> String {
+        std::fs::read_to_string(self.log_path()).unwrap_or_default()
+    }
+
+    /// Runs SQL through psql in database `postgres`; Ok(stdout, unaligned and tuples-only) or Err(stderr).
+    pub fn try_psql(&self, sql: &str) -> Result<String, String> {
+        let output = self
+            .command(&self.bin_dir.join("psql"))
+            .args([
+                "-X",
+                "-q",
+                "-A",
+                "-t",
+                "-v",
+                "ON_ERROR_STOP=1",
+                "-h",
+                path_str(&self.socket_dir),
+                "-p",
+            ])
+            .arg(self.port.to_string())
+            .args(["-U", "postgres", "-d", "postgres", "-c", sql])
+            .output()
+            .map_err(|error| error.to_string())?;
+        if output.status.success() {
+            Ok(String::from_utf8_lossy(&output.stdout)
+                .trim_end()
+                .to_owned())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).into_owned())
+        }
+    }
+
+    pub fn psql(&self, sql: &str) -> String {
+        self.try_psql(sql)
+            .unwrap_or_else(|error| panic!("psql failed: {error}\nSQL: {sql}"))
+    }
+
+    /// One row of a task's status view, column → value.
+    pub fn status(&self, task: i64) -> std::collections::HashMap<String, String> {
+        let json = self.psql(&format!(
+            "SELECT row_to_json(s) FROM meili_sync_status s WHERE task = {task}"
+        ));
+        let value: serde_json::Value =
+            serde_json::from_str(&json).unwrap_or(serde_json::Value::Null);
+        value
+            .as_object()
+            .map(|object| {
+                object
+                    .iter()
+                    .map(|(k, v)| {
+                        (
+                            k.clone(),
+                            v.as_str()
+                                .map(str::to_owned)
+                                .unwrap_or_else(|| v.to_string()),
+                        )
+                    })
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Waits for a task's snapshot to finish (state leaves `snapshot`/`starting`), failing on `error`.
+    pub fn wait_snapshot_done(&self, task: i64, timeout: Duration) {
+        crate::wait_for("the snapshot to finish", timeout, || {
+            let status = self.status(task);
+            let state = status.get("state").cloned().unwrap_or_default();
+            assert!(
+                state != "error",
+                "task {task} failed: {status:?}\n{}",
+                self.tail_log()
+            );
+            (state == "streaming").then_some(())
+        });
+    }
+
+    pub fn tail_log(&self) -> String {
+        let log = self.server_log();
+        let lines: Vec<&str> = log.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// Sends a signal to a process (as root this works for the postgres user's processes).
+    pub fn kill(&self, pid: i64, signal: &str) {
+        let status = Command::new("kill")
+            .args([format!("-{signal}"), pid.to_string()])
+            .status();
+        assert!(
+            status.map(|s| s.success()).unwrap_or(false),
+            "kill -{signal} {pid} failed"
+        );
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.pg_ctl_stop("immediate");
+        if std::env::var_os("E2E_KEEP_CLUSTER").is_none() {
+            if let Some(base) = self.data_dir.parent() {
+                let _ = std::fs::remove_dir_all(base);
+            }
+        }
+    }
+}
+
+fn path_str(path: &Path) -> &str {
+    path.to_str().expect("temporary paths are UTF-8")
+}

@@ -1,0 +1,55 @@
+//! End-to-end harness: a throwaway Postgres cluster with the installed pg_meili_sync preloaded,
+//! a Meilisearch (the real one at `MEILI_URL`, or the project's test server), and the `products`
+//! data set with the documents every row must become.
+
+pub mod cluster;
+pub mod meili;
+pub mod products;
+
+use std::time::{Duration, Instant};
+
+/// Polls `check` until it returns Some, or panics with `what` after `timeout`.
+pub fn wait_for<T>(what: &str, timeout: Duration, mut check: impl FnMut() -> Option<T>) -> T {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = check() {
+            return value;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Waits until the index holds exactly the table's rows (ids and bodies), or panics with the
+/// differences after `timeout`.
+pub fn wait_index_matches_table(
+    cluster: &cluster::Cluster,
+    meili: &meili::Meili,
+    index: &str,
+    table: &str,
+    timeout: Duration,
+) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let rows: u64 = cluster
+            .psql(&format!("SELECT count(*) FROM {table}"))
+            .parse()
+            .unwrap_or(0);
+        if meili.document_count(index) != Some(rows) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(250));
+            continue;
+        }
+        let expected = products::table_documents(cluster, table);
+        let documents = meili.all_documents(index);
+        let Some(problem) = products::diff_documents(&documents, &expected) else {
+            return;
+        };
+        if Instant::now() >= deadline {
+            panic!("index {index} does not match table {table} after {timeout:?}: {problem}\n--- server log tail ---\n{}", cluster.tail_log());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}

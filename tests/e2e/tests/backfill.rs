@@ -1,0 +1,157 @@
+//! End to end: a real cluster with the extension preloaded, commits from a separate client, and a
+//! check that the Meilisearch index holds exactly the table's rows (every id, every body).
+
+use std::time::Duration;
+
+use pg_meili_sync_e2e::cluster::Cluster;
+use pg_meili_sync_e2e::meili::Meili;
+use pg_meili_sync_e2e::products::{self, diff_index};
+use pg_meili_sync_e2e::wait_for;
+use serde_json::json;
+
+const ROWS: i64 = 200_000;
+const LONG: Duration = Duration::from_secs(900);
+
+fn setup(rows: i64) -> (Cluster, Meili) {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, rows));
+    (cluster, Meili::from_env())
+}
+
+fn start(cluster: &Cluster, meili: &Meili, index: &str, extra: serde_json::Value) -> i64 {
+    let options = meili.options(extra);
+    cluster
+        .psql(&format!(
+            "SELECT meili_sync_start('products', '{index}', '{options}')"
+        ))
+        .parse()
+        .expect("task id")
+}
+
+fn assert_index_matches(cluster: &Cluster, meili: &Meili, index: &str, rows: i64) {
+    meili.wait_idle(index, LONG);
+    let documents = meili.all_documents(index);
+    if let Err(problem) = diff_index(&documents, rows, 1) {
+        panic!("{problem}\n--- server log tail ---\n{}", cluster.tail_log());
+    }
+}
+
+#[test]
+fn backfill_copies_every_row_exactly() {
+    let (cluster, meili) = setup(ROWS);
+    let index = meili.unique_index("products");
+    let task = start(
+        &cluster,
+        &meili,
+        &index,
+        json!({"settings": {"filterableAttributes": ["category"]}}),
+    );
+    cluster.wait_snapshot_done(task, LONG);
+    assert_index_matches(&cluster, &meili, &index, ROWS);
+
+    let status = cluster.status(task);
+    assert_eq!(
+        status.get("rows_copied").map(String::as_str),
+        Some("200000"),
+        "{status:?}"
+    );
+    let index_info = meili.index(&index).expect("index exists");
+    assert_eq!(index_info["primaryKey"], json!("id"));
+    let (_, settings) = meili.request(
+        ureq::http::Method::GET,
+        &format!("/indexes/{index}/settings"),
+        None,
+    );
+    assert_eq!(settings["filterableAttributes"], json!(["category"]));
+    let slot = cluster.psql(&format!("SELECT slot_name || ' ' || plugin FROM pg_replication_slots WHERE slot_name = 'meili_sync_{task}'"));
+    assert_eq!(slot, format!("meili_sync_{task} pgoutput"));
+
+    // Drop removes the task, its publication and (via the launcher) its slot, and the index on request.
+    cluster.psql(&format!(
+        "SELECT meili_sync_drop({task}, drop_index => true)"
+    ));
+    assert!(
+        meili.index(&index).is_none(),
+        "index still there after drop_index"
+    );
+    wait_for("the slot to be dropped", Duration::from_secs(60), || {
+        (cluster.psql("SELECT count(*) FROM pg_replication_slots") == "0").then_some(())
+    });
+    assert_eq!(cluster.psql("SELECT count(*) FROM pg_publication"), "0");
+}
+
+/// Waits until the copy is under way but not finished, and returns the worker's pid.
+fn mid_copy(cluster: &Cluster, task: i64) -> i64 {
+    wait_for("the copy to be under way", LONG, || {
+        let status = cluster.status(task);
+        let copied: i64 = status
+            .get("rows_copied")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let pid: Option<i64> = status.get("worker_pid").and_then(|v| v.parse().ok());
+        (status.get("state").map(String::as_str) == Some("snapshot")
+            && copied >= 20_000
+            && copied < ROWS / 2)
+            .then_some(pid)
+            .flatten()
+    })
+}
+
+fn documents_sent(meili: &Meili) -> Option<usize> {
+    meili.test_server().map(|server| {
+        server
+            .request_log()
+            .iter()
+            .filter(|record| record.method == "POST" && record.path.contains("/documents"))
+            .map(|record| record.body.iter().filter(|&&byte| byte == b'\n').count())
+            .sum()
+    })
+}
+
+#[test]
+fn backfill_resumes_after_the_worker_is_killed() {
+    let (cluster, meili) = setup(ROWS);
+    let index = meili.unique_index("products_kill");
+    let task = start(
+        &cluster,
+        &meili,
+        &index,
+        json!({"batch_size": 2000, "max_inflight": 2}),
+    );
+    let pid = mid_copy(&cluster, task);
+    cluster.kill(pid, "KILL");
+    cluster.wait_snapshot_done(task, LONG);
+    assert_index_matches(&cluster, &meili, &index, ROWS);
+    if let Some(sent) = documents_sent(&meili) {
+        // Resumed from the saved key: far fewer than a second full copy was sent.
+        assert!(
+            sent < (ROWS as usize) * 3 / 2,
+            "{sent} documents sent for {ROWS} rows: the copy started over"
+        );
+    }
+}
+
+#[test]
+fn backfill_resumes_after_an_immediate_shutdown() {
+    let (cluster, meili) = setup(ROWS);
+    let index = meili.unique_index("products_crash");
+    let task = start(
+        &cluster,
+        &meili,
+        &index,
+        json!({"batch_size": 2000, "max_inflight": 2}),
+    );
+    mid_copy(&cluster, task);
+    cluster.pg_ctl_stop("immediate");
+    cluster.pg_ctl_start();
+    cluster.wait_snapshot_done(task, LONG);
+    assert_index_matches(&cluster, &meili, &index, ROWS);
+    if let Some(sent) = documents_sent(&meili) {
+        assert!(
+            sent < (ROWS as usize) * 3 / 2,
+            "{sent} documents sent for {ROWS} rows: the copy started over"
+        );
+    }
+}

@@ -1,0 +1,216 @@
+//! End to end: changes committed from a separate client after the backfill reach the index in
+//! commit order, through crashes; every test ends with "the index holds exactly the table's rows".
+
+use std::time::Duration;
+
+use pg_meili_sync_e2e::cluster::Cluster;
+use pg_meili_sync_e2e::meili::Meili;
+use pg_meili_sync_e2e::{products, wait_for, wait_index_matches_table};
+use serde_json::json;
+
+const CONVERGE: Duration = Duration::from_secs(300);
+
+fn streaming_task(rows: i64, extra: serde_json::Value) -> (Cluster, Meili, String, i64) {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, rows));
+    let meili = Meili::from_env();
+    let index = meili.unique_index("stream");
+    let options = meili.options(extra);
+    let task: i64 = cluster
+        .psql(&format!(
+            "SELECT meili_sync_start('products', '{index}', '{options}')"
+        ))
+        .parse()
+        .expect("task id");
+    cluster.wait_snapshot_done(task, CONVERGE);
+    (cluster, meili, index, task)
+}
+
+fn converge(cluster: &Cluster, meili: &Meili, index: &str) {
+    wait_index_matches_table(cluster, meili, index, "products", CONVERGE);
+}
+
+#[test]
+fn inserts_updates_deletes_and_key_changes() {
+    let (cluster, meili, index, _) = streaming_task(1000, json!({}));
+    cluster.psql(&products::insert_sql(1001, 1500));
+    cluster.psql(
+        "UPDATE products SET name = 'renamed ' || id, version = version + 1 WHERE id % 3 = 0",
+    );
+    cluster.psql("DELETE FROM products WHERE id % 5 = 0");
+    cluster.psql("UPDATE products SET id = id + 100000 WHERE id BETWEEN 10 AND 30");
+    cluster
+        .psql("BEGIN; INSERT INTO products (id, name) VALUES (900000, 'rolled back'); ROLLBACK;");
+    cluster.psql(
+        "BEGIN; INSERT INTO products (id, name) VALUES (900001, 'kept'); SAVEPOINT s; \
+         INSERT INTO products (id, name) VALUES (900002, 'undone'); ROLLBACK TO s; \
+         UPDATE products SET meta = '{\"nested\": {\"deep\": [1, {\"x\": null}]}}' WHERE id = 900001; COMMIT;",
+    );
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn unchanged_toast_columns_keep_their_value() {
+    let (cluster, meili, index, _) = streaming_task(10, json!({}));
+    cluster.psql("ALTER TABLE products ALTER COLUMN description SET STORAGE EXTERNAL");
+    cluster.psql("UPDATE products SET description = repeat('long text ✓ ', 1000) WHERE id <= 5");
+    converge(&cluster, &meili, &index);
+    // Only `version` changes: pgoutput sends the TOASTed description as "unchanged".
+    cluster.psql("UPDATE products SET version = version + 10 WHERE id <= 5");
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn truncate_empties_the_index_and_later_rows_arrive() {
+    let (cluster, meili, index, _) = streaming_task(500, json!({}));
+    cluster.psql("TRUNCATE products");
+    cluster.psql(&products::insert_sql(2000, 2010));
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn columns_added_and_dropped_while_streaming() {
+    let (cluster, meili, index, _) = streaming_task(100, json!({}));
+    cluster.psql("ALTER TABLE products ADD COLUMN rating int DEFAULT 3");
+    cluster.psql("UPDATE products SET rating = 5 WHERE id <= 10");
+    cluster.psql(&products::insert_sql(101, 110));
+    cluster.psql("ALTER TABLE products DROP COLUMN category");
+    cluster.psql("ALTER TABLE products ALTER COLUMN version TYPE bigint");
+    cluster.psql("UPDATE products SET version = 7");
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn a_dropped_key_column_stops_the_task_with_an_error() {
+    let (cluster, _meili, _index, task) = streaming_task(10, json!({}));
+    cluster.psql("ALTER TABLE products RENAME COLUMN id TO product_id");
+    cluster.psql("UPDATE products SET version = 2 WHERE product_id = 1");
+    let status = wait_for("the task to stop with an error", CONVERGE, || {
+        let status = cluster.status(task);
+        (status.get("state").map(String::as_str) == Some("error")).then_some(status)
+    });
+    let error = status.get("last_error").cloned().unwrap_or_default();
+    assert!(
+        error.contains("key column \"id\"") && error.contains("dropped or renamed"),
+        "{status:?}"
+    );
+}
+
+#[test]
+fn randomized_workload_converges() {
+    let (cluster, meili, index, _) =
+        streaming_task(2000, json!({"batch_size": 50, "max_inflight": 4}));
+    let mut seed: u64 = 0x9E37_79B9_7F4A_7C15;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    for round in 0..60 {
+        let mut statements = Vec::new();
+        for _ in 0..(1 + next() % 6) {
+            let id = 1 + (next() % 2500) as i64;
+            statements.push(match next() % 4 {
+                0 => format!("INSERT INTO products (id, name, price) VALUES ({id}, 'random {round}', {}) ON CONFLICT (id) DO UPDATE SET name = EXCLUDED.name", next() % 1000),
+                1 => format!("UPDATE products SET version = version + 1, tags = ARRAY['r{round}'] WHERE id = {id}"),
+                2 => format!("DELETE FROM products WHERE id = {id}"),
+                _ => format!("UPDATE products SET in_stock = NOT coalesce(in_stock, false) WHERE id BETWEEN {id} AND {}", id + 20),
+            });
+        }
+        let ending = match next() % 5 {
+            0 => "ROLLBACK",
+            _ => "COMMIT",
+        };
+        let body = if next() % 3 == 0 && statements.len() > 1 {
+            let last = statements.pop().unwrap_or_default();
+            format!(
+                "{}; SAVEPOINT s; {last}; ROLLBACK TO s",
+                statements.join("; ")
+            )
+        } else {
+            statements.join("; ")
+        };
+        cluster.psql(&format!("BEGIN; {body}; {ending};"));
+    }
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn streaming_survives_a_killed_worker() {
+    let (cluster, meili, index, task) = streaming_task(1000, json!({"batch_size": 100}));
+    for round in 0..5 {
+        cluster.psql(&format!(
+            "UPDATE products SET version = version + 1 WHERE id % 5 = {round}"
+        ));
+    }
+    let pid: i64 = cluster
+        .status(task)
+        .get("worker_pid")
+        .and_then(|pid| pid.parse().ok())
+        .expect("worker pid");
+    cluster.kill(pid, "KILL");
+    for round in 0..5 {
+        cluster.psql(&format!(
+            "UPDATE products SET name = 'after kill {round}' WHERE id % 7 = {round}"
+        ));
+    }
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn streaming_survives_an_immediate_shutdown() {
+    let (cluster, meili, index, _) = streaming_task(1000, json!({"batch_size": 100}));
+    cluster.psql(&products::insert_sql(1001, 3000));
+    cluster.psql("UPDATE products SET version = version + 1 WHERE id % 2 = 0");
+    cluster.pg_ctl_stop("immediate");
+    cluster.pg_ctl_start();
+    cluster.psql("DELETE FROM products WHERE id % 9 = 0");
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn a_million_row_transaction_streams_through() {
+    let (cluster, meili, index, task) = streaming_task(1, json!({}));
+    cluster.psql(&products::insert_sql(2, 1_000_000));
+    wait_for("a million documents", Duration::from_secs(1800), || {
+        (meili.document_count(&index) == Some(1_000_000)).then_some(())
+    });
+    meili.wait_idle(&index, CONVERGE);
+    if let Err(problem) = products::diff_index(&meili.all_documents(&index), 1_000_000, 1) {
+        panic!("{problem}");
+    }
+    let status = cluster.status(task);
+    assert_eq!(
+        status.get("state").map(String::as_str),
+        Some("streaming"),
+        "{status:?}"
+    );
+}
+
+#[test]
+fn an_idle_task_does_not_hold_wal_written_by_other_tables() {
+    let (cluster, _meili, _index, task) = streaming_task(10, json!({}));
+    cluster.psql("CREATE TABLE other_table (id int PRIMARY KEY, payload text)");
+    let before: i64 = cluster.psql(&format!("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = 'meili_sync_{task}'")).parse().expect("lsn");
+    cluster.psql(
+        "INSERT INTO other_table SELECT i, repeat('x', 200) FROM generate_series(1, 20000) i",
+    );
+    let written: i64 = cluster
+        .psql("SELECT pg_current_wal_lsn() - '0/0'")
+        .parse()
+        .expect("lsn");
+    wait_for(
+        "the idle slot to confirm past the other table's WAL",
+        CONVERGE,
+        || {
+            let confirmed: i64 = cluster
+            .psql(&format!("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = 'meili_sync_{task}'"))
+            .parse()
+            .ok()?;
+            (confirmed >= written && confirmed > before).then_some(())
+        },
+    );
+}

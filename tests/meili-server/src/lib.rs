@@ -1,0 +1,442 @@
+//! A Meilisearch-compatible HTTP server for tests, modelled on transcripts recorded from a
+//! real Meilisearch 1.50: same routes, status codes, error objects and response shapes,
+//! an asynchronous task queue, and knobs to inject faults.
+//!
+//! ```no_run
+//! let server = meili_test_server::TestServer::start(Some("MASTER_KEY")).unwrap();
+//! let url = server.url(); // http://127.0.0.1:PORT
+//! # let _ = url;
+//! server.faults().fail_next_requests(1, 503);
+//! ```
+
+mod docs;
+mod error;
+mod filter;
+mod http;
+mod index;
+mod json;
+mod routes;
+mod search;
+mod settings;
+mod tasks;
+mod time;
+
+use std::collections::{BTreeMap, HashMap};
+use std::io::{self, BufReader};
+use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock};
+use std::thread::{self, JoinHandle};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::error::ApiError;
+use crate::http::Response;
+use crate::index::Index;
+use crate::tasks::Queue;
+
+/// How to start a [`TestServer`].
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// When set, every route but `/health` needs `Authorization: Bearer <key>`.
+    pub master_key: Option<String>,
+    /// 0 picks a free port.
+    pub port: u16,
+    /// Extra processing time per batch of tasks (see [`Faults::set_task_delay`]).
+    pub task_delay: Duration,
+    /// Request bodies above this (raw or decompressed) get 413 `payload_too_large`.
+    pub max_payload_bytes: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            master_key: None,
+            port: 0,
+            task_delay: Duration::ZERO,
+            max_payload_bytes: 100 << 20,
+        }
+    }
+}
+
+/// One request as the server saw it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RequestRecord {
+    pub method: String,
+    /// Path and query string as sent.
+    pub path: String,
+    /// Status answered; 0 when the connection was dropped without an answer.
+    pub status: u16,
+    /// Body after gzip/deflate decoding (empty if it was over the payload limit).
+    pub body: Vec<u8>,
+    /// The `Content-Encoding` header, if any.
+    pub content_encoding: Option<String>,
+}
+
+/// Fault injection knobs; all take effect immediately and are safe to use from any thread.
+pub struct Faults {
+    fail_requests: Mutex<(usize, u16)>,
+    drop_connections: AtomicUsize,
+    task_delay: Mutex<Duration>,
+    fail_tasks: Mutex<(usize, String)>,
+    unavailable: AtomicBool,
+}
+
+impl Faults {
+    fn new(task_delay: Duration) -> Self {
+        Faults {
+            fail_requests: Mutex::new((0, 500)),
+            drop_connections: AtomicUsize::new(0),
+            task_delay: Mutex::new(task_delay),
+            fail_tasks: Mutex::new((0, String::new())),
+            unavailable: AtomicBool::new(false),
+        }
+    }
+
+    /// The next `n` requests (any route) are answered with `status` and a Meilisearch-like
+    /// error body instead of being handled: 500 `internal`, 503 `service_unavailable`,
+    /// 429 `too_many_requests` (both with `Retry-After: 1`), 502/504, other 4xx `bad_request`.
+    pub fn fail_next_requests(&self, n: usize, status: u16) {
+        *lock(&self.fail_requests) = (n, status);
+    }
+
+    /// The next `n` requests are read, then their connection is closed without an answer.
+    pub fn drop_next_connections(&self, n: usize) {
+        self.drop_connections.store(n, Ordering::SeqCst);
+    }
+
+    /// Extra processing time per batch of tasks (slow indexing). Lowering it also shortens
+    /// the wait of the batch being processed.
+    pub fn set_task_delay(&self, d: Duration) {
+        *lock(&self.task_delay) = d;
+    }
+
+    /// The next `n` document tasks (additions, updates, deletions) end `failed` with the
+    /// error code `code` (e.g. `"internal"`) without touching the index.
+    pub fn fail_next_tasks(&self, n: usize, code: &str) {
+        *lock(&self.fail_tasks) = (n, code.to_string());
+    }
+
+    /// While on, new connections are closed as soon as they are accepted and requests on
+    /// already open connections are answered by closing the connection.
+    pub fn set_unavailable(&self, on: bool) {
+        self.unavailable.store(on, Ordering::SeqCst);
+    }
+
+    /// Turns every fault off and the task delay back to zero.
+    pub fn clear(&self) {
+        self.fail_next_requests(0, 500);
+        self.drop_next_connections(0);
+        self.set_task_delay(Duration::ZERO);
+        self.fail_next_tasks(0, "");
+        self.set_unavailable(false);
+    }
+
+    pub(crate) fn task_delay(&self) -> Duration {
+        *lock(&self.task_delay)
+    }
+
+    fn unavailable(&self) -> bool {
+        self.unavailable.load(Ordering::SeqCst)
+    }
+
+    fn take_drop(&self) -> bool {
+        self.drop_connections
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok()
+    }
+
+    fn take_request_failure(&self) -> Option<u16> {
+        let mut f = lock(&self.fail_requests);
+        (f.0 > 0).then(|| {
+            f.0 -= 1;
+            f.1
+        })
+    }
+
+    pub(crate) fn take_task_failure(&self) -> Option<String> {
+        let mut f = lock(&self.fail_tasks);
+        (f.0 > 0).then(|| {
+            f.0 -= 1;
+            f.1.clone()
+        })
+    }
+}
+
+/// Locks a mutex; a poisoned lock only means a handler panicked, the data is still usable.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+#[derive(Default)]
+struct Connections {
+    next_id: u64,
+    open: HashMap<u64, TcpStream>,
+    threads: Vec<JoinHandle<()>>,
+}
+
+pub(crate) struct Shared {
+    pub(crate) master_key: Option<String>,
+    pub(crate) max_payload: usize,
+    pub(crate) faults: Faults,
+    pub(crate) queue: Mutex<Queue>,
+    /// Signals new tasks to the processor and finished batches to waiters.
+    pub(crate) cond: Condvar,
+    pub(crate) indexes: Mutex<BTreeMap<String, Arc<RwLock<Index>>>>,
+    log: Mutex<Vec<RequestRecord>>,
+    stop: AtomicBool,
+    connections: Mutex<Connections>,
+}
+
+impl Shared {
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+}
+
+/// A running server on 127.0.0.1. Dropping it stops every thread and closes the listener.
+pub struct TestServer {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    acceptor: Option<JoinHandle<()>>,
+    processor: Option<JoinHandle<()>>,
+}
+
+impl TestServer {
+    /// Starts on a free port with the given master key and default settings.
+    pub fn start(master_key: Option<&str>) -> io::Result<TestServer> {
+        Self::start_with(Config {
+            master_key: master_key.map(String::from),
+            ..Config::default()
+        })
+    }
+
+    pub fn start_with(config: Config) -> io::Result<TestServer> {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, config.port))?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared {
+            master_key: config.master_key,
+            max_payload: config.max_payload_bytes,
+            faults: Faults::new(config.task_delay),
+            queue: Mutex::new(Queue::default()),
+            cond: Condvar::new(),
+            indexes: Mutex::new(BTreeMap::new()),
+            log: Mutex::new(Vec::new()),
+            stop: AtomicBool::new(false),
+            connections: Mutex::new(Connections::default()),
+        });
+        let processor = {
+            let shared = shared.clone();
+            thread::Builder::new()
+                .name("meili-tasks".into())
+                .spawn(move || tasks::run(shared))?
+        };
+        let acceptor = {
+            let shared = shared.clone();
+            thread::Builder::new()
+                .name("meili-accept".into())
+                .spawn(move || accept(shared, listener))?
+        };
+        Ok(TestServer {
+            shared,
+            addr,
+            acceptor: Some(acceptor),
+            processor: Some(processor),
+        })
+    }
+
+    /// `http://127.0.0.1:PORT`
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    pub fn faults(&self) -> &Faults {
+        &self.shared.faults
+    }
+
+    /// All documents of an index sorted by primary key (numbers numerically, before strings);
+    /// empty when the index does not exist.
+    pub fn documents(&self, index: &str) -> Vec<Value> {
+        let Some(index) = lock(&self.shared.indexes).get(index).cloned() else {
+            return Vec::new();
+        };
+        let idx = tasks::read(&index);
+        let pk = idx.primary_key.clone().unwrap_or_default();
+        let mut docs: Vec<Value> = idx.iter().map(|d| Value::Object(d.parse())).collect();
+        docs.sort_by(|a, b| pk_order(&a[&pk], &b[&pk]));
+        docs
+    }
+
+    /// The full settings object of an index, as `GET /indexes/{uid}/settings` returns it.
+    pub fn index_settings(&self, index: &str) -> Option<Value> {
+        let index = lock(&self.shared.indexes).get(index).cloned()?;
+        let json = settings::to_json(&tasks::read(&index).settings);
+        serde_json::from_str(&json).ok()
+    }
+
+    pub fn request_log(&self) -> Vec<RequestRecord> {
+        lock(&self.shared.log).clone()
+    }
+
+    /// Waits until no task is enqueued or processing; false on timeout.
+    pub fn wait_idle(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut queue = lock(&self.shared.queue);
+        while queue.pending > 0 {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            queue = self
+                .shared
+                .cond
+                .wait_timeout(queue, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        true
+    }
+}
+
+impl Drop for TestServer {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::SeqCst);
+        self.shared.cond.notify_all();
+        // Wake the blocking accept() so the acceptor sees the stop flag.
+        let _ = TcpStream::connect_timeout(&self.addr, Duration::from_secs(1));
+        if let Some(t) = self.acceptor.take() {
+            let _ = t.join();
+        }
+        let threads = {
+            let mut conns = lock(&self.shared.connections);
+            for stream in conns.open.values() {
+                let _ = stream.shutdown(Shutdown::Both);
+            }
+            std::mem::take(&mut conns.threads)
+        };
+        for t in threads {
+            let _ = t.join();
+        }
+        if let Some(t) = self.processor.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Numbers (numerically) before strings, for [`TestServer::documents`].
+fn pk_order(a: &Value, b: &Value) -> std::cmp::Ordering {
+    use std::cmp::Ordering;
+    match (a, b) {
+        (Value::Number(x), Value::Number(y)) => {
+            match (x.as_i64(), y.as_i64(), x.as_u64(), y.as_u64()) {
+                (Some(x), Some(y), _, _) => x.cmp(&y),
+                (_, _, Some(x), Some(y)) => x.cmp(&y),
+                _ => x
+                    .as_f64()
+                    .partial_cmp(&y.as_f64())
+                    .unwrap_or(Ordering::Equal),
+            }
+        }
+        (Value::Number(_), _) => Ordering::Less,
+        (_, Value::Number(_)) => Ordering::Greater,
+        (Value::String(x), Value::String(y)) => x.cmp(y),
+        _ => Ordering::Equal,
+    }
+}
+
+fn accept(shared: Arc<Shared>, listener: TcpListener) {
+    for stream in listener.incoming() {
+        if shared.stopping() {
+            return;
+        }
+        let Ok(stream) = stream else { continue };
+        if shared.faults.unavailable() {
+            let _ = stream.shutdown(Shutdown::Both);
+            continue;
+        }
+        let mut conns = lock(&shared.connections);
+        let id = conns.next_id;
+        conns.next_id += 1;
+        if let Ok(clone) = stream.try_clone() {
+            conns.open.insert(id, clone);
+        }
+        conns.threads.retain(|t| !t.is_finished());
+        let worker = shared.clone();
+        let spawned = thread::Builder::new()
+            .name("meili-conn".into())
+            .spawn(move || {
+                serve(&worker, stream);
+                lock(&worker.connections).open.remove(&id);
+            });
+        match spawned {
+            Ok(t) => conns.threads.push(t),
+            Err(_) => {
+                conns.open.remove(&id);
+            }
+        }
+    }
+}
+
+/// Serves requests on one keep-alive connection, in order (so pipelining works).
+fn serve(shared: &Shared, stream: TcpStream) {
+    let _ = stream.set_nodelay(true);
+    let Ok(read_half) = stream.try_clone() else {
+        return;
+    };
+    let mut reader = BufReader::with_capacity(256 * 1024, read_half);
+    let mut writer = stream;
+    loop {
+        let req = match http::read_request(&mut reader, &mut writer, shared.max_payload) {
+            Ok(Some(req)) => req,
+            Ok(None) | Err(http::ReadError::Closed) => break,
+            Err(http::ReadError::Bad(status)) => {
+                let _ = Response::empty(status).write_to(&mut writer, false);
+                break;
+            }
+        };
+        if shared.stopping() || shared.faults.unavailable() {
+            break;
+        }
+        let record = |status: u16, req: http::Request| RequestRecord {
+            content_encoding: req.content_encoding(),
+            method: req.method,
+            path: req.target,
+            status,
+            body: req.body,
+        };
+        if shared.faults.take_drop() {
+            lock(&shared.log).push(record(0, req));
+            break;
+        }
+        let resp = match shared.faults.take_request_failure() {
+            Some(status) => fault_response(status),
+            None => routes::handle(shared, &req),
+        };
+        let keep_alive = req.keep_alive;
+        lock(&shared.log).push(record(resp.status, req));
+        if resp.write_to(&mut writer, keep_alive).is_err() || !keep_alive {
+            break;
+        }
+    }
+    let _ = writer.shutdown(Shutdown::Both);
+}
+
+fn fault_response(status: u16) -> Response {
+    let (code, kind, retry) = match status {
+        429 => ("too_many_requests", "system", true),
+        503 => ("service_unavailable", "system", true),
+        502 => ("bad_gateway", "system", false),
+        504 => ("gateway_timeout", "system", false),
+        400..=499 => ("bad_request", "invalid_request", false),
+        _ => ("internal", "internal", false),
+    };
+    let message = format!("Injected fault: {} {}.", status, http::reason(status));
+    let mut error = ApiError::new(code, message).with_status(status);
+    error.kind = kind;
+    let mut resp = Response::json(status, error.to_json());
+    if retry {
+        resp.headers.push(("Retry-After", "1".into()));
+    }
+    resp
+}

@@ -1,0 +1,1037 @@
+//! Routing, authentication and request handlers.
+
+use std::sync::{Arc, RwLock};
+
+use serde_json::{Map, Value};
+
+use crate::docs::{self, Format};
+use crate::error::ApiError;
+use crate::filter;
+use crate::http::{percent_decode, query_pairs, Request, Response};
+use crate::index::Index;
+use crate::json::{array, describe, Obj};
+use crate::search;
+use crate::settings;
+use crate::tasks::{self, read, Kind, Op, Status};
+use crate::{lock, Shared};
+
+enum Route {
+    Health,
+    Version,
+    Stats,
+    ListIndexes,
+    CreateIndex,
+    GetIndex(String),
+    UpdateIndex(String),
+    DeleteIndex(String),
+    IndexStats(String),
+    GetSettings(String),
+    UpdateSettings(String),
+    ResetSettings(String),
+    GetSetting(String, &'static str),
+    UpdateSetting(String, &'static str),
+    ResetSetting(String, &'static str),
+    GetDocuments(String),
+    AddDocuments(String, bool),
+    ClearDocuments(String),
+    DeleteBatch(String),
+    DeleteByFilter(String),
+    FetchDocuments(String),
+    GetDocument(String, String),
+    DeleteDocument(String, String),
+    Search(String),
+    SearchGet(String),
+    MultiSearch,
+    ListTasks,
+    GetTask(String),
+    ListBatches,
+    GetBatch(String),
+}
+
+type Result<T> = std::result::Result<T, ApiError>;
+
+/// Matches a route; `Err` is 404 (unknown path) or 405 (known path, other method).
+fn route(method: &str, segs: &[&str]) -> std::result::Result<Route, u16> {
+    let s = |i: usize| segs[i].to_string();
+    let pick = |options: Vec<(&str, Route)>| {
+        options
+            .into_iter()
+            .find(|(m, _)| *m == method)
+            .map(|(_, r)| r)
+            .ok_or(405)
+    };
+    match segs {
+        ["health"] => pick(vec![("GET", Route::Health)]),
+        ["version"] => pick(vec![("GET", Route::Version)]),
+        ["stats"] => pick(vec![("GET", Route::Stats)]),
+        ["multi-search"] => pick(vec![("POST", Route::MultiSearch)]),
+        ["tasks"] => pick(vec![("GET", Route::ListTasks)]),
+        ["tasks", _] => pick(vec![("GET", Route::GetTask(s(1)))]),
+        ["batches"] => pick(vec![("GET", Route::ListBatches)]),
+        ["batches", _] => pick(vec![("GET", Route::GetBatch(s(1)))]),
+        ["indexes"] => pick(vec![
+            ("GET", Route::ListIndexes),
+            ("POST", Route::CreateIndex),
+        ]),
+        ["indexes", _] => pick(vec![
+            ("GET", Route::GetIndex(s(1))),
+            ("PATCH", Route::UpdateIndex(s(1))),
+            ("DELETE", Route::DeleteIndex(s(1))),
+        ]),
+        ["indexes", _, "stats"] => pick(vec![("GET", Route::IndexStats(s(1)))]),
+        ["indexes", _, "settings"] => pick(vec![
+            ("GET", Route::GetSettings(s(1))),
+            ("PATCH", Route::UpdateSettings(s(1))),
+            ("DELETE", Route::ResetSettings(s(1))),
+        ]),
+        ["indexes", _, "settings", name] => {
+            let (key, patch) = settings::route_key(name).ok_or(404u16)?;
+            pick(vec![
+                ("GET", Route::GetSetting(s(1), key)),
+                (
+                    if patch { "PATCH" } else { "PUT" },
+                    Route::UpdateSetting(s(1), key),
+                ),
+                ("DELETE", Route::ResetSetting(s(1), key)),
+            ])
+        }
+        ["indexes", _, "documents"] => pick(vec![
+            ("GET", Route::GetDocuments(s(1))),
+            ("POST", Route::AddDocuments(s(1), false)),
+            ("PUT", Route::AddDocuments(s(1), true)),
+            ("DELETE", Route::ClearDocuments(s(1))),
+        ]),
+        ["indexes", _, "documents", "delete-batch"] => {
+            pick(vec![("POST", Route::DeleteBatch(s(1)))])
+        }
+        ["indexes", _, "documents", "delete"] => pick(vec![("POST", Route::DeleteByFilter(s(1)))]),
+        ["indexes", _, "documents", "fetch"] => pick(vec![("POST", Route::FetchDocuments(s(1)))]),
+        ["indexes", _, "documents", _] => pick(vec![
+            ("GET", Route::GetDocument(s(1), s(3))),
+            ("DELETE", Route::DeleteDocument(s(1), s(3))),
+        ]),
+        ["indexes", _, "search"] => pick(vec![
+            ("GET", Route::SearchGet(s(1))),
+            ("POST", Route::Search(s(1))),
+        ]),
+        _ => Err(404),
+    }
+}
+
+pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
+    let segments: Vec<String> = req
+        .path()
+        .split('/')
+        .skip(1)
+        .map(|s| percent_decode(s, false))
+        .collect();
+    let segs: Vec<&str> = segments.iter().map(String::as_str).collect();
+    if segs.iter().any(|s| s.is_empty()) {
+        return Response::empty(404);
+    }
+    let route = match route(&req.method, &segs) {
+        Ok(route) => route,
+        Err(status) => return Response::empty(status),
+    };
+    let result = (|| {
+        if !matches!(route, Route::Health) {
+            authorize(shared, req)?;
+        }
+        if req.too_large {
+            return Err(payload_too_large(shared.max_payload));
+        }
+        if req.undecodable {
+            return Err(ApiError::new(
+                "bad_request",
+                "The provided payload is incomplete and cannot be parsed",
+            ));
+        }
+        dispatch(shared, req, route)
+    })();
+    match result {
+        Ok(resp) => resp,
+        Err(e) => Response::json(e.status, e.to_json()),
+    }
+}
+
+fn authorize(shared: &Shared, req: &Request) -> Result<()> {
+    let Some(key) = &shared.master_key else {
+        return Ok(());
+    };
+    match req
+        .header("authorization")
+        .and_then(|h| h.strip_prefix("Bearer "))
+    {
+        None => Err(ApiError::new(
+            "missing_authorization_header",
+            "The Authorization header is missing. It must use the bearer authorization method.",
+        )),
+        Some(token) if token.trim() == key => Ok(()),
+        Some(_) => Err(ApiError::new(
+            "invalid_api_key",
+            "The provided API key is invalid.",
+        )),
+    }
+}
+
+fn payload_too_large(limit: usize) -> ApiError {
+    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut value = limit as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < units.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    ApiError::new(
+        "payload_too_large",
+        format!(
+            "The provided payload reached the size limit. The maximum accepted payload size is {value} {}.",
+            units[unit]
+        ),
+    )
+}
+
+fn ok(body: String) -> Result<Response> {
+    Ok(Response::json(200, body))
+}
+
+fn dispatch(shared: &Shared, req: &Request, route: Route) -> Result<Response> {
+    let params = query_pairs(req.query());
+    match route {
+        Route::Health => ok(r#"{"status":"available"}"#.into()),
+        Route::Version => ok(Obj::new()
+            .str("commitSha", "2ecfd54ca7f3dd1c76d304efce86c9b8af9f82aa")
+            .str("commitDate", "2026-07-16T14:59:12.000000000Z")
+            .str("pkgVersion", "1.50.0")
+            .end()),
+        Route::Stats => global_stats(shared),
+        Route::ListIndexes => list_indexes(shared, &params),
+        Route::CreateIndex => create_index(shared, req),
+        Route::GetIndex(uid) => {
+            let index = find_index(shared, &uid)?;
+            let body = read(&index).to_json();
+            ok(body)
+        }
+        Route::UpdateIndex(uid) => update_index(shared, req, &uid),
+        Route::DeleteIndex(uid) => {
+            check_uid(&uid)?;
+            Ok(enqueue(shared, &uid, Op::DeleteIndex))
+        }
+        Route::IndexStats(uid) => {
+            let index = find_index(shared, &uid)?;
+            let indexing = lock(&shared.queue).processing_index.as_deref() == Some(uid.as_str());
+            let body = read(&index).stats_json(indexing);
+            ok(body)
+        }
+        Route::GetSettings(uid) => {
+            let index = find_index(shared, &uid)?;
+            let body = settings::to_json(&read(&index).settings);
+            ok(body)
+        }
+        Route::UpdateSettings(uid) => {
+            check_uid(&uid)?;
+            let changes = settings::validate_patch(&json_body(req)?)?;
+            Ok(enqueue(shared, &uid, Op::Settings(changes)))
+        }
+        Route::ResetSettings(uid) => {
+            check_uid(&uid)?;
+            Ok(enqueue(shared, &uid, Op::Settings(settings::reset_all())))
+        }
+        Route::GetSetting(uid, key) => {
+            let index = find_index(shared, &uid)?;
+            let idx = read(&index);
+            ok(idx
+                .settings
+                .get(key)
+                .cloned()
+                .unwrap_or_else(|| settings::default_value(key))
+                .to_string())
+        }
+        Route::UpdateSetting(uid, key) => {
+            check_uid(&uid)?;
+            let value = json_body(req)?;
+            settings::validate(key, &value, "")?;
+            Ok(enqueue(
+                shared,
+                &uid,
+                Op::Settings(vec![(key.to_string(), value)]),
+            ))
+        }
+        Route::ResetSetting(uid, key) => {
+            check_uid(&uid)?;
+            Ok(enqueue(
+                shared,
+                &uid,
+                Op::Settings(vec![(key.to_string(), Value::Null)]),
+            ))
+        }
+        Route::GetDocuments(uid) => get_documents(shared, &uid, &params),
+        Route::AddDocuments(uid, merge) => add_documents(shared, req, &uid, &params, merge),
+        Route::ClearDocuments(uid) => {
+            check_uid(&uid)?;
+            Ok(enqueue(shared, &uid, Op::ClearDocuments))
+        }
+        Route::DeleteBatch(uid) => {
+            check_uid(&uid)?;
+            let body = json_body(req)?;
+            let Value::Array(ids) = body else {
+                return Err(ApiError::new(
+                    "bad_request",
+                    format!(
+                        "Json deserialize error: invalid type: {}, expected a sequence",
+                        describe(&body)
+                    ),
+                ));
+            };
+            let ids = ids.iter().map(|v| {
+                v.as_str()
+                    .map(String::from)
+                    .unwrap_or_else(|| v.to_string())
+            });
+            Ok(enqueue(shared, &uid, Op::DeleteDocuments(ids.collect())))
+        }
+        Route::DeleteByFilter(uid) => delete_by_filter(shared, req, &uid),
+        Route::FetchDocuments(uid) => fetch_documents(shared, req, &uid),
+        Route::GetDocument(uid, id) => get_document(shared, &uid, &id, &params),
+        Route::DeleteDocument(uid, id) => {
+            check_uid(&uid)?;
+            Ok(enqueue(shared, &uid, Op::DeleteDocuments(vec![id])))
+        }
+        Route::Search(uid) => {
+            let body = json_body(req)?;
+            search_one(shared, &uid, &body)
+        }
+        Route::SearchGet(uid) => {
+            let body = search::query_from_params(&params)?;
+            search_one(shared, &uid, &body)
+        }
+        Route::MultiSearch => multi_search(shared, req),
+        Route::ListTasks => list_tasks(shared, &params),
+        Route::GetTask(id) => {
+            let uid = id.parse::<u32>().map_err(|_| {
+                ApiError::new(
+                    "invalid_task_uids",
+                    format!(
+                        "Task uid `{id}` is invalid. It should only contain numeric characters."
+                    ),
+                )
+            })?;
+            let queue = lock(&shared.queue);
+            let task = queue.tasks.get(uid as usize).ok_or_else(|| {
+                ApiError::new("task_not_found", format!("Task `{uid}` not found."))
+            })?;
+            ok(task.to_json())
+        }
+        Route::ListBatches => list_batches(shared, &params),
+        Route::GetBatch(id) => {
+            let uid = id.parse::<u32>().map_err(|_| {
+                ApiError::new(
+                    "invalid_batch_uids",
+                    format!(
+                        "Batch uid `{id}` is invalid. It should only contain numeric characters."
+                    ),
+                )
+            })?;
+            let queue = lock(&shared.queue);
+            let batch = queue.batches.get(uid as usize).ok_or_else(|| {
+                ApiError::new("batch_not_found", format!("Batch `{uid}` not found."))
+            })?;
+            ok(batch.to_json(&queue.tasks))
+        }
+    }
+}
+
+fn enqueue(shared: &Shared, uid: &str, op: Op) -> Response {
+    let summary = lock(&shared.queue).register(uid, op);
+    shared.cond.notify_all();
+    Response::json(202, summary)
+}
+
+fn valid_uid(uid: &str) -> bool {
+    !uid.is_empty()
+        && uid.len() <= 400
+        && uid
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+fn uid_message(uid: &str) -> String {
+    format!("`{uid}` is not a valid index uid. Index uid can be an integer or a string containing only alphanumeric characters, hyphens (-) and underscores (_), and can not be more than 512 bytes.")
+}
+
+fn check_uid(uid: &str) -> Result<()> {
+    if valid_uid(uid) {
+        Ok(())
+    } else {
+        Err(ApiError::new("invalid_index_uid", uid_message(uid)))
+    }
+}
+
+fn find_index(shared: &Shared, uid: &str) -> Result<Arc<RwLock<Index>>> {
+    check_uid(uid)?;
+    lock(&shared.indexes)
+        .get(uid)
+        .cloned()
+        .ok_or_else(|| ApiError::index_not_found(uid))
+}
+
+fn mime(content_type: &str) -> String {
+    content_type
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// A JSON request body, with the real server's content-type and payload errors.
+fn json_body(req: &Request) -> Result<Value> {
+    let accepted = "Accepted values for the Content-Type header are: `application/json`";
+    match req.header("content-type") {
+        None => {
+            return Err(ApiError::new(
+                "missing_content_type",
+                format!("A Content-Type header is missing. {accepted}"),
+            ))
+        }
+        Some(ct) if mime(ct) != "application/json" => {
+            return Err(ApiError::new(
+                "invalid_content_type",
+                format!("The Content-Type `{ct}` is invalid. {accepted}"),
+            ))
+        }
+        Some(_) => {}
+    }
+    if req.body.iter().all(u8::is_ascii_whitespace) {
+        return Err(ApiError::new(
+            "missing_payload",
+            "A json payload is missing.",
+        ));
+    }
+    serde_json::from_slice(&req.body).map_err(|e| {
+        ApiError::new(
+            "malformed_payload",
+            format!("The json payload provided is malformed. `{e}`."),
+        )
+    })
+}
+
+fn object(body: &Value) -> Result<&Map<String, Value>> {
+    body.as_object().ok_or_else(|| {
+        ApiError::new(
+            "bad_request",
+            format!(
+                "Invalid value type: expected an object, but found {}",
+                describe(body)
+            ),
+        )
+    })
+}
+
+fn unknown_field(key: &str, expected: &[&str]) -> ApiError {
+    let list: Vec<String> = expected.iter().map(|k| format!("`{k}`")).collect();
+    ApiError::new(
+        "bad_request",
+        format!("Unknown field `{key}`: expected one of {}", list.join(", ")),
+    )
+}
+
+fn param_usize(params: &[(String, String)], name: &str, code: &str) -> Result<Option<usize>> {
+    match params.iter().rev().find(|(k, _)| k == name) {
+        None => Ok(None),
+        Some((_, v)) => v.parse::<usize>().map(Some).map_err(|_| {
+            ApiError::new(
+                code,
+                format!("Invalid value in parameter `{name}`: could not parse `{v}` as a positive integer"),
+            )
+        }),
+    }
+}
+
+fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    params
+        .iter()
+        .rev()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
+}
+
+fn comma_list(v: &str) -> Vec<String> {
+    v.split(',')
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+        .collect()
+}
+
+fn global_stats(shared: &Shared) -> Result<Response> {
+    let (processing, last_update) = {
+        let queue = lock(&shared.queue);
+        (queue.processing_index.clone(), queue.last_update)
+    };
+    let indexes: Vec<(String, Arc<RwLock<Index>>)> = lock(&shared.indexes)
+        .iter()
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let mut size = 0;
+    let mut stats = Obj::new();
+    for (uid, index) in &indexes {
+        let idx = read(index);
+        size += idx.raw_document_db_size();
+        stats = stats.raw(
+            uid,
+            &idx.stats_json(processing.as_deref() == Some(uid.as_str())),
+        );
+    }
+    let database_size = size + 4096 * (1 + indexes.len() as u64);
+    ok(Obj::new()
+        .num("databaseSize", database_size)
+        .num("usedDatabaseSize", database_size)
+        .opt_str(
+            "lastUpdate",
+            last_update.map(crate::time::rfc3339).as_deref(),
+        )
+        .raw("indexes", &stats.end())
+        .end())
+}
+
+fn list_indexes(shared: &Shared, params: &[(String, String)]) -> Result<Response> {
+    let offset = param_usize(params, "offset", "invalid_index_offset")?.unwrap_or(0);
+    let limit = param_usize(params, "limit", "invalid_index_limit")?.unwrap_or(20);
+    let indexes: Vec<Arc<RwLock<Index>>> = lock(&shared.indexes).values().cloned().collect();
+    let results = indexes
+        .iter()
+        .skip(offset)
+        .take(limit)
+        .map(|i| read(i).to_json());
+    ok(Obj::new()
+        .raw("results", &array(results))
+        .num("offset", offset as u64)
+        .num("limit", limit as u64)
+        .num("total", indexes.len() as u64)
+        .end())
+}
+
+fn primary_key_field(obj: &Map<String, Value>) -> Result<Option<String>> {
+    match obj.get("primaryKey") {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => Err(ApiError::new(
+            "invalid_index_primary_key",
+            format!(
+                "Invalid value type at `.primaryKey`: expected a string, but found {}",
+                describe(v)
+            ),
+        )),
+    }
+}
+
+fn create_index(shared: &Shared, req: &Request) -> Result<Response> {
+    let body = json_body(req)?;
+    let obj = object(&body)?;
+    if let Some(k) = obj
+        .keys()
+        .find(|k| !["uid", "primaryKey"].contains(&k.as_str()))
+    {
+        return Err(unknown_field(k, &["uid", "primaryKey"]));
+    }
+    let uid = match obj.get("uid") {
+        None => return Err(ApiError::new("missing_index_uid", "Missing field `uid`")),
+        Some(Value::String(uid)) if valid_uid(uid) => uid.clone(),
+        Some(Value::String(uid)) => {
+            return Err(ApiError::new(
+                "invalid_index_uid",
+                format!("Invalid value at `.uid`: {}", uid_message(uid)),
+            ))
+        }
+        Some(v) => {
+            return Err(ApiError::new(
+                "invalid_index_uid",
+                format!(
+                    "Invalid value type at `.uid`: expected a string, but found {}",
+                    describe(v)
+                ),
+            ))
+        }
+    };
+    let pk = primary_key_field(obj)?;
+    Ok(enqueue(shared, &uid, Op::CreateIndex(pk)))
+}
+
+fn update_index(shared: &Shared, req: &Request, uid: &str) -> Result<Response> {
+    check_uid(uid)?;
+    let body = json_body(req)?;
+    let obj = object(&body)?;
+    if let Some(k) = obj.keys().find(|k| k.as_str() != "primaryKey") {
+        return Err(unknown_field(k, &["primaryKey"]));
+    }
+    let pk = primary_key_field(obj)?;
+    Ok(enqueue(shared, uid, Op::UpdateIndex(pk)))
+}
+
+fn add_documents(
+    shared: &Shared,
+    req: &Request,
+    uid: &str,
+    params: &[(String, String)],
+    merge: bool,
+) -> Result<Response> {
+    check_uid(uid)?;
+    let primary_key = param(params, "primaryKey").map(String::from);
+    let delimiter = match param(params, "csvDelimiter") {
+        None => None,
+        Some(d) if d.len() == 1 => Some(d.as_bytes()[0]),
+        Some(d) => {
+            return Err(ApiError::new(
+                "invalid_document_csv_delimiter",
+                format!(
+                    "Invalid value in parameter `csvDelimiter`: expected a string of one character, but found the following string of {} characters: `{d}`",
+                    d.chars().count()
+                ),
+            ))
+        }
+    };
+    let accepted = "Accepted values for the Content-Type header are: `application/json`, `application/x-ndjson`, `text/csv`";
+    let Some(content_type) = req.header("content-type") else {
+        return Err(ApiError::new(
+            "missing_content_type",
+            format!("A Content-Type header is missing. {accepted}"),
+        ));
+    };
+    let format = match (mime(content_type).as_str(), delimiter) {
+        ("application/json", None) => Format::Json,
+        ("application/x-ndjson", None) => Format::Ndjson,
+        ("text/csv", d) => Format::Csv(d.unwrap_or(b',')),
+        (m @ ("application/json" | "application/x-ndjson"), Some(_)) => {
+            return Err(ApiError::new(
+                "invalid_content_type",
+                format!("The Content-Type `{m}` does not support the use of a csv delimiter. The csv delimiter can only be used with the Content-Type `text/csv`."),
+            ))
+        }
+        (m, _) => {
+            let shown = if m.contains('/') { m.to_string() } else { content_type.to_string() };
+            return Err(ApiError::new(
+                "invalid_content_type",
+                format!("The Content-Type `{shown}` is invalid. {accepted}"),
+            ));
+        }
+    };
+    let docs = docs::parse_payload(&req.body, format)?;
+    Ok(enqueue(
+        shared,
+        uid,
+        Op::AddDocuments {
+            docs,
+            primary_key,
+            merge,
+        },
+    ))
+}
+
+fn delete_by_filter(shared: &Shared, req: &Request, uid: &str) -> Result<Response> {
+    check_uid(uid)?;
+    let body = json_body(req)?;
+    let obj = object(&body)?;
+    if let Some(k) = obj.keys().find(|k| k.as_str() != "filter") {
+        return Err(unknown_field(k, &["filter"]));
+    }
+    let Some(filter) = obj.get("filter") else {
+        return Err(ApiError::new(
+            "missing_document_filter",
+            "Missing field `filter`",
+        ));
+    };
+    let parsed =
+        filter::from_json(filter).map_err(|m| ApiError::new("invalid_document_filter", m))?;
+    if parsed.is_none() {
+        return Err(ApiError::new(
+            "invalid_document_filter",
+            "Sending an empty filter is forbidden.",
+        ));
+    }
+    Ok(enqueue(shared, uid, Op::DeleteByFilter(filter.clone())))
+}
+
+/// Options shared by `GET /documents` and `POST /documents/fetch`.
+struct Browse {
+    offset: usize,
+    limit: usize,
+    fields: Option<Vec<String>>,
+    filter: Value,
+    ids: Option<Vec<String>>,
+}
+
+fn get_documents(shared: &Shared, uid: &str, params: &[(String, String)]) -> Result<Response> {
+    let browse = Browse {
+        offset: param_usize(params, "offset", "invalid_document_offset")?.unwrap_or(0),
+        limit: param_usize(params, "limit", "invalid_document_limit")?.unwrap_or(20),
+        fields: param(params, "fields").map(comma_list),
+        filter: param(params, "filter").map_or(Value::Null, Value::from),
+        ids: param(params, "ids").map(comma_list),
+    };
+    browse_documents(shared, uid, browse)
+}
+
+fn fetch_documents(shared: &Shared, req: &Request, uid: &str) -> Result<Response> {
+    let body = json_body(req)?;
+    let obj = object(&body)?;
+    let known = [
+        "offset",
+        "limit",
+        "fields",
+        "filter",
+        "ids",
+        "retrieveVectors",
+        "sort",
+    ];
+    if let Some(k) = obj.keys().find(|k| !known.contains(&k.as_str())) {
+        return Err(unknown_field(k, &known));
+    }
+    let field = |k: &str| obj.get(k).filter(|v| !v.is_null());
+    let type_error = |k: &str, expected: &str, v: &Value| {
+        let code = match k {
+            "ids" => "invalid_document_ids".to_string(),
+            _ => format!("invalid_document_{k}"),
+        };
+        ApiError::new(
+            &code,
+            format!(
+                "Invalid value type at `.{k}`: expected {expected}, but found {}",
+                describe(v)
+            ),
+        )
+    };
+    let number = |k: &str, default: usize| match field(k) {
+        None => Ok(default),
+        Some(v) => v
+            .as_u64()
+            .map(|n| n as usize)
+            .ok_or_else(|| type_error(k, "a positive integer", v)),
+    };
+    let list = |k: &str| match field(k) {
+        None => Ok(None),
+        Some(Value::Array(items)) => Ok(Some(
+            items
+                .iter()
+                .map(|v| {
+                    v.as_str()
+                        .map(String::from)
+                        .unwrap_or_else(|| v.to_string())
+                })
+                .collect(),
+        )),
+        Some(v) => Err(type_error(k, "an array", v)),
+    };
+    let browse = Browse {
+        offset: number("offset", 0)?,
+        limit: number("limit", 20)?,
+        fields: list("fields")?,
+        filter: field("filter").cloned().unwrap_or(Value::Null),
+        ids: list("ids")?,
+    };
+    browse_documents(shared, uid, browse)
+}
+
+fn browse_documents(shared: &Shared, uid: &str, b: Browse) -> Result<Response> {
+    let filter =
+        filter::from_json(&b.filter).map_err(|m| ApiError::new("invalid_document_filter", m))?;
+    let index = find_index(shared, uid)?;
+    let idx = read(&index);
+    if let Some(f) = &filter {
+        f.check_filterable(&settings::filterable_patterns(&idx.settings))
+            .map_err(|m| ApiError::new("invalid_document_filter", format!("Index `{uid}`: {m}")))?;
+    }
+    let candidates: Box<dyn Iterator<Item = &crate::index::StoredDoc>> = match &b.ids {
+        Some(ids) => {
+            let mut internal: Vec<u32> = ids.iter().filter_map(|id| idx.internal_id(id)).collect();
+            internal.sort_unstable();
+            internal.dedup();
+            Box::new(internal.into_iter().filter_map(|i| idx.by_internal(i)))
+        }
+        None => Box::new(idx.iter()),
+    };
+    let render = |d: &crate::index::StoredDoc| match &b.fields {
+        None => d.json.to_string(),
+        Some(fields) => Value::Object(docs::select_fields(&d.parse(), fields)).to_string(),
+    };
+    let (total, results): (usize, Vec<String>) = match &filter {
+        None if b.ids.is_none() => (
+            idx.len(),
+            idx.iter()
+                .skip(b.offset)
+                .take(b.limit)
+                .map(render)
+                .collect(),
+        ),
+        _ => {
+            let matching: Vec<&crate::index::StoredDoc> = candidates
+                .filter(|d| filter.as_ref().is_none_or(|f| f.matches(&d.parse())))
+                .collect();
+            let page = matching
+                .iter()
+                .skip(b.offset)
+                .take(b.limit)
+                .map(|d| render(d))
+                .collect();
+            (matching.len(), page)
+        }
+    };
+    ok(Obj::new()
+        .raw("results", &array(results))
+        .num("offset", b.offset as u64)
+        .num("limit", b.limit as u64)
+        .num("total", total as u64)
+        .end())
+}
+
+fn get_document(
+    shared: &Shared,
+    uid: &str,
+    id: &str,
+    params: &[(String, String)],
+) -> Result<Response> {
+    let index = find_index(shared, uid)?;
+    let idx = read(&index);
+    let doc = idx.get(id).ok_or_else(|| {
+        ApiError::new("document_not_found", format!("Document `{id}` not found."))
+    })?;
+    match param(params, "fields").map(comma_list) {
+        None => ok(doc.json.to_string()),
+        Some(fields) => ok(Value::Object(docs::select_fields(&doc.parse(), &fields)).to_string()),
+    }
+}
+
+fn search_one(shared: &Shared, uid: &str, body: &Value) -> Result<Response> {
+    let query = search::parse_query(body, "")?;
+    let index = find_index(shared, uid)?;
+    let idx = read(&index);
+    let result = search::response(Obj::new(), &idx, &query, &search::request_uid())?;
+    ok(result.end())
+}
+
+fn multi_search(shared: &Shared, req: &Request) -> Result<Response> {
+    let body = json_body(req)?;
+    let obj = object(&body)?;
+    let queries = match obj.get("queries") {
+        None => return Err(ApiError::new("bad_request", "Missing field `queries`")),
+        Some(Value::Array(q)) => q,
+        Some(v) => {
+            return Err(ApiError::new(
+                "bad_request",
+                format!(
+                    "Invalid value type at `.queries`: expected an array, but found {}",
+                    describe(v)
+                ),
+            ))
+        }
+    };
+    let federation = obj.get("federation").filter(|f| !f.is_null());
+    let request_uid = search::request_uid();
+    let mut results = Vec::new();
+    let mut parts = Vec::new();
+    for (i, q) in queries.iter().enumerate() {
+        let at = format!(".queries[{i}]");
+        let inside = format!("Inside `{at}`: ");
+        let uid = match q.get("indexUid") {
+            None => {
+                return Err(ApiError::new(
+                    "missing_index_uid",
+                    format!("Missing field `indexUid` inside `{at}`"),
+                ))
+            }
+            Some(Value::String(uid)) if valid_uid(uid) => uid.clone(),
+            Some(v) => {
+                let shown = v.as_str().map_or_else(|| v.to_string(), String::from);
+                return Err(ApiError::new(
+                    "invalid_index_uid",
+                    format!("Invalid value at `{at}.indexUid`: {}", uid_message(&shown)),
+                ));
+            }
+        };
+        let query = search::parse_query(q, &at)?;
+        let index = find_index(shared, &uid).map_err(|e| e.prefixed(&inside))?;
+        let idx = read(&index);
+        if federation.is_some() {
+            let weight = q
+                .pointer("/federationOptions/weight")
+                .and_then(Value::as_f64)
+                .unwrap_or(1.0);
+            let outcome = search::execute_all(&idx, &query).map_err(|e| e.prefixed(&inside));
+            parts.push((uid, i, weight, outcome));
+        } else {
+            let start = Obj::new().str("indexUid", &uid);
+            let result = search::response(start, &idx, &query, &request_uid)
+                .map_err(|e| e.prefixed(&inside))?;
+            results.push(result.end());
+        }
+    }
+    match federation {
+        Some(f) => {
+            let offset = f.get("offset").and_then(Value::as_u64).unwrap_or(0) as usize;
+            let limit = f.get("limit").and_then(Value::as_u64).unwrap_or(20) as usize;
+            ok(search::federated(parts, offset, limit, &request_uid)?)
+        }
+        None => ok(Obj::new().raw("results", &array(results)).end()),
+    }
+}
+
+/// Filters shared by `GET /tasks` and `GET /batches`.
+struct TaskFilter {
+    uids: Option<Vec<u32>>,
+    batch_uids: Option<Vec<u32>>,
+    statuses: Option<Vec<String>>,
+    types: Option<Vec<String>>,
+    index_uids: Option<Vec<String>>,
+    limit: usize,
+    from: Option<u32>,
+    reverse: bool,
+}
+
+fn task_filter(params: &[(String, String)], uid_code: &str) -> Result<TaskFilter> {
+    let list = |name: &str| {
+        param(params, name)
+            .map(comma_list)
+            .filter(|l| !l.iter().any(|v| v == "*"))
+    };
+    let numbers = |name: &str, code: &str| -> Result<Option<Vec<u32>>> {
+        list(name)
+            .map(|l| {
+                l.iter()
+                    .map(|v| {
+                        v.parse::<u32>().map_err(|_| {
+                            ApiError::new(
+                                code,
+                                format!("Invalid value in parameter `{name}`: could not parse `{v}` as a positive integer"),
+                            )
+                        })
+                    })
+                    .collect()
+            })
+            .transpose()
+    };
+    let statuses = list("statuses");
+    if let Some(bad) = statuses
+        .iter()
+        .flatten()
+        .find(|s| !Status::ALL.contains(&s.as_str()))
+    {
+        return Err(ApiError::new(
+            "invalid_task_statuses",
+            format!("Invalid value in parameter `statuses`: `{bad}` is not a valid task status. Available statuses are {}.", quoted_list(&Status::ALL)),
+        ));
+    }
+    let types = list("types");
+    if let Some(bad) = types
+        .iter()
+        .flatten()
+        .find(|t| !Kind::ALL.contains(&t.as_str()))
+    {
+        return Err(ApiError::new(
+            "invalid_task_types",
+            format!("Invalid value in parameter `types`: `{bad}` is not a valid task type. Available types are {}.", quoted_list(&Kind::ALL)),
+        ));
+    }
+    let index_uids = list("indexUids");
+    if let Some((i, bad)) = index_uids
+        .iter()
+        .flatten()
+        .enumerate()
+        .find(|(_, u)| !valid_uid(u))
+    {
+        return Err(ApiError::new(
+            "invalid_index_uid",
+            format!(
+                "Invalid value in parameter `indexUids[{i}]`: {}",
+                uid_message(bad)
+            ),
+        ));
+    }
+    let reverse = match param(params, "reverse") {
+        None | Some("false") => false,
+        Some("true") => true,
+        Some(v) => {
+            return Err(ApiError::new(
+                "invalid_task_reverse",
+                format!("Invalid value in parameter `reverse`: could not parse `{v}` as a boolean, expected either `true` or `false`"),
+            ))
+        }
+    };
+    Ok(TaskFilter {
+        uids: numbers("uids", uid_code)?,
+        batch_uids: numbers("batchUids", "invalid_batch_uids")?,
+        statuses,
+        types,
+        index_uids,
+        limit: param_usize(params, "limit", "invalid_task_limit")?.unwrap_or(20),
+        from: param_usize(params, "from", "invalid_task_from")?.map(|n| n as u32),
+        reverse,
+    })
+}
+
+fn quoted_list(items: &[&str]) -> String {
+    let quoted: Vec<String> = items.iter().map(|s| format!("`{s}`")).collect();
+    match quoted.split_last() {
+        Some((last, rest)) if !rest.is_empty() => format!("{}, {last}", rest.join(", ")),
+        _ => quoted.join(""),
+    }
+}
+
+fn matches_task(f: &TaskFilter, t: &tasks::Task) -> bool {
+    f.uids.as_ref().is_none_or(|u| u.contains(&t.uid))
+        && f.batch_uids
+            .as_ref()
+            .is_none_or(|b| t.batch_uid.is_some_and(|x| b.contains(&x)))
+        && f.statuses
+            .as_ref()
+            .is_none_or(|s| s.iter().any(|s| s == t.status.name()))
+        && f.types
+            .as_ref()
+            .is_none_or(|k| k.iter().any(|k| k == t.kind.name()))
+        && f.index_uids
+            .as_ref()
+            .is_none_or(|i| i.contains(&t.index_uid))
+}
+
+fn list_tasks(shared: &Shared, params: &[(String, String)]) -> Result<Response> {
+    let f = task_filter(params, "invalid_task_uids")?;
+    let queue = lock(&shared.queue);
+    let items: Vec<(u32, &tasks::Task)> = queue
+        .tasks
+        .iter()
+        .filter(|t| matches_task(&f, t))
+        .map(|t| (t.uid, t))
+        .collect();
+    ok(tasks::page(items, f.limit, f.from, f.reverse, |t| {
+        t.to_json()
+    }))
+}
+
+fn list_batches(shared: &Shared, params: &[(String, String)]) -> Result<Response> {
+    let f = task_filter(params, "invalid_batch_uids")?;
+    let queue = lock(&shared.queue);
+    let task_filter = TaskFilter {
+        uids: None,
+        batch_uids: None,
+        ..f
+    };
+    let items: Vec<(u32, &tasks::Batch)> = queue
+        .batches
+        .iter()
+        .filter(|b| f.uids.as_ref().is_none_or(|u| u.contains(&b.uid)))
+        .filter(|b| {
+            b.task_uids.iter().any(|t| {
+                queue
+                    .tasks
+                    .get(*t as usize)
+                    .is_some_and(|t| matches_task(&task_filter, t))
+            })
+        })
+        .map(|b| (b.uid, b))
+        .collect();
+    ok(tasks::page(
+        items,
+        task_filter.limit,
+        task_filter.from,
+        task_filter.reverse,
+        |b| b.to_json(&queue.tasks),
+    ))
+}

@@ -1,0 +1,709 @@
+//! The task queue, batches, and the background processor that applies tasks.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant, SystemTime};
+
+use serde_json::{json, Value};
+
+use crate::docs::{document_id, guess_primary_key, Prepared};
+use crate::error::ApiError;
+use crate::filter;
+use crate::index::Index;
+use crate::json::{array, object_of, Obj};
+use crate::settings;
+use crate::time::{iso_duration, rfc3339};
+use crate::{lock, Shared};
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Status {
+    Enqueued,
+    Processing,
+    Succeeded,
+    Failed,
+}
+
+impl Status {
+    pub(crate) const ALL: [&'static str; 5] =
+        ["enqueued", "processing", "succeeded", "failed", "canceled"];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Status::Enqueued => "enqueued",
+            Status::Processing => "processing",
+            Status::Succeeded => "succeeded",
+            Status::Failed => "failed",
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
+    DocumentAdditionOrUpdate,
+    DocumentDeletion,
+    SettingsUpdate,
+    IndexCreation,
+    IndexUpdate,
+    IndexDeletion,
+}
+
+impl Kind {
+    pub(crate) const ALL: [&'static str; 16] = [
+        "documentAdditionOrUpdate",
+        "documentEdition",
+        "documentDeletion",
+        "settingsUpdate",
+        "indexCreation",
+        "indexDeletion",
+        "indexUpdate",
+        "indexSwap",
+        "taskCancelation",
+        "taskDeletion",
+        "dumpCreation",
+        "snapshotCreation",
+        "export",
+        "upgradeDatabase",
+        "indexCompaction",
+        "networkTopologyChange",
+    ];
+
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Kind::DocumentAdditionOrUpdate => "documentAdditionOrUpdate",
+            Kind::DocumentDeletion => "documentDeletion",
+            Kind::SettingsUpdate => "settingsUpdate",
+            Kind::IndexCreation => "indexCreation",
+            Kind::IndexUpdate => "indexUpdate",
+            Kind::IndexDeletion => "indexDeletion",
+        }
+    }
+}
+
+/// What a task does when processed.
+pub(crate) enum Op {
+    AddDocuments {
+        docs: Vec<Prepared>,
+        primary_key: Option<String>,
+        merge: bool,
+    },
+    DeleteDocuments(Vec<String>),
+    DeleteByFilter(Value),
+    ClearDocuments,
+    Settings(Vec<(String, Value)>),
+    CreateIndex(Option<String>),
+    UpdateIndex(Option<String>),
+    DeleteIndex,
+}
+
+impl Op {
+    fn kind(&self) -> Kind {
+        match self {
+            Op::AddDocuments { .. } => Kind::DocumentAdditionOrUpdate,
+            Op::DeleteDocuments(_) | Op::DeleteByFilter(_) | Op::ClearDocuments => {
+                Kind::DocumentDeletion
+            }
+            Op::Settings(_) => Kind::SettingsUpdate,
+            Op::CreateIndex(_) => Kind::IndexCreation,
+            Op::UpdateIndex(_) => Kind::IndexUpdate,
+            Op::DeleteIndex => Kind::IndexDeletion,
+        }
+    }
+
+    /// Task details while enqueued.
+    fn details(&self) -> Vec<(String, Value)> {
+        let d = |pairs: &[(&str, Value)]| {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect::<Vec<_>>()
+        };
+        match self {
+            Op::AddDocuments { docs, .. } => d(&[
+                ("receivedDocuments", json!(docs.len())),
+                ("indexedDocuments", Value::Null),
+            ]),
+            Op::DeleteDocuments(ids) => d(&[
+                ("providedIds", json!(ids.len())),
+                ("deletedDocuments", Value::Null),
+                ("originalFilter", Value::Null),
+            ]),
+            Op::DeleteByFilter(f) => d(&[
+                ("providedIds", json!(0)),
+                ("deletedDocuments", Value::Null),
+                ("originalFilter", json!(f.to_string())),
+            ]),
+            Op::ClearDocuments | Op::DeleteIndex => d(&[("deletedDocuments", Value::Null)]),
+            Op::Settings(changes) => changes.clone(),
+            Op::CreateIndex(pk) | Op::UpdateIndex(pk) => d(&[("primaryKey", json!(pk))]),
+        }
+    }
+
+    fn batch_key(&self) -> Option<(bool, Option<&str>)> {
+        match self {
+            Op::AddDocuments {
+                merge, primary_key, ..
+            } => Some((*merge, primary_key.as_deref())),
+            _ => None,
+        }
+    }
+}
+
+pub(crate) struct Task {
+    pub(crate) uid: u32,
+    pub(crate) batch_uid: Option<u32>,
+    pub(crate) index_uid: String,
+    pub(crate) status: Status,
+    pub(crate) kind: Kind,
+    details: Vec<(String, Value)>,
+    error: Option<ApiError>,
+    enqueued_at: SystemTime,
+    started_at: Option<SystemTime>,
+    finished_at: Option<SystemTime>,
+    op: Option<Op>,
+}
+
+impl Task {
+    pub(crate) fn to_json(&self) -> String {
+        let duration = self
+            .started_at
+            .zip(self.finished_at)
+            .map(|(s, f)| iso_duration(f.duration_since(s).unwrap_or_default()));
+        Obj::new()
+            .num("uid", self.uid)
+            .opt_num("batchUid", self.batch_uid.map(u64::from))
+            .str("indexUid", &self.index_uid)
+            .str("status", self.status.name())
+            .str("type", self.kind.name())
+            .raw("canceledBy", "null")
+            .raw("details", &object_of(&self.details))
+            .raw(
+                "error",
+                &self.error.as_ref().map_or("null".into(), ApiError::to_json),
+            )
+            .opt_str("duration", duration.as_deref())
+            .str("enqueuedAt", &rfc3339(self.enqueued_at))
+            .opt_str("startedAt", self.started_at.map(rfc3339).as_deref())
+            .opt_str("finishedAt", self.finished_at.map(rfc3339).as_deref())
+            .end()
+    }
+
+    /// The 202 answer to a write.
+    fn summary_json(&self) -> String {
+        Obj::new()
+            .num("taskUid", self.uid)
+            .str("indexUid", &self.index_uid)
+            .str("status", self.status.name())
+            .str("type", self.kind.name())
+            .str("enqueuedAt", &rfc3339(self.enqueued_at))
+            .end()
+    }
+}
+
+pub(crate) struct Batch {
+    pub(crate) uid: u32,
+    pub(crate) task_uids: Vec<u32>,
+    started_at: SystemTime,
+    finished_at: Option<SystemTime>,
+}
+
+impl Batch {
+    pub(crate) fn to_json(&self, tasks: &[Task]) -> String {
+        let tasks: Vec<&Task> = self
+            .task_uids
+            .iter()
+            .filter_map(|uid| tasks.get(*uid as usize))
+            .collect();
+        // Details add up numbers over the tasks and keep the last value otherwise.
+        let mut details: Vec<(String, Value)> = Vec::new();
+        let (mut statuses, mut types, mut indexes) =
+            (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+        for t in &tasks {
+            for (k, v) in &t.details {
+                match details.iter_mut().find(|(dk, _)| dk == k) {
+                    Some((_, old)) => {
+                        *old = match (old.as_u64(), v.as_u64()) {
+                            (Some(a), Some(b)) => json!(a + b),
+                            _ => v.clone(),
+                        }
+                    }
+                    None => details.push((k.clone(), v.clone())),
+                }
+            }
+            *statuses.entry(t.status.name()).or_insert(0u64) += 1;
+            *types.entry(t.kind.name()).or_insert(0u64) += 1;
+            *indexes.entry(t.index_uid.as_str()).or_insert(0u64) += 1;
+        }
+        let count_map = |m: BTreeMap<&str, u64>| {
+            m.into_iter()
+                .fold(Obj::new(), |o, (k, n)| o.num(k, n))
+                .end()
+        };
+        let elapsed = self
+            .finished_at
+            .map(|f| f.duration_since(self.started_at).unwrap_or_default());
+        let millis = format!(
+            "{:.2}ms",
+            elapsed.unwrap_or_default().as_secs_f64() * 1000.0
+        );
+        let kind = tasks.first().map(|t| t.kind);
+        let mut stats = Obj::new()
+            .num("totalNbTasks", tasks.len() as u64)
+            .raw("status", &count_map(statuses))
+            .raw("types", &count_map(types))
+            .raw("indexUids", &count_map(indexes))
+            .raw(
+                "progressTrace",
+                &Obj::new().str("processing tasks", &millis).end(),
+            );
+        if matches!(
+            kind,
+            Some(Kind::DocumentAdditionOrUpdate | Kind::SettingsUpdate)
+        ) {
+            stats = stats.raw(
+                "writeChannelCongestion",
+                r#"{"attempts":1,"blocking_attempts":0,"blocking_ratio":0.0}"#,
+            );
+        }
+        if kind == Some(Kind::SettingsUpdate) {
+            stats = stats.raw(
+                "internalDatabaseSizes",
+                r#"{"facetIdStringDocids":"4 KiB (+4 KiB)"}"#,
+            );
+        }
+        let progress = match self.finished_at {
+            Some(_) => "null".to_string(),
+            None => format!(
+                r#"{{"steps":[{{"currentStep":"processing tasks","finished":0,"total":{}}}],"percentage":0.0}}"#,
+                tasks.len()
+            ),
+        };
+        Obj::new()
+            .num("uid", self.uid)
+            .raw("progress", &progress)
+            .raw("details", &object_of(&details))
+            .raw("stats", &stats.end())
+            .opt_str("duration", elapsed.map(iso_duration).as_deref())
+            .str("startedAt", &rfc3339(self.started_at))
+            .opt_str("finishedAt", self.finished_at.map(rfc3339).as_deref())
+            .str("batchStrategy", "batched all enqueued tasks")
+            .end()
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct Queue {
+    pub(crate) tasks: Vec<Task>,
+    pub(crate) batches: Vec<Batch>,
+    enqueued: BTreeSet<u32>,
+    /// Tasks enqueued or processing.
+    pub(crate) pending: usize,
+    pub(crate) processing_index: Option<String>,
+    pub(crate) last_update: Option<SystemTime>,
+}
+
+/// One batch taken off the queue: the uid and each task's uid, index and operation.
+type Taken = (u32, Vec<(u32, String, Op)>);
+
+/// Outcome of one task: uid, final details and error.
+type Done = (u32, Vec<(String, Value)>, Option<ApiError>);
+
+impl Queue {
+    /// Enqueues a task and returns its summarized view.
+    pub(crate) fn register(&mut self, index_uid: &str, op: Op) -> String {
+        let uid = self.tasks.len() as u32;
+        let task = Task {
+            uid,
+            batch_uid: None,
+            index_uid: index_uid.to_string(),
+            status: Status::Enqueued,
+            kind: op.kind(),
+            details: op.details(),
+            error: None,
+            enqueued_at: SystemTime::now(),
+            started_at: None,
+            finished_at: None,
+            op: Some(op),
+        };
+        let summary = task.summary_json();
+        self.tasks.push(task);
+        self.enqueued.insert(uid);
+        self.pending += 1;
+        summary
+    }
+
+    /// The oldest enqueued task plus, for document additions, the following compatible
+    /// additions to the same index (auto-batching); marks them processing.
+    fn take_batch(&mut self) -> Option<Taken> {
+        let first = *self.enqueued.first()?;
+        let index_uid = self.tasks[first as usize].index_uid.clone();
+        let key = self.tasks[first as usize]
+            .op
+            .as_ref()
+            .and_then(Op::batch_key);
+        let mut uids = vec![first];
+        if let Some(key) = key {
+            for uid in self.enqueued.iter().skip(1) {
+                let t = &self.tasks[*uid as usize];
+                if t.index_uid != index_uid {
+                    continue;
+                }
+                if t.op.as_ref().and_then(Op::batch_key) != Some(key) || uids.len() >= 1000 {
+                    break;
+                }
+                uids.push(*uid);
+            }
+        }
+        let batch_uid = self.batches.len() as u32;
+        let now = SystemTime::now();
+        let mut work = Vec::new();
+        for uid in &uids {
+            self.enqueued.remove(uid);
+            let t = &mut self.tasks[*uid as usize];
+            t.status = Status::Processing;
+            t.batch_uid = Some(batch_uid);
+            t.started_at = Some(now);
+            if let Some(op) = t.op.take() {
+                work.push((*uid, t.index_uid.clone(), op));
+            }
+        }
+        self.batches.push(Batch {
+            uid: batch_uid,
+            task_uids: uids,
+            started_at: now,
+            finished_at: None,
+        });
+        self.processing_index = Some(index_uid);
+        Some((batch_uid, work))
+    }
+
+    fn finish(&mut self, batch_uid: u32, results: Vec<Done>) {
+        let now = SystemTime::now();
+        for (uid, details, error) in results {
+            let t = &mut self.tasks[uid as usize];
+            t.status = if error.is_some() {
+                Status::Failed
+            } else {
+                Status::Succeeded
+            };
+            t.details = details;
+            t.error = error;
+            t.finished_at = Some(now);
+            self.pending -= 1;
+        }
+        if let Some(b) = self.batches.get_mut(batch_uid as usize) {
+            b.finished_at = Some(now);
+        }
+        self.processing_index = None;
+        self.last_update = Some(now);
+    }
+}
+
+/// The processor thread: one batch at a time, oldest task first.
+pub(crate) fn run(shared: Arc<Shared>) {
+    loop {
+        let (batch_uid, work) = {
+            let mut queue = lock(&shared.queue);
+            loop {
+                if shared.stopping() {
+                    return;
+                }
+                if let Some(taken) = queue.take_batch() {
+                    break taken;
+                }
+                queue = shared.cond.wait(queue).unwrap_or_else(|e| e.into_inner());
+            }
+        };
+        // Simulated indexing time; re-read so that lowering the delay ends the wait early.
+        let started = Instant::now();
+        while started.elapsed() < shared.faults.task_delay() {
+            if shared.stopping() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        let results = work
+            .into_iter()
+            .map(|(uid, index_uid, op)| {
+                let (details, error) = apply(&shared, &index_uid, op);
+                (uid, details, error)
+            })
+            .collect();
+        lock(&shared.queue).finish(batch_uid, results);
+        shared.cond.notify_all();
+    }
+}
+
+fn pairs(items: &[(&str, Value)]) -> Vec<(String, Value)> {
+    items
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.clone()))
+        .collect()
+}
+
+fn get_index(shared: &Shared, uid: &str) -> Option<Arc<RwLock<Index>>> {
+    lock(&shared.indexes).get(uid).cloned()
+}
+
+fn get_or_create(shared: &Shared, uid: &str) -> Arc<RwLock<Index>> {
+    lock(&shared.indexes)
+        .entry(uid.to_string())
+        .or_insert_with(|| Arc::new(RwLock::new(Index::new(uid, None, SystemTime::now()))))
+        .clone()
+}
+
+/// Runs one task; returns its final details and error.
+fn apply(shared: &Shared, uid: &str, op: Op) -> (Vec<(String, Value)>, Option<ApiError>) {
+    let is_document_task = matches!(
+        op.kind(),
+        Kind::DocumentAdditionOrUpdate | Kind::DocumentDeletion
+    );
+    if is_document_task {
+        if let Some(code) = shared.faults.take_task_failure() {
+            let mut details = op.details();
+            for (k, v) in details.iter_mut() {
+                if (k == "indexedDocuments" || k == "deletedDocuments") && v.is_null() {
+                    *v = json!(0);
+                }
+            }
+            let error = ApiError::new(
+                &code,
+                format!("Injected failure: this task failed with `{code}`."),
+            );
+            return (details, Some(error));
+        }
+    }
+    match op {
+        Op::AddDocuments {
+            docs,
+            primary_key,
+            merge,
+        } => {
+            let received = docs.len();
+            let result = add_documents(shared, uid, docs, primary_key, merge);
+            let indexed = *result.as_ref().unwrap_or(&0);
+            let details = pairs(&[
+                ("receivedDocuments", json!(received)),
+                ("indexedDocuments", json!(indexed)),
+            ]);
+            (details, result.err())
+        }
+        Op::DeleteDocuments(ids) => {
+            let provided = ids.len();
+            let result = match get_index(shared, uid) {
+                None => Err(ApiError::index_not_found(uid)),
+                Some(index) => {
+                    let mut idx = write(&index);
+                    let deleted = ids.iter().filter(|id| idx.delete(id)).count();
+                    idx.updated_at = SystemTime::now();
+                    Ok(deleted)
+                }
+            };
+            let details = pairs(&[
+                ("providedIds", json!(provided)),
+                ("deletedDocuments", json!(result.as_ref().unwrap_or(&0))),
+                ("originalFilter", Value::Null),
+            ]);
+            (details, result.err())
+        }
+        Op::DeleteByFilter(filter) => {
+            let result = delete_by_filter(shared, uid, &filter);
+            let details = pairs(&[
+                ("providedIds", json!(0)),
+                ("deletedDocuments", json!(result.as_ref().unwrap_or(&0))),
+                ("originalFilter", json!(filter.to_string())),
+            ]);
+            (details, result.err())
+        }
+        Op::ClearDocuments => {
+            let result = match get_index(shared, uid) {
+                None => Err(ApiError::index_not_found(uid)),
+                Some(index) => {
+                    let mut idx = write(&index);
+                    idx.updated_at = SystemTime::now();
+                    Ok(idx.clear())
+                }
+            };
+            (
+                pairs(&[("deletedDocuments", json!(result.as_ref().unwrap_or(&0)))]),
+                result.err(),
+            )
+        }
+        Op::Settings(changes) => {
+            let index = get_or_create(shared, uid);
+            let mut idx = write(&index);
+            settings::apply(&mut idx.settings, &changes);
+            idx.updated_at = SystemTime::now();
+            (changes, None)
+        }
+        Op::CreateIndex(pk) => {
+            let details = pairs(&[("primaryKey", json!(pk))]);
+            let mut indexes = lock(&shared.indexes);
+            if indexes.contains_key(uid) {
+                let error = ApiError::new(
+                    "index_already_exists",
+                    format!("Index `{uid}` already exists."),
+                );
+                return (details, Some(error));
+            }
+            let index = Index::new(uid, pk, SystemTime::now());
+            indexes.insert(uid.to_string(), Arc::new(RwLock::new(index)));
+            (details, None)
+        }
+        Op::UpdateIndex(pk) => {
+            let details = pairs(&[("primaryKey", json!(pk))]);
+            let Some(index) = get_index(shared, uid) else {
+                return (details, Some(ApiError::index_not_found(uid)));
+            };
+            let mut idx = write(&index);
+            if let Some(pk) = pk {
+                if idx.len() > 0 && idx.primary_key.as_deref() != Some(pk.as_str()) {
+                    let current = idx.primary_key.clone().unwrap_or_default();
+                    return (details, Some(pk_already_exists(&current)));
+                }
+                idx.primary_key = Some(pk);
+            }
+            idx.updated_at = SystemTime::now();
+            (details, None)
+        }
+        Op::DeleteIndex => {
+            let removed = lock(&shared.indexes).remove(uid);
+            match removed {
+                Some(index) => {
+                    let n = read(&index).len();
+                    (pairs(&[("deletedDocuments", json!(n))]), None)
+                }
+                None => (
+                    pairs(&[("deletedDocuments", json!(0))]),
+                    Some(ApiError::index_not_found(uid)),
+                ),
+            }
+        }
+    }
+}
+
+fn pk_already_exists(pk: &str) -> ApiError {
+    ApiError::new(
+        "index_primary_key_already_exists",
+        format!("Index already has a primary key: `{pk}`."),
+    )
+}
+
+/// Validates every document before touching the index, so a bad one fails the whole task.
+fn add_documents(
+    shared: &Shared,
+    uid: &str,
+    docs: Vec<Prepared>,
+    primary_key: Option<String>,
+    merge: bool,
+) -> Result<usize, ApiError> {
+    // The index is only created once the payload is known to be valid, as a failed batch
+    // leaves no index behind.
+    let current = get_index(shared, uid).and_then(|index| read(&index).primary_key.clone());
+    let pk = match (current, primary_key) {
+        (Some(current), Some(asked)) if current != asked => {
+            return Err(pk_already_exists(&current))
+        }
+        (Some(current), _) => current,
+        (None, Some(asked)) => asked,
+        (None, None) => guess_primary_key(docs.first().map(|p| &p.doc))?,
+    };
+    let keyed = docs
+        .into_iter()
+        .map(|p| document_id(&p.doc, &pk).map(|id| (id, p)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let distinct = keyed
+        .iter()
+        .map(|(id, _)| id.as_str())
+        .collect::<HashSet<_>>()
+        .len();
+    let index = get_or_create(shared, uid);
+    // Parsed documents are dropped after the index lock is released.
+    let mut parsed = Vec::with_capacity(keyed.len());
+    {
+        let mut idx = write(&index);
+        idx.primary_key.get_or_insert(pk);
+        for (id, p) in keyed {
+            let old = if merge {
+                idx.get(&id).map(|old| old.parse())
+            } else {
+                None
+            };
+            let p = match old {
+                Some(mut doc) => {
+                    doc.extend(p.doc);
+                    Prepared::new(doc)
+                }
+                None => p,
+            };
+            idx.put(id, p.json, &p.doc);
+            parsed.push(p.doc);
+        }
+        idx.updated_at = SystemTime::now();
+    }
+    if parsed.len() > 1000 {
+        // Freeing many small allocations takes a while in debug builds; do not delay the task.
+        std::thread::spawn(move || drop(parsed));
+    }
+    Ok(distinct)
+}
+
+fn delete_by_filter(shared: &Shared, uid: &str, filter: &Value) -> Result<usize, ApiError> {
+    let index = get_index(shared, uid).ok_or_else(|| ApiError::index_not_found(uid))?;
+    let invalid =
+        |m: String| ApiError::new("invalid_document_filter", format!("Index `{uid}`: {m}"));
+    let mut idx = write(&index);
+    let Some(f) = filter::from_json(filter).map_err(invalid)? else {
+        return Ok(0);
+    };
+    f.check_filterable(&settings::filterable_patterns(&idx.settings))
+        .map_err(invalid)?;
+    let pk = idx.primary_key.clone().unwrap_or_default();
+    let ids: Vec<String> = idx
+        .iter()
+        .map(|d| d.parse())
+        .filter(|d| f.matches(d))
+        .filter_map(|d| document_id(&d, &pk).ok())
+        .collect();
+    let deleted = ids.iter().filter(|id| idx.delete(id)).count();
+    idx.updated_at = SystemTime::now();
+    Ok(deleted)
+}
+
+pub(crate) fn read(index: &RwLock<Index>) -> std::sync::RwLockReadGuard<'_, Index> {
+    index.read().unwrap_or_else(|e| e.into_inner())
+}
+
+pub(crate) fn write(index: &RwLock<Index>) -> std::sync::RwLockWriteGuard<'_, Index> {
+    index.write().unwrap_or_else(|e| e.into_inner())
+}
+
+/// `GET /tasks` and `GET /batches` listing: newest first unless `reverse`, from `from`.
+pub(crate) fn page<T>(
+    mut items: Vec<(u32, T)>,
+    limit: usize,
+    from: Option<u32>,
+    reverse: bool,
+    render: impl Fn(&T) -> String,
+) -> String {
+    let total = items.len();
+    if reverse {
+        items.sort_by_key(|(uid, _)| *uid);
+    } else {
+        items.sort_by_key(|(uid, _)| std::cmp::Reverse(*uid));
+    }
+    let start = from.map_or(0, |from| {
+        items
+            .iter()
+            .position(|(uid, _)| if reverse { *uid >= from } else { *uid <= from })
+            .unwrap_or(items.len())
+    });
+    let shown = &items[start..(start + limit).min(items.len())];
+    let next = items.get(start + limit).map(|(uid, _)| u64::from(*uid));
+    Obj::new()
+        .raw("results", &array(shown.iter().map(|(_, t)| render(t))))
+        .num("total", total as u64)
+        .num("limit", limit as u64)
+        .opt_num("from", shown.first().map(|(uid, _)| u64::from(*uid)))
+        .opt_num("next", next)
+        .end()
+}
