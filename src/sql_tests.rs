@@ -6,10 +6,16 @@ mod tests {
     use pgrx::prelude::*;
 
     /// Runs `sql` and returns "SQLSTATE: message | hint", or "ok" (plpgsql's EXCEPTION block is a
-    /// subtransaction, so an error leaves the test's transaction usable).
+    /// subtransaction, so an error leaves the test's transaction usable). Needs `products()` first.
     fn outcome(sql: &str) -> String {
+        Spi::get_one_with_args::<String>("SELECT pg_temp.outcome($1)", &[sql.into()])
+            .expect("run statement")
+            .unwrap_or_default()
+    }
+
+    fn products() {
         Spi::run(
-            "CREATE OR REPLACE FUNCTION pg_temp.outcome(statement text) RETURNS text LANGUAGE plpgsql AS $$
+            "CREATE FUNCTION pg_temp.outcome(statement text) RETURNS text LANGUAGE plpgsql AS $$
              DECLARE state text; message text; hint text;
              BEGIN
                  EXECUTE statement;
@@ -17,15 +23,10 @@ mod tests {
              EXCEPTION WHEN OTHERS THEN
                  GET STACKED DIAGNOSTICS state = RETURNED_SQLSTATE, message = MESSAGE_TEXT, hint = PG_EXCEPTION_HINT;
                  RETURN state || ': ' || message || ' | ' || hint;
-             END $$",
+             END $$;
+             GRANT EXECUTE ON FUNCTION pg_temp.outcome(text) TO PUBLIC",
         )
         .expect("create helper");
-        Spi::get_one_with_args::<String>("SELECT pg_temp.outcome($1)", &[sql.into()])
-            .expect("run statement")
-            .unwrap_or_default()
-    }
-
-    fn products() {
         Spi::run(
             "CREATE TABLE products (id bigint PRIMARY KEY, name text, price numeric, tags text[], meta jsonb);
              CREATE TABLE no_key (a int, b text);
@@ -92,7 +93,7 @@ mod tests {
             "SELECT meili_sync_start('unique_code', 'codes', '{\"url\": \"http://x:7700\", \"primary_key\": \"code\"}')",
         );
         assert!(
-            refused.starts_with("42P10: the replica identity of table public.unique_code"),
+            refused.starts_with("42P16: the replica identity of table public.unique_code"),
             "{refused}"
         );
         assert!(refused.contains("REPLICA IDENTITY"), "{refused}");
@@ -110,7 +111,7 @@ mod tests {
         let url = "\"url\": \"http://127.0.0.1:7700\"";
         let cases: Vec<(String, &str)> = vec![
             (format!("SELECT meili_sync_start('missing_table', 'x', '{{{url}}}')"), "42P01: relation \"missing_table\" does not exist"),
-            (format!("SELECT meili_sync_start('no_key', 'x', '{{{url}}}')"), "42P10: table public.no_key has no primary key | Add a primary key"),
+            (format!("SELECT meili_sync_start('no_key', 'x', '{{{url}}}')"), "42P16: table public.no_key has no primary key | Add a primary key"),
             (format!("SELECT meili_sync_start('float_key', 'x', '{{{url}}}')"), "0A000: key column \"k\" has type double precision"),
             (format!("SELECT meili_sync_start('json_key', 'x', '{{{url}}}')"), "0A000: key column \"k\" has type jsonb"),
             (format!("SELECT meili_sync_start('products', 'bad uid', '{{{url}}}')"), "22023: invalid Meilisearch index uid \"bad uid\" | An index uid is"),
@@ -122,7 +123,7 @@ mod tests {
             ("SELECT meili_sync_start('products', 'x', '{}')".into(), "22023: no Meilisearch URL given | Pass {\"url\""),
             (format!("SELECT meili_sync_start('products', 'x', '{{{url}, \"columns\": [\"nope\"]}}')"), "42703: column \"nope\" of option \"columns\" does not exist"),
             (format!("SELECT meili_sync_start('products', 'x', '{{{url}, \"exclude_columns\": [\"id\"]}}')"), "22023: option \"exclude_columns\" leaves out key column \"id\""),
-            (format!("SELECT meili_sync_start('products', 'x', '{{{url}, \"primary_key\": \"name\"}}')"), "42P10: key column \"name\" of table public.products must be NOT NULL"),
+            (format!("SELECT meili_sync_start('products', 'x', '{{{url}, \"primary_key\": \"name\"}}')"), "42P16: key column \"name\" of table public.products must be NOT NULL"),
             (format!("SELECT meili_sync_start('scratch', 'x', '{{{url}}}')"), "22023: table public.scratch is temporary or unlogged"),
             (format!("SELECT meili_sync_start('products_view', 'x', '{{{url}}}')"), "22023: public.products_view is not an ordinary table"),
             ("SELECT meili_sync_stop(424242)".into(), "42704: meili_sync task 424242 does not exist | SELECT task FROM meili_sync_status"),
