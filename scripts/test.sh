@@ -20,4 +20,4 @@ fi
 
 echo "== tier 4: end to end"
 bash scripts/install.sh
-cargo test --release -p pg_meili_sync_e2e -- --test-threads=1
+cargo test --release --no-fail-fast -p pg_meili_sync_e2e -- --test-threads=1

@@ -340,6 +340,8 @@ fn meili_sync_worker_state() -> TableIterator<
         name!(documents_confirmed, i64),
         name!(batches_in_flight, i32),
         name!(retries, i64),
+        name!(bytes_before_gzip, i64),
+        name!(bytes_sent, i64),
         name!(last_error, Option<String>),
         name!(last_error_at, Option<TimestampWithTimeZone>),
     ),
@@ -358,6 +360,8 @@ fn meili_sync_worker_state() -> TableIterator<
             live.docs_confirmed,
             live.batches_inflight,
             live.retries,
+            live.bytes_uncompressed,
+            live.bytes_sent,
             live.last_error,
             live.last_error_at
                 .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),

@@ -208,6 +208,7 @@ impl Batcher {
     }
 
     /// How long the open batch has been open.
+    #[cfg(test)]
     pub fn open_age(&self, now: Instant) -> Option<Duration> {
         self.open
             .as_ref()

@@ -218,3 +218,335 @@ impl ChangeMapper {
         self.ready.is_empty() && self.batcher.is_empty()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::decode::pgoutput::RelationColumn;
+    use crate::encode::{Column, ValueKind};
+
+    const OID: u32 = 16384;
+
+    fn relation() -> Relation {
+        let column = |name: &str, flags| RelationColumn {
+            flags,
+            name: name.into(),
+            type_oid: 0,
+            type_modifier: -1,
+        };
+        Relation {
+            oid: OID,
+            namespace: "public".into(),
+            name: "items".into(),
+            replica_identity: b'd',
+            columns: vec![
+                column("id", 1),
+                column("name", 0),
+                column("secret", 0),
+                column("body", 0),
+            ],
+        }
+    }
+
+    /// Documents of `items` leave out `secret`.
+    fn shape_for(relation: &Relation) -> Result<RelationShape, String> {
+        let kinds = [
+            ValueKind::Integer,
+            ValueKind::Text,
+            ValueKind::Text,
+            ValueKind::Text,
+        ];
+        let mut columns = Vec::new();
+        let mut source_columns = Vec::new();
+        for (position, column) in relation
+            .columns
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.name != "secret")
+        {
+            columns.push(Column {
+                name: column.name.clone(),
+                kind: kinds[position].clone(),
+            });
+            source_columns.push(position);
+        }
+        let shape = DocumentShape::new(columns, vec![0]).map_err(|error| error.to_string())?;
+        Ok(RelationShape {
+            shape,
+            source_columns,
+        })
+    }
+
+    fn mapper(max_docs: usize, upsert: bool) -> ChangeMapper {
+        let limits = BatchLimits {
+            max_docs,
+            max_bytes: 1 << 20,
+            max_age: Duration::from_secs(60),
+        };
+        let mut mapper = ChangeMapper::new(limits, upsert);
+        mapper
+            .apply(
+                Message::Relation(relation()),
+                Instant::now(),
+                &mut shape_for,
+            )
+            .expect("relation");
+        mapper
+    }
+
+    fn row<'a>(values: &[Option<&'a str>]) -> Tuple<'a> {
+        Tuple {
+            values: values
+                .iter()
+                .map(|v| v.map_or(TupleValue::Null, TupleValue::Text))
+                .collect(),
+        }
+    }
+
+    fn apply(mapper: &mut ChangeMapper, message: Message<'_>) {
+        mapper
+            .apply(message, Instant::now(), &mut shape_for)
+            .expect("apply");
+    }
+
+    fn commit(mapper: &mut ChangeMapper, end_lsn: u64) {
+        apply(
+            mapper,
+            Message::Commit {
+                flags: 0,
+                commit_lsn: end_lsn - 8,
+                end_lsn,
+                commit_time: 0,
+            },
+        );
+    }
+
+    /// Every batch as (operation, body text, checkpoint).
+    fn drain(mapper: &mut ChangeMapper) -> Vec<(Operation, String, Option<u64>)> {
+        mapper.flush();
+        std::iter::from_fn(|| mapper.next_ready())
+            .map(|batch| {
+                (
+                    batch.op,
+                    String::from_utf8_lossy(&batch.body).into_owned(),
+                    batch.checkpoint,
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn inserts_become_one_ndjson_batch_with_the_commit_checkpoint() {
+        let mut mapper = mapper(100, false);
+        apply(
+            &mut mapper,
+            Message::Insert {
+                relation: OID,
+                new: row(&[Some("1"), Some("a"), Some("x"), None]),
+            },
+        );
+        apply(
+            &mut mapper,
+            Message::Insert {
+                relation: OID,
+                new: row(&[Some("2"), Some("b\"q"), Some("x"), Some("t")]),
+            },
+        );
+        commit(&mut mapper, 500);
+        assert_eq!(
+            drain(&mut mapper),
+            vec![(
+                Operation::Replace,
+                "{\"id\":1,\"name\":\"a\",\"body\":null}\n{\"id\":2,\"name\":\"b\\\"q\",\"body\":\"t\"}\n".into(),
+                Some(500)
+            )]
+        );
+    }
+
+    #[test]
+    fn key_change_deletes_the_old_id_before_adding_the_new_document() {
+        let mut mapper = mapper(100, false);
+        apply(
+            &mut mapper,
+            Message::Update {
+                relation: OID,
+                key: Some(row(&[Some("7"), None, None, None])),
+                old: None,
+                new: row(&[Some("8"), Some("n"), None, Some("b")]),
+            },
+        );
+        commit(&mut mapper, 900);
+        let batches = drain(&mut mapper);
+        assert_eq!(batches[0], (Operation::Delete, "[7]".into(), None));
+        assert_eq!(
+            batches[1],
+            (
+                Operation::Replace,
+                "{\"id\":8,\"name\":\"n\",\"body\":\"b\"}\n".into(),
+                Some(900)
+            )
+        );
+    }
+
+    #[test]
+    fn unchanged_toast_makes_a_partial_update_without_that_field() {
+        let mut mapper = mapper(100, false);
+        let new = Tuple {
+            values: vec![
+                TupleValue::Text("3"),
+                TupleValue::Text("n"),
+                TupleValue::Null,
+                TupleValue::UnchangedToast,
+            ],
+        };
+        apply(
+            &mut mapper,
+            Message::Update {
+                relation: OID,
+                key: None,
+                old: None,
+                new,
+            },
+        );
+        commit(&mut mapper, 10);
+        assert_eq!(
+            drain(&mut mapper),
+            vec![(
+                Operation::Update,
+                "{\"id\":3,\"name\":\"n\"}\n".into(),
+                Some(10)
+            )]
+        );
+    }
+
+    #[test]
+    fn upsert_mode_sends_partial_updates() {
+        let mut mapper = mapper(100, true);
+        apply(
+            &mut mapper,
+            Message::Insert {
+                relation: OID,
+                new: row(&[Some("1"), Some("a"), None, None]),
+            },
+        );
+        assert_eq!(drain(&mut mapper)[0].0, Operation::Update);
+    }
+
+    #[test]
+    fn deletes_truncate_and_kind_changes_keep_commit_order() {
+        let mut mapper = mapper(100, false);
+        apply(
+            &mut mapper,
+            Message::Insert {
+                relation: OID,
+                new: row(&[Some("1"), None, None, None]),
+            },
+        );
+        apply(
+            &mut mapper,
+            Message::Delete {
+                relation: OID,
+                key: Some(row(&[Some("1"), None, None, None])),
+                old: None,
+            },
+        );
+        apply(
+            &mut mapper,
+            Message::Delete {
+                relation: OID,
+                key: None,
+                old: Some(row(&[Some("2"), Some("x"), None, None])),
+            },
+        );
+        commit(&mut mapper, 100);
+        apply(
+            &mut mapper,
+            Message::Truncate {
+                options: 0,
+                relations: vec![OID],
+            },
+        );
+        commit(&mut mapper, 200);
+        apply(
+            &mut mapper,
+            Message::Insert {
+                relation: OID,
+                new: row(&[Some("3"), None, None, None]),
+            },
+        );
+        commit(&mut mapper, 300);
+        let kinds: Vec<(Operation, String)> = drain(&mut mapper)
+            .into_iter()
+            .map(|(op, body, _)| (op, body))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (
+                    Operation::Replace,
+                    "{\"id\":1,\"name\":null,\"body\":null}\n".into()
+                ),
+                (Operation::Delete, "[1,2]".into()),
+                (Operation::DeleteAll, String::new()),
+                (
+                    Operation::Replace,
+                    "{\"id\":3,\"name\":null,\"body\":null}\n".into()
+                ),
+            ]
+        );
+    }
+
+    #[test]
+    fn a_commit_without_documents_is_a_pending_checkpoint() {
+        let mut mapper = mapper(100, false);
+        commit(&mut mapper, 42);
+        assert!(drain(&mut mapper).is_empty());
+        assert_eq!(mapper.take_pending_checkpoint(), Some(42));
+        assert!(mapper.is_idle());
+    }
+
+    #[test]
+    fn rows_without_a_usable_key_are_skipped_and_reported() {
+        let mut mapper = mapper(100, false);
+        apply(
+            &mut mapper,
+            Message::Insert {
+                relation: OID,
+                new: row(&[None, Some("no id"), None, None]),
+            },
+        );
+        apply(
+            &mut mapper,
+            Message::Delete {
+                relation: OID,
+                key: None,
+                old: None,
+            },
+        );
+        apply(
+            &mut mapper,
+            Message::Insert {
+                relation: OID + 1,
+                new: row(&[Some("1")]),
+            },
+        );
+        assert_eq!(mapper.take_skipped().len(), 3);
+        assert!(drain(&mut mapper).is_empty());
+    }
+
+    #[test]
+    fn a_shape_error_is_returned() {
+        let limits = BatchLimits {
+            max_docs: 10,
+            max_bytes: 1 << 20,
+            max_age: Duration::from_secs(1),
+        };
+        let mut mapper = ChangeMapper::new(limits, false);
+        let result = mapper.apply(Message::Relation(relation()), Instant::now(), &mut |_| {
+            Err("key column dropped".into())
+        });
+        assert_eq!(result.err().as_deref(), Some("key column dropped"));
+    }
+}

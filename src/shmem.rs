@@ -2,6 +2,8 @@
 
 use pgrx::lwlock::PgLwLock;
 use pgrx::pg_shmem_init;
+
+use crate::meili::writer::WriterStats;
 use pgrx::prelude::*;
 use pgrx::shmem::PGRXSharedMemory;
 
@@ -57,6 +59,8 @@ pub struct TaskSlot {
     docs_confirmed: i64,
     batches_inflight: i32,
     retries: i64,
+    bytes_uncompressed: i64,
+    bytes_sent: i64,
     error_len: u16,
     error: [u8; ERROR_BYTES],
     error_at: pg_sys::TimestampTz,
@@ -72,6 +76,8 @@ impl TaskSlot {
         docs_confirmed: 0,
         batches_inflight: 0,
         retries: 0,
+        bytes_uncompressed: 0,
+        bytes_sent: 0,
         error_len: 0,
         error: [0; ERROR_BYTES],
         error_at: 0,
@@ -153,6 +159,8 @@ pub struct TaskLive {
     pub docs_confirmed: i64,
     pub batches_inflight: i32,
     pub retries: i64,
+    pub bytes_uncompressed: i64,
+    pub bytes_sent: i64,
     pub last_error: Option<String>,
     pub last_error_at: Option<pg_sys::TimestampTz>,
 }
@@ -233,10 +241,16 @@ impl SlotHandle {
         self.update(|slot| slot.phase = phase as u8);
     }
 
-    pub fn set_progress(&self, rows_copied: i64, docs_confirmed: i64, batches_inflight: usize) {
+    /// Publishes the copy's progress and the writer's counters (cumulative for this worker).
+    pub fn set_progress(&self, rows_copied: i64, batches_inflight: usize, writer: &WriterStats) {
+        let counter = |value: &std::sync::atomic::AtomicU64| {
+            i64::try_from(value.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(i64::MAX)
+        };
         self.update(|slot| {
             slot.rows_copied = rows_copied;
-            slot.docs_confirmed = docs_confirmed;
+            slot.docs_confirmed = counter(&writer.docs_confirmed);
+            slot.bytes_uncompressed = counter(&writer.bytes_uncompressed);
+            slot.bytes_sent = counter(&writer.bytes_sent);
             slot.batches_inflight = batches_inflight.try_into().unwrap_or(i32::MAX);
         });
     }
@@ -284,6 +298,8 @@ pub fn live_tasks() -> Vec<TaskLive> {
             docs_confirmed: slot.docs_confirmed,
             batches_inflight: slot.batches_inflight,
             retries: slot.retries,
+            bytes_uncompressed: slot.bytes_uncompressed,
+            bytes_sent: slot.bytes_sent,
             last_error: (slot.error_len > 0).then(|| {
                 String::from_utf8_lossy(&slot.error[..slot.error_len as usize]).into_owned()
             }),

@@ -41,7 +41,6 @@ struct Progress {
     /// Page number → (last key of that page, rows read through it).
     page_ends: BTreeMap<u64, (Vec<String>, i64)>,
     rows_confirmed: i64,
-    docs_confirmed: i64,
 }
 
 impl Progress {
@@ -61,10 +60,9 @@ impl Progress {
         Ok(())
     }
 
-    fn handle(&mut self, event: WriterEvent, inflight: usize) -> Result<Option<String>, SyncError> {
+    fn handle(&mut self, event: WriterEvent, writer: &Writer) -> Result<Option<String>, SyncError> {
         match event {
-            WriterEvent::Confirmed { seq, docs, .. } => {
-                self.docs_confirmed += docs as i64;
+            WriterEvent::Confirmed { seq, .. } => {
                 let checkpoint = self.watermark.confirmed(seq);
                 self.checkpoint_confirmed(checkpoint)?;
                 self.slot.set_phase(Phase::Snapshot);
@@ -78,7 +76,7 @@ impl Progress {
             WriterEvent::Enqueued { .. } => {}
         }
         self.slot
-            .set_progress(self.rows_confirmed, self.docs_confirmed, inflight);
+            .set_progress(self.rows_confirmed, writer.inflight(), writer.stats());
         Ok(None)
     }
 }
@@ -95,7 +93,6 @@ pub fn run(
         watermark: Watermark::new(),
         page_ends: BTreeMap::new(),
         rows_confirmed: task.rows_copied,
-        docs_confirmed: 0,
     };
     let mut after = task.snapshot_key.clone();
     let mut rows_read = task.rows_copied;
@@ -111,7 +108,7 @@ pub fn run(
             return Ok(SnapshotOutcome::Interrupted);
         }
         while let Ok(event) = writer.events().try_recv() {
-            if let Some(message) = progress.handle(event, writer.inflight())? {
+            if let Some(message) = progress.handle(event, writer)? {
                 return Ok(SnapshotOutcome::Failed(message));
             }
         }
@@ -185,7 +182,7 @@ pub fn run(
             return Ok(SnapshotOutcome::Done { rows: rows_read });
         }
         if let Ok(event) = writer.events().recv_timeout(Duration::from_millis(50)) {
-            if let Some(message) = progress.handle(event, writer.inflight())? {
+            if let Some(message) = progress.handle(event, writer)? {
                 return Ok(SnapshotOutcome::Failed(message));
             }
         }

@@ -260,11 +260,13 @@ impl Client {
         self.agent.clone().shutdown();
     }
 
+    #[cfg(test)]
     pub fn url(&self) -> &str {
         &self.base_url
     }
 
     /// `GET /health`: the server is up and answering.
+    #[cfg(test)]
     pub fn health(&self) -> Result<(), MeiliError> {
         let answer = self.request(Method::GET, "/health", &[], Payload::Empty)?;
         match answer.get("status").and_then(Value::as_str) {
@@ -417,6 +419,7 @@ impl Client {
     }
 
     /// `GET /indexes/{uid}/documents`: one page of documents and the total.
+    #[cfg(test)]
     pub fn fetch_documents(
         &self,
         uid: &str,

@@ -92,7 +92,6 @@ pub struct Streamer<'w> {
     pending: VecDeque<Batch>,
     confirmable: Option<u64>,
     failure: Option<String>,
-    docs_confirmed: i64,
 }
 
 impl<'w> Streamer<'w> {
@@ -114,14 +113,12 @@ impl<'w> Streamer<'w> {
             pending: VecDeque::new(),
             confirmable: None,
             failure: None,
-            docs_confirmed: 0,
         }
     }
 
     fn handle(&mut self, event: WriterEvent) {
         match event {
-            WriterEvent::Confirmed { seq, docs, .. } => {
-                self.docs_confirmed += docs as i64;
+            WriterEvent::Confirmed { seq, .. } => {
                 if let Some(lsn) = self.watermark.confirmed(seq) {
                     self.confirmable = Some(self.confirmable.map_or(lsn, |old| old.max(lsn)));
                 }
@@ -264,8 +261,8 @@ pub fn run(streamer: &mut Streamer<'_>, task: &catalog::TaskRecord) -> Result<()
         }
         streamer.slot.set_progress(
             task.rows_copied,
-            streamer.docs_confirmed,
             streamer.watermark.inflight(),
+            streamer.writer.stats(),
         );
     }
     session.close();

@@ -94,6 +94,12 @@ fn prepare_index(
     key_attribute: &str,
 ) -> Result<(), Stop> {
     let uid = &task.index_uid;
+    let version = with_retry(slot, "connecting to Meilisearch", || client.version())?;
+    log!(
+        "pg_meili_sync task {}: Meilisearch {version} at {}",
+        task.id,
+        task.url
+    );
     match with_retry(slot, "reading the index", || client.get_index(uid))? {
         None => {
             let task_uid = with_retry(slot, "creating the index", || client.create_index(uid, key_attribute))?;

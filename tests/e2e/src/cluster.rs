@@ -219,9 +219,12 @@ impl Cluster {
 
     /// One row of a task's status view, column → value.
     pub fn status(&self, task: i64) -> std::collections::HashMap<String, String> {
-        let json = self.psql(&format!(
-            "SELECT row_to_json(s) FROM meili_sync_status s WHERE task = {task}"
-        ));
+        // Empty while the server cannot answer, e.g. in crash recovery after a backend was killed.
+        let json = self
+            .try_psql(&format!(
+                "SELECT row_to_json(s) FROM meili_sync_status s WHERE task = {task}"
+            ))
+            .unwrap_or_default();
         let value: serde_json::Value =
             serde_json::from_str(&json).unwrap_or(serde_json::Value::Null);
         value
@@ -260,6 +263,23 @@ impl Cluster {
         let log = self.server_log();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    /// SIGKILLs a task worker and waits until the server has gone through crash recovery and the
+    /// launcher has started a new worker for the task.
+    pub fn kill_worker(&self, task: i64, pid: i64) {
+        self.kill(pid, "KILL");
+        crate::wait_for(
+            "a new worker after the crash",
+            Duration::from_secs(300),
+            || {
+                let restarted: Option<i64> = self
+                    .status(task)
+                    .get("worker_pid")
+                    .and_then(|v| v.parse().ok());
+                restarted.filter(|new| *new != pid).map(|_| ())
+            },
+        );
     }
 
     /// Sends a signal to a process (as root this works for the postgres user's processes).

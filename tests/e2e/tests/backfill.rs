@@ -121,7 +121,7 @@ fn backfill_resumes_after_the_worker_is_killed() {
         json!({"batch_size": 2000, "max_inflight": 2}),
     );
     let pid = mid_copy(&cluster, task);
-    cluster.kill(pid, "KILL");
+    cluster.kill_worker(task, pid);
     cluster.wait_snapshot_done(task, LONG);
     assert_index_matches(&cluster, &meili, &index, ROWS);
     if let Some(sent) = documents_sent(&meili) {

@@ -151,7 +151,7 @@ fn streaming_survives_a_killed_worker() {
         .get("worker_pid")
         .and_then(|pid| pid.parse().ok())
         .expect("worker pid");
-    cluster.kill(pid, "KILL");
+    cluster.kill_worker(task, pid);
     for round in 0..5 {
         cluster.psql(&format!(
             "UPDATE products SET name = 'after kill {round}' WHERE id % 7 = {round}"
