@@ -5,7 +5,7 @@ SELECT t.id AS task,
        t.index_uid,
        t.url,
        CASE
-           WHEN t.state IN ('stopped', 'error') THEN t.state
+           WHEN t.state IN ('paused', 'stopped', 'error') THEN t.state
            WHEN w.pid IS NOT NULL THEN w.phase
            WHEN w.phase = 'error' THEN 'restarting'
            ELSE 'starting'
@@ -28,3 +28,24 @@ SELECT t.id AS task,
 
 REVOKE ALL ON meili_sync_status FROM PUBLIC;
 GRANT SELECT ON meili_sync_status TO pg_monitor, meili_sync_admin;
+
+-- Dead letters hold document contents: readable by superusers and meili_sync_admin only.
+CREATE VIEW meili_sync_dead_letters AS
+SELECT d.task_id AS task,
+       t.source AS source_table,
+       t.index_uid,
+       d.document_id,
+       d.operation,
+       d.document,
+       d.error_code,
+       d.error_message,
+       d.meili_task_uid,
+       d.lsn,
+       d.first_seen,
+       d.last_seen,
+       d.attempts
+  FROM meili_sync.dead_letters d
+  JOIN meili_sync.tasks t ON t.id = d.task_id;
+
+REVOKE ALL ON meili_sync_dead_letters FROM PUBLIC;
+GRANT SELECT ON meili_sync_dead_letters TO meili_sync_admin;

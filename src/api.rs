@@ -8,7 +8,7 @@ use pgrx::prelude::*;
 use pgrx::{register_xact_callback, JsonB, PgRelation, PgXactCallbackEvent};
 
 use crate::catalog::{self, NewTask, RelationInfo};
-use crate::encode::ValueKind;
+use crate::encode::{decode_id_component, ValueKind};
 use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::meili::client::{Client, MeiliError};
 use crate::options::{validate_index_uid, TaskOptions};
@@ -268,6 +268,32 @@ fn meili_sync_stop(task: i64) -> bool {
     result.or_raise()
 }
 
+/// Pauses a task: its worker stops sending, the slot keeps every change for later.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_pause(task: i64) -> bool {
+    let result = (|| {
+        require_admin()?;
+        let record = catalog::require_task(task)?;
+        catalog::set_state(record.id, "paused")?;
+        wake_launcher_at_commit();
+        Ok(true)
+    })();
+    result.or_raise()
+}
+
+/// Resumes a paused, stopped or failed task where it left off (the copy if unfinished, else the stream).
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_resume(task: i64) -> bool {
+    let result = (|| {
+        require_admin()?;
+        let record = catalog::require_task(task)?;
+        catalog::resume(record.id)?;
+        wake_launcher_at_commit();
+        Ok(true)
+    })();
+    result.or_raise()
+}
+
 /// Copies the whole table into the index again, then keeps streaming.
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_sync_snapshot(task: i64) -> bool {
@@ -324,6 +350,65 @@ fn meili_sync_drop(task: i64, drop_index: default!(bool, false)) -> bool {
         catalog::delete_task(&record)?;
         wake_launcher_at_commit();
         Ok(true)
+    })();
+    result.or_raise()
+}
+
+/// Sends dead-lettered documents again from their rows' current state, and clears them (a
+/// document that fails again comes back). Returns how many rows were re-sent.
+///
+/// It rewrites each row with its own key (`UPDATE … SET key = key`), so the row travels through
+/// the WAL in commit order with every other change: row-level UPDATE triggers on the table fire.
+/// Dead letters whose row no longer exists are cleared (its DELETE was streamed).
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_retry_dead_letters(task: i64) -> i64 {
+    let result = (|| {
+        require_admin()?;
+        let record = catalog::require_task(task)?;
+        let info = catalog::relation_info(record.relid)?;
+        let key: Vec<(String, String)> = record
+            .primary_key
+            .iter()
+            .map(|name| {
+                let type_name = info
+                    .columns
+                    .iter()
+                    .find(|c| &c.name == name)
+                    .map(|c| c.type_name.clone())
+                    .unwrap_or_default();
+                (name.clone(), type_name)
+            })
+            .collect();
+        let mut resent = 0;
+        for id in catalog::dead_letter_ids(record.id, None)? {
+            let values: Option<Vec<String>> = if key.len() == 1 {
+                decode_id_component(&id).map(|value| vec![value])
+            } else {
+                id.split("__").map(decode_id_component).collect()
+            };
+            let Some(values) = values.filter(|values| values.len() == key.len()) else {
+                continue;
+            };
+            if catalog::touch_row(&info.qualified_name, &key, &values)? {
+                resent += 1;
+            }
+        }
+        catalog::delete_dead_letters(record.id, None)?;
+        Ok(resent)
+    })();
+    result.or_raise()
+}
+
+/// Forgets dead letters: all of a task's, or those with the given document ids. Returns how many.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_discard_dead_letters(
+    task: i64,
+    document_ids: default!(Option<Vec<String>>, "NULL"),
+) -> i64 {
+    let result = (|| {
+        require_admin()?;
+        let record = catalog::require_task(task)?;
+        catalog::delete_dead_letters(record.id, document_ids.as_deref())
     })();
     result.or_raise()
 }

@@ -10,6 +10,7 @@
 //! sent before it is confirmed by Meilisearch.
 
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// What a batch asks Meilisearch to do.
@@ -35,14 +36,27 @@ pub struct BatchLimits {
     pub max_age: Duration,
 }
 
+impl Operation {
+    /// How dead letters name the operation.
+    pub fn name(self) -> &'static str {
+        match self {
+            Operation::Replace => "replace",
+            Operation::Update => "update",
+            Operation::Delete => "delete",
+            Operation::DeleteAll => "delete_all",
+        }
+    }
+}
+
 /// One request's worth of items.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Batch {
     /// 1 for the first batch of a [`Batcher`], then increasing by 1.
     pub seq: u64,
     pub op: Operation,
-    /// NDJSON for `Replace`/`Update`, `[id,…]` for `Delete`, empty for `DeleteAll`.
-    pub body: Vec<u8>,
+    /// NDJSON for `Replace`/`Update`, `[id,…]` for `Delete`, empty for `DeleteAll`. Shared so that
+    /// the sender and the dispatcher (which may need to split a failed batch) hold one copy.
+    pub body: Arc<Vec<u8>>,
     /// Items in the batch (documents, ids, or merged delete-alls).
     pub docs: usize,
     /// The newest checkpoint that this batch completes, if any.
@@ -196,7 +210,7 @@ impl Batcher {
         Some(Batch {
             seq,
             op: open.op,
-            body: open.body,
+            body: Arc::new(open.body),
             docs: open.docs,
             checkpoint: open.checkpoint,
         })
@@ -335,14 +349,14 @@ mod tests {
             .expect("op change closes");
         assert_eq!(replace.seq, 1);
         assert_eq!(replace.op, Operation::Replace);
-        assert_eq!(replace.body, b"{\"id\":1}\n{\"id\":2}\n");
+        assert_eq!(*replace.body, b"{\"id\":1}\n{\"id\":2}\n");
         assert_eq!(replace.docs, 2);
         batcher.push(Operation::Delete, b"\"a\"", now);
         let delete = batcher
             .push(Operation::DeleteAll, b"", now)
             .expect("op change");
         assert_eq!((delete.seq, delete.op), (2, Operation::Delete));
-        assert_eq!(delete.body, b"[3,\"a\"]");
+        assert_eq!(*delete.body, b"[3,\"a\"]");
         assert_eq!(delete.docs, 2);
         batcher.push(Operation::DeleteAll, b"", now);
         let update = batcher
@@ -355,7 +369,7 @@ mod tests {
         assert!(update.body.is_empty());
         let last = batcher.flush().expect("open batch");
         assert_eq!((last.seq, last.op), (4, Operation::Update));
-        assert_eq!(last.body, b"{\"id\":4}\n");
+        assert_eq!(*last.body, b"{\"id\":4}\n");
         assert!(batcher.flush().is_none());
         assert!(batcher.is_empty());
     }
@@ -380,7 +394,7 @@ mod tests {
         let batch = batcher
             .push(Operation::Replace, b"ccc", now)
             .expect("would overflow");
-        assert_eq!(batch.body, b"aaa\nbbb\n");
+        assert_eq!(*batch.body, b"aaa\nbbb\n");
         // Exactly max_bytes closes after adding.
         let mut batcher = Batcher::new(limits(100, 8));
         batcher.push(Operation::Replace, b"aaa", now);
@@ -394,13 +408,13 @@ mod tests {
         let batch = batcher
             .push(Operation::Delete, b"2", now)
             .expect("exactly full");
-        assert_eq!(batch.body, b"[1,2]");
+        assert_eq!(*batch.body, b"[1,2]");
         let mut batcher = Batcher::new(limits(100, 4));
         batcher.push(Operation::Delete, b"1", now);
         let batch = batcher
             .push(Operation::Delete, b"2", now)
             .expect("would overflow");
-        assert_eq!(batch.body, b"[1]");
+        assert_eq!(*batch.body, b"[1]");
     }
 
     #[test]
@@ -411,9 +425,9 @@ mod tests {
         let first = batcher
             .push(Operation::Replace, b"0123456789abc", now)
             .expect("closes a");
-        assert_eq!(first.body, b"a\n");
+        assert_eq!(*first.body, b"a\n");
         let big = batcher.flush_due(now).expect("oversized batch is full");
-        assert_eq!(big.body, b"0123456789abc\n");
+        assert_eq!(*big.body, b"0123456789abc\n");
         let big = batcher
             .push(Operation::Replace, b"0123456789abc", now)
             .expect("alone and full at once");

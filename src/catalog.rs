@@ -9,6 +9,7 @@ use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 use pgrx::JsonB;
 
+use crate::dispatch::DeadLetter;
 use crate::encode::ValueKind;
 use crate::error::{ErrorKind, SyncError};
 
@@ -354,6 +355,17 @@ pub fn set_state(task_id: i64, state: &str) -> CatalogResult<()> {
     Ok(())
 }
 
+pub fn resume(task_id: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks
+            SET state = CASE WHEN snapshot_finished_at IS NULL THEN 'snapshot' ELSE 'streaming' END,
+                generation = generation + 1, last_error = NULL, last_error_at = NULL
+          WHERE id = $1",
+        &[task_id.into()],
+    )?;
+    Ok(())
+}
+
 pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
     Spi::run_with_args(
         "UPDATE meili_sync.tasks
@@ -403,6 +415,116 @@ pub fn finish_snapshot(task_id: i64, rows_copied: i64) -> CatalogResult<()> {
         &[task_id.into(), rows_copied.into()],
     )?;
     Ok(())
+}
+
+/// Stores documents Meilisearch refused; a document already there is updated (attempts + 1).
+/// During streaming the checkpoint is the commit LSN of the change.
+pub fn insert_dead_letters(
+    task_id: i64,
+    dead_letters: &[DeadLetter],
+    streaming: bool,
+) -> CatalogResult<()> {
+    Spi::connect_mut(|client| {
+        for dead in dead_letters {
+            let id = match &dead.id {
+                serde_json::Value::String(text) => Some(text.clone()),
+                serde_json::Value::Null => None,
+                other => Some(other.to_string()),
+            };
+            let lsn = dead
+                .checkpoint
+                .filter(|_| streaming)
+                .map(|lsn| format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF));
+            client.update(
+                "INSERT INTO meili_sync.dead_letters
+                     (task_id, document_id, operation, document, error_code, error_message, meili_task_uid, lsn)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8::pg_lsn)
+                 ON CONFLICT (task_id, document_id) DO UPDATE
+                    SET operation = EXCLUDED.operation, document = EXCLUDED.document,
+                        error_code = EXCLUDED.error_code, error_message = EXCLUDED.error_message,
+                        meili_task_uid = EXCLUDED.meili_task_uid, lsn = EXCLUDED.lsn,
+                        last_seen = now(), attempts = meili_sync.dead_letters.attempts + 1",
+                None,
+                &[
+                    task_id.into(),
+                    id.into(),
+                    dead.op.name().into(),
+                    String::from_utf8_lossy(&dead.document).into_owned().into(),
+                    dead.code.as_str().into(),
+                    dead.message.as_str().into(),
+                    dead.task_uid.and_then(|uid| i64::try_from(uid).ok()).into(),
+                    lsn.into(),
+                ],
+            )?;
+        }
+        Ok(())
+    })
+}
+
+/// Document ids of a task's dead letters (all, or those in `only`).
+pub fn dead_letter_ids(task_id: i64, only: Option<&[String]>) -> CatalogResult<Vec<String>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT document_id FROM meili_sync.dead_letters
+              WHERE task_id = $1 AND document_id IS NOT NULL AND ($2::text[] IS NULL OR document_id = ANY ($2))
+              ORDER BY id",
+            None,
+            &[task_id.into(), only.map(<[String]>::to_vec).into()],
+        )?;
+        let mut ids = Vec::new();
+        for row in rows {
+            if let Some(id) = row.get::<String>(1)? {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    })
+}
+
+pub fn delete_dead_letters(task_id: i64, only: Option<&[String]>) -> CatalogResult<i64> {
+    Spi::connect_mut(|client| {
+        let table = client.update(
+            "WITH gone AS (DELETE FROM meili_sync.dead_letters
+                            WHERE task_id = $1 AND ($2::text[] IS NULL OR document_id = ANY ($2)) RETURNING 1)
+             SELECT count(*) FROM gone",
+            None,
+            &[task_id.into(), only.map(<[String]>::to_vec).into()],
+        )?;
+        Ok(table.first().get_one::<i64>()?.unwrap_or(0))
+    })
+}
+
+/// Rewrites a row with its own key (`SET k = k`): the no-op UPDATE goes through the WAL, so the
+/// worker sends the row's current state in commit order with every other change. False if the
+/// row no longer exists.
+pub fn touch_row(
+    qualified_table: &str,
+    key: &[(String, String)],
+    values: &[String],
+) -> CatalogResult<bool> {
+    let set = key
+        .iter()
+        .map(|(name, _)| format!("{0} = {0}", quote_identifier(name)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let condition = key
+        .iter()
+        .enumerate()
+        .map(|(index, (name, type_name))| {
+            format!("{} = ${}::{}", quote_identifier(name), index + 1, type_name)
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ");
+    Spi::connect_mut(|client| {
+        let args: Vec<DatumWithOid> = values.iter().map(|value| value.as_str().into()).collect();
+        client.update(
+            &format!("UPDATE ONLY {qualified_table} SET {set} WHERE {condition}"),
+            None,
+            &args,
+        )?;
+        // SAFETY: SPI_processed holds the row count of the UPDATE just run in this connection.
+        Ok(unsafe { pg_sys::SPI_processed } > 0)
+    })
 }
 
 pub fn set_error_state(task_id: i64, message: &str) -> CatalogResult<()> {

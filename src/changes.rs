@@ -204,6 +204,11 @@ impl ChangeMapper {
         self.ready.pop_front()
     }
 
+    /// Closed batches are waiting for `next_ready`.
+    pub fn has_ready(&self) -> bool {
+        !self.ready.is_empty()
+    }
+
     /// A commit whose changes produced no document: confirmable once everything before it is.
     pub fn take_pending_checkpoint(&mut self) -> Option<u64> {
         self.batcher.take_pending_checkpoint()

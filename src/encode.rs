@@ -392,7 +392,6 @@ pub fn encode_id(shape: &DocumentShape, key_values: &[&str]) -> Result<DocumentI
 
 /// Inverse of the id escaping for one component (one key column's text).
 /// `None` if `escaped` is not the output of the escaping.
-#[cfg(test)]
 pub fn decode_id_component(escaped: &str) -> Option<String> {
     let bytes = escaped.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());
@@ -423,7 +422,6 @@ fn is_plain_id_byte(byte: u8) -> bool {
     byte.is_ascii_alphanumeric() || byte == b'-'
 }
 
-#[cfg(test)]
 fn upper_hex_value(digit: u8) -> Option<u8> {
     match digit {
         b'0'..=b'9' => Some(digit - b'0'),

@@ -11,6 +11,7 @@ mod batch;
 mod catalog;
 mod changes;
 mod decode;
+mod dispatch;
 mod encode;
 mod error;
 mod gucs;

@@ -1,19 +1,19 @@
 //! Snapshot backfill: copies the table by keyset pages (each page its own short transaction)
-//! through the document encoder into the writer, and saves the last key that Meilisearch has
+//! through the document encoder into the dispatcher, and saves the last key that Meilisearch has
 //! confirmed so that a restarted worker resumes the copy instead of starting over.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::BackgroundWorker;
 
-use crate::batch::{Batch, BatchLimits, Batcher, Operation, Watermark};
+use crate::batch::{BatchLimits, Batcher, Operation};
 use crate::catalog;
+use crate::dispatch::{Dispatcher, Progress};
 use crate::encode::{encode_document, ColumnValue, DocumentShape};
 use crate::error::SyncError;
-use crate::meili::writer::{Writer, WriterEvent};
 use crate::shmem::{Phase, SlotHandle};
-use crate::worker::task::should_stop;
+use crate::worker::task::{report_progress, should_stop};
 
 /// What the copy reads: the page queries and how rows become documents.
 pub struct SnapshotPlan {
@@ -22,7 +22,6 @@ pub struct SnapshotPlan {
     pub page_rows: usize,
     pub shape: DocumentShape,
     pub limits: BatchLimits,
-    pub max_inflight: usize,
 }
 
 pub enum SnapshotOutcome {
@@ -30,23 +29,31 @@ pub enum SnapshotOutcome {
         rows: i64,
     },
     Interrupted,
-    /// Meilisearch refused a batch for good; the message says why.
+    /// Meilisearch refused something for good; the message says why.
     Failed(String),
 }
 
-struct Progress {
+struct Copy<'a> {
     task_id: i64,
     slot: SlotHandle,
-    watermark: Watermark,
+    dispatcher: &'a mut Dispatcher,
     /// Page number → (last key of that page, rows read through it).
     page_ends: BTreeMap<u64, (Vec<String>, i64)>,
     rows_confirmed: i64,
 }
 
-impl Progress {
-    /// Saves the newest fully confirmed page, if the watermark moved.
-    fn checkpoint_confirmed(&mut self, checkpoint: Option<u64>) -> Result<(), SyncError> {
-        let Some(page) = checkpoint else {
+impl Copy<'_> {
+    /// Records dead letters, then saves the newest fully confirmed page (in that order, so a
+    /// crash in between re-sends rather than forgets).
+    fn settle(&mut self, progress: Progress) -> Result<(), SyncError> {
+        report_progress(
+            self.task_id,
+            self.slot,
+            self.dispatcher,
+            &progress,
+            Phase::Snapshot,
+        )?;
+        let Some(page) = progress.checkpoint else {
             return Ok(());
         };
         let Some((key, rows)) = self.page_ends.get(&page).cloned() else {
@@ -57,40 +64,25 @@ impl Progress {
             catalog::save_snapshot_progress(self.task_id, &key, rows)
         })?;
         self.rows_confirmed = rows;
+        self.slot.set_progress(
+            self.rows_confirmed,
+            self.dispatcher.backlog(),
+            self.dispatcher.writer().stats(),
+        );
         Ok(())
-    }
-
-    fn handle(&mut self, event: WriterEvent, writer: &Writer) -> Result<Option<String>, SyncError> {
-        match event {
-            WriterEvent::Confirmed { seq, .. } => {
-                let checkpoint = self.watermark.confirmed(seq);
-                self.checkpoint_confirmed(checkpoint)?;
-                self.slot.set_phase(Phase::Snapshot);
-            }
-            WriterEvent::Failed { error, .. } => return Ok(Some(error.to_string())),
-            WriterEvent::Retrying { error, .. } => {
-                self.slot.add_retry();
-                self.slot.set_error(&error);
-                self.slot.set_phase(Phase::Retrying);
-            }
-            WriterEvent::Enqueued { .. } => {}
-        }
-        self.slot
-            .set_progress(self.rows_confirmed, writer.inflight(), writer.stats());
-        Ok(None)
     }
 }
 
 pub fn run(
     task: &catalog::TaskRecord,
     plan: &SnapshotPlan,
-    writer: &Writer,
+    dispatcher: &mut Dispatcher,
     slot: SlotHandle,
 ) -> Result<SnapshotOutcome, SyncError> {
-    let mut progress = Progress {
+    let mut copy = Copy {
         task_id: task.id,
         slot,
-        watermark: Watermark::new(),
+        dispatcher,
         page_ends: BTreeMap::new(),
         rows_confirmed: task.rows_copied,
     };
@@ -98,7 +90,6 @@ pub fn run(
     let mut rows_read = task.rows_copied;
     let mut page = 0u64;
     let mut batcher = Batcher::new(plan.limits.clone());
-    let mut pending: VecDeque<Batch> = VecDeque::new();
     let mut done_reading = false;
     let mut document = Vec::with_capacity(1024);
     slot.set_phase(Phase::Snapshot);
@@ -107,22 +98,15 @@ pub fn run(
         if should_stop() {
             return Ok(SnapshotOutcome::Interrupted);
         }
-        while let Ok(event) = writer.events().try_recv() {
-            if let Some(message) = progress.handle(event, writer)? {
-                return Ok(SnapshotOutcome::Failed(message));
-            }
+        let progress = copy.dispatcher.pump(None);
+        copy.settle(progress)?;
+        if let Some(failure) = copy.dispatcher.take_failure() {
+            return Ok(SnapshotOutcome::Failed(failure));
         }
         if let Some(batch) = batcher.flush_due(Instant::now()) {
-            progress.watermark.sent(batch.seq, batch.checkpoint);
-            pending.push_back(batch);
+            copy.dispatcher.push(batch);
         }
-        while let Some(batch) = pending.pop_front() {
-            if let Err(refused) = writer.try_send(batch) {
-                pending.push_front(refused);
-                break;
-            }
-        }
-        if !done_reading && pending.is_empty() && writer.inflight() < plan.max_inflight {
+        if !done_reading && copy.dispatcher.has_room() {
             let (query, key) = match &after {
                 Some(key) => (&plan.next_page_query, Some(key.as_slice())),
                 None => (&plan.first_page_query, None),
@@ -141,15 +125,13 @@ pub fn run(
                     .collect();
                 document.clear();
                 if let Err(error) = encode_document(&plan.shape, &values, &mut document) {
-                    // Dead letters arrive with the retry work; until then the row is reported and skipped.
                     let message = format!("row skipped: {error}");
                     pgrx::warning!("pg_meili_sync task {}: {message}", task.id);
                     slot.set_error(&message);
                     continue;
                 }
                 if let Some(batch) = batcher.push(Operation::Replace, &document, Instant::now()) {
-                    progress.watermark.sent(batch.seq, batch.checkpoint);
-                    pending.push_back(batch);
+                    copy.dispatcher.push(batch);
                 }
             }
             if let Some(last) = rows.last() {
@@ -162,29 +144,28 @@ pub fn run(
                 page += 1;
                 rows_read += rows.len() as i64;
                 batcher.mark_checkpoint(page);
-                progress.page_ends.insert(page, (key.clone(), rows_read));
+                copy.page_ends.insert(page, (key.clone(), rows_read));
                 after = Some(key);
             }
             if rows.len() < plan.page_rows {
                 done_reading = true;
                 if let Some(batch) = batcher.flush() {
-                    progress.watermark.sent(batch.seq, batch.checkpoint);
-                    pending.push_back(batch);
+                    copy.dispatcher.push(batch);
                 }
                 if let Some(checkpoint) = batcher.take_pending_checkpoint() {
-                    let confirmed = progress.watermark.standalone(checkpoint);
-                    progress.checkpoint_confirmed(confirmed)?;
+                    let checkpoint = copy.dispatcher.standalone(checkpoint);
+                    copy.settle(Progress {
+                        checkpoint,
+                        retries: Vec::new(),
+                    })?;
                 }
             }
             continue;
         }
-        if done_reading && pending.is_empty() && progress.watermark.inflight() == 0 {
+        if done_reading && copy.dispatcher.is_idle() {
             return Ok(SnapshotOutcome::Done { rows: rows_read });
         }
-        if let Ok(event) = writer.events().recv_timeout(Duration::from_millis(50)) {
-            if let Some(message) = progress.handle(event, writer)? {
-                return Ok(SnapshotOutcome::Failed(message));
-            }
-        }
+        let progress = copy.dispatcher.pump(Some(Duration::from_millis(50)));
+        copy.settle(progress)?;
     }
 }

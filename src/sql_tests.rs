@@ -129,6 +129,8 @@ mod tests {
             ("SELECT meili_sync_stop(424242)".into(), "42704: meili_sync task 424242 does not exist | SELECT task FROM meili_sync_status"),
             ("SELECT meili_sync_drop(424242)".into(), "42704: meili_sync task 424242 does not exist"),
             ("SELECT meili_sync_snapshot(424242)".into(), "42704: meili_sync task 424242 does not exist"),
+            ("SELECT meili_sync_pause(424242)".into(), "42704: meili_sync task 424242 does not exist"),
+            ("SELECT meili_sync_resume(424242)".into(), "42704: meili_sync task 424242 does not exist"),
         ];
         for (sql, expected) in cases {
             let got = outcome(&sql);
@@ -159,6 +161,27 @@ mod tests {
             second.starts_with("42710: task ") && second.contains("already syncs public.products"),
             "{second}"
         );
+    }
+
+    #[pg_test]
+    fn pause_and_resume_pick_up_where_the_task_was() {
+        products();
+        let id = Spi::get_one::<i64>("SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\"}')")
+            .expect("start")
+            .expect("id");
+        let state = |sql: &str| {
+            Spi::run_with_args(sql, &[id.into()]).expect("call");
+            Spi::get_one_with_args::<String>(
+                "SELECT state FROM meili_sync.tasks WHERE id = $1",
+                &[id.into()],
+            )
+            .expect("state")
+            .unwrap_or_default()
+        };
+        assert_eq!(state("SELECT meili_sync_pause($1)"), "paused");
+        assert_eq!(state("SELECT meili_sync_resume($1)"), "snapshot");
+        assert_eq!(state("UPDATE meili_sync.tasks SET state = 'error', snapshot_finished_at = now() WHERE id = $1"), "error");
+        assert_eq!(state("SELECT meili_sync_resume($1)"), "streaming");
     }
 
     #[pg_test]

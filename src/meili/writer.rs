@@ -263,6 +263,7 @@ impl Writer {
     }
 
     /// Batches handed over and not yet confirmed or failed.
+    #[cfg(test)]
     pub fn inflight(&self) -> usize {
         self.inflight.load(Ordering::SeqCst)
     }
@@ -330,7 +331,7 @@ impl SenderThread {
             (Some(level), Operation::Replace | Operation::Update) => Some(gzip(&batch.body, level)),
             _ => None,
         };
-        let body = compressed.as_deref().unwrap_or(&batch.body);
+        let body = compressed.as_deref().unwrap_or(&batch.body[..]);
         let mut attempt = 0;
         loop {
             if self.shared.is_stopping() {
@@ -368,7 +369,8 @@ impl SenderThread {
                     });
                     return true;
                 }
-                Err(error) if error.is_retryable() => {
+                // A wrong key is retried too (slowly, at the backoff cap) until someone fixes it.
+                Err(error) if error.is_retryable() || error.is_auth() => {
                     if self.shared.is_stopping() {
                         return false;
                     }
@@ -552,7 +554,7 @@ mod tests {
         Batch {
             seq,
             op: Operation::Replace,
-            body,
+            body: std::sync::Arc::new(body),
             docs: ids.count(),
             checkpoint: Some(seq * 10),
         }
@@ -645,7 +647,7 @@ mod tests {
             &mut decoded,
         )
         .expect("valid gzip");
-        assert_eq!(decoded, body);
+        assert_eq!(decoded, *body);
     }
 
     #[test]
@@ -743,7 +745,7 @@ mod tests {
                     Batch {
                         seq,
                         op: Operation::Delete,
-                        body: format!("[{id}]").into_bytes(),
+                        body: format!("[{id}]").into_bytes().into(),
                         docs: 1,
                         checkpoint: Some(seq * 10),
                     }
@@ -752,7 +754,7 @@ mod tests {
                     Batch {
                         seq,
                         op: Operation::Replace,
-                        body: format!("{{\"id\":{id},\"v\":{seq}}}\n").into_bytes(),
+                        body: format!("{{\"id\":{id},\"v\":{seq}}}\n").into_bytes().into(),
                         docs: 1,
                         checkpoint: Some(seq * 10),
                     }
@@ -856,7 +858,7 @@ mod tests {
             assert_eq!(confirmed_seqs(&events), [1]);
             let posts = document_posts(&server);
             assert_eq!(posts.len(), 4);
-            assert!(posts.iter().all(|body| *body == replace(1, 0..3).body));
+            assert!(posts.iter().all(|body| *body == *replace(1, 0..3).body));
             assert_eq!(server.documents("books").len(), 3);
             assert_eq!(writer.stats().retries.load(Ordering::Relaxed), 3);
             writer.shutdown();
@@ -940,7 +942,7 @@ mod tests {
             let delete = Batch {
                 seq: 2,
                 op: Operation::Delete,
-                body: b"[0,1]".to_vec(),
+                body: b"[0,1]".to_vec().into(),
                 docs: 2,
                 checkpoint: None,
             };

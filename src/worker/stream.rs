@@ -2,22 +2,21 @@
 //! to a Meilisearch operation, and confirms the slot only up to the newest commit whose batches
 //! Meilisearch has all confirmed.
 
-use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
-use crate::batch::{Batch, BatchLimits, Watermark};
+use crate::batch::BatchLimits;
 use crate::catalog;
 use crate::changes::{ChangeMapper, RelationShape};
 use crate::decode::pgoutput::{self, Relation};
 use crate::decode::session::{DecodingSession, MessageSink};
+use crate::dispatch::{Dispatcher, Progress};
 use crate::encode::{Column, DocumentShape};
-use crate::meili::writer::{Writer, WriterEvent};
 use crate::options::{TaskOptions, WriteMode};
 use crate::shmem::{Phase, SlotHandle};
-use crate::worker::task::should_stop;
+use crate::worker::task::{report_progress, should_stop};
 
 /// WAL records decoded between two looks at confirmations and signals.
 const RECORDS_PER_ROUND: usize = 2000;
@@ -82,23 +81,22 @@ impl ColumnRules {
     }
 }
 
-pub struct Streamer<'w> {
+pub struct Streamer<'d> {
     task_id: i64,
     slot: SlotHandle,
-    writer: &'w Writer,
+    dispatcher: &'d mut Dispatcher,
     rules: ColumnRules,
     mapper: ChangeMapper,
-    watermark: Watermark,
-    pending: VecDeque<Batch>,
-    confirmable: Option<u64>,
+    /// Collected inside decoding callbacks, acted on by the main loop (dead letters first).
+    progress: Progress,
     failure: Option<String>,
 }
 
-impl<'w> Streamer<'w> {
+impl<'d> Streamer<'d> {
     pub fn new(
         task_id: i64,
         slot: SlotHandle,
-        writer: &'w Writer,
+        dispatcher: &'d mut Dispatcher,
         rules: ColumnRules,
         limits: BatchLimits,
         options: &TaskOptions,
@@ -106,81 +104,58 @@ impl<'w> Streamer<'w> {
         Streamer {
             task_id,
             slot,
-            writer,
+            dispatcher,
             rules,
             mapper: ChangeMapper::new(limits, options.write_mode == WriteMode::Upsert),
-            watermark: Watermark::new(),
-            pending: VecDeque::new(),
-            confirmable: None,
+            progress: Progress::default(),
             failure: None,
         }
     }
 
-    fn handle(&mut self, event: WriterEvent) {
-        match event {
-            WriterEvent::Confirmed { seq, .. } => {
-                if let Some(lsn) = self.watermark.confirmed(seq) {
-                    self.confirmable = Some(self.confirmable.map_or(lsn, |old| old.max(lsn)));
-                }
-                self.slot.set_phase(Phase::Streaming);
-            }
-            WriterEvent::Failed { error, .. } => {
-                self.failure.get_or_insert_with(|| error.to_string());
-            }
-            WriterEvent::Retrying { error, .. } => {
-                self.slot.add_retry();
-                self.slot.set_error(&error);
-                self.slot.set_phase(Phase::Retrying);
-            }
-            WriterEvent::Enqueued { .. } => {}
+    fn pump(&mut self, wait: Option<Duration>) {
+        let progress = self.dispatcher.pump(wait);
+        if progress.checkpoint.is_some() {
+            self.progress.checkpoint = progress.checkpoint;
+        }
+        self.progress.retries.extend(progress.retries);
+        if let Some(failure) = self.dispatcher.take_failure() {
+            self.failure.get_or_insert(failure);
         }
     }
 
-    fn poll_events(&mut self) {
-        while let Ok(event) = self.writer.events().try_recv() {
-            self.handle(event);
-        }
-    }
-
-    /// Moves closed batches to the writer, in order. With `block`, waits (handling confirmations)
-    /// until all are accepted: that wait is the back pressure that stops reading the slot.
+    /// Moves closed batches to the dispatcher, in order. With `block`, waits (handling
+    /// confirmations) until all are taken: that wait is the back pressure that stops reading the
+    /// slot, and it keeps memory bounded inside one huge transaction.
     fn send_ready(&mut self, block: bool) {
         loop {
-            self.poll_events();
-            if let Some(checkpoint) = self.mapper.take_pending_checkpoint() {
-                if let Some(lsn) = self.watermark.standalone(checkpoint) {
-                    self.confirmable = Some(self.confirmable.map_or(lsn, |old| old.max(lsn)));
-                }
-            }
-            if self.pending.is_empty() {
+            self.pump(None);
+            while self.dispatcher.has_room() {
                 match self.mapper.next_ready() {
-                    Some(batch) => {
-                        self.watermark.sent(batch.seq, batch.checkpoint);
-                        self.pending.push_back(batch);
+                    Some(batch) => self.dispatcher.push(batch),
+                    None => break,
+                }
+            }
+            if !self.mapper.has_ready() {
+                // Only now, behind every batch before it, may a commit that sent nothing count.
+                if let Some(checkpoint) = self.mapper.take_pending_checkpoint() {
+                    if let Some(lsn) = self.dispatcher.standalone(checkpoint) {
+                        self.progress.checkpoint = Some(lsn);
                     }
-                    None => return,
                 }
-            }
-            let Some(batch) = self.pending.pop_front() else {
                 return;
-            };
-            if let Err(refused) = self.writer.try_send(batch) {
-                self.pending.push_front(refused);
-                if !block || self.failure.is_some() {
-                    return;
-                }
-                if should_stop() {
-                    // Inside a replay: an ERROR is the only way out; the slot has not moved past
-                    // anything unconfirmed, so the restarted worker decodes it again.
-                    error!(
-                        "pg_meili_sync task {}: stopping during a transaction replay",
-                        self.task_id
-                    );
-                }
-                if let Ok(event) = self.writer.events().recv_timeout(Duration::from_millis(20)) {
-                    self.handle(event);
-                }
             }
+            if !block || self.failure.is_some() {
+                return;
+            }
+            if should_stop() {
+                // Inside a replay an ERROR is the only way out; the slot has not moved past
+                // anything unconfirmed, so the restarted worker decodes it again.
+                error!(
+                    "pg_meili_sync task {}: stopping during a transaction replay",
+                    self.task_id
+                );
+            }
+            self.pump(Some(Duration::from_millis(20)));
         }
     }
 
@@ -193,7 +168,7 @@ impl<'w> Streamer<'w> {
     }
 
     fn is_idle(&self) -> bool {
-        self.pending.is_empty() && self.mapper.is_idle() && self.watermark.inflight() == 0
+        self.mapper.is_idle() && self.dispatcher.is_idle()
     }
 }
 
@@ -225,35 +200,47 @@ impl MessageSink for Streamer<'_> {
 pub fn run(streamer: &mut Streamer<'_>, task: &catalog::TaskRecord) -> Result<(), String> {
     let mut session = DecodingSession::open(&task.slot_name, &task.publication_name)?;
     streamer.slot.set_phase(Phase::Streaming);
-    loop {
+    let mut caught_up = false;
+    let result = loop {
         if should_stop() {
-            break;
+            break Ok(());
         }
-        streamer.poll_events();
+        streamer.pump(None);
+        // Dead letters are stored before the slot moves past them.
+        let progress = std::mem::take(&mut streamer.progress);
+        if let Err(error) = report_progress(
+            streamer.task_id,
+            streamer.slot,
+            streamer.dispatcher,
+            &progress,
+            Phase::Streaming,
+        ) {
+            break Err(error.message);
+        }
         if let Some(failure) = streamer.failure.take() {
-            session.close();
-            return Err(failure);
+            break Err(failure);
         }
-        if let Some(lsn) = streamer.confirmable.take() {
+        if let Some(lsn) = progress.checkpoint {
             session.confirm(lsn);
         }
+        if caught_up && streamer.is_idle() {
+            // Nothing unconfirmed (and dead letters stored): let the slot release WAL that other
+            // tables wrote meanwhile.
+            session.confirm(session.read_position());
+        }
         let records = session.read(streamer, RECORDS_PER_ROUND)?;
-        if records == 0 {
-            // Caught up: nothing else is coming to fill the open batch, so send it now.
+        caught_up = records == 0;
+        if caught_up {
+            // Nothing else is coming to fill the open batch, so send it now.
             streamer.mapper.flush();
             streamer.send_ready(false);
-            if streamer.is_idle() {
-                // Nothing unconfirmed: let the slot release WAL that other tables wrote.
-                session.confirm(session.read_position());
-            }
-            let inflight = streamer.watermark.inflight() > 0 || !streamer.pending.is_empty();
-            let nap = if inflight {
-                Duration::from_millis(5)
-            } else {
+            let nap = if streamer.dispatcher.is_idle() {
                 Duration::from_secs(1)
+            } else {
+                Duration::from_millis(5)
             };
             if !BackgroundWorker::wait_latch(Some(nap)) {
-                break;
+                break Ok(());
             }
         } else {
             streamer.mapper.flush_due(Instant::now());
@@ -261,10 +248,10 @@ pub fn run(streamer: &mut Streamer<'_>, task: &catalog::TaskRecord) -> Result<()
         }
         streamer.slot.set_progress(
             task.rows_copied,
-            streamer.watermark.inflight(),
-            streamer.writer.stats(),
+            streamer.dispatcher.backlog(),
+            streamer.dispatcher.writer().stats(),
         );
-    }
+    };
     session.close();
-    Ok(())
+    result
 }

@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 
 use crate::batch::BatchLimits;
 use crate::catalog::{self, TaskRecord};
+use crate::dispatch::{Dispatcher, Progress};
 use crate::encode::{Column, DocumentShape};
 use crate::error::{ErrorKind, SyncError};
 use crate::meili::client::{Client, MeiliError, TaskStatus};
@@ -182,7 +183,6 @@ fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPlan, 
             max_bytes: options.batch_bytes,
             max_age: Duration::from_millis(options.flush_interval_ms),
         },
-        max_inflight: options.max_inflight,
     })
 }
 
@@ -221,7 +221,7 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
     let writer = Writer::start(WriterConfig {
         client,
         index_uid: task.index_uid.clone(),
-        primary_key: key_attribute,
+        primary_key: key_attribute.clone(),
         gzip: options.gzip,
         gzip_level: 1,
         max_inflight: options.max_inflight,
@@ -229,43 +229,80 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
         retry_base: Duration::from_millis(100),
         retry_cap: Duration::from_secs(30),
     });
+    let mut dispatcher = Dispatcher::new(writer, &key_attribute, options.max_inflight);
+    let result = copy_then_stream(&task, &plan, &options, &mut dispatcher, slot);
+    dispatcher.shutdown();
+    result
+}
+
+fn copy_then_stream(
+    task: &TaskRecord,
+    plan: &SnapshotPlan,
+    options: &TaskOptions,
+    dispatcher: &mut Dispatcher,
+    slot: SlotHandle,
+) -> Result<(), Stop> {
     if task.state == "snapshot" {
-        match snapshot::run(&task, &plan, &writer, slot) {
-            Ok(SnapshotOutcome::Done { rows }) => {
-                if let Err(error) =
-                    BackgroundWorker::transaction(|| catalog::finish_snapshot(task.id, rows))
-                {
-                    writer.shutdown();
-                    return Err(permanent(error.message));
-                }
+        match snapshot::run(task, plan, dispatcher, slot)
+            .map_err(|error| permanent(error.message))?
+        {
+            SnapshotOutcome::Done { rows } => {
+                BackgroundWorker::transaction(|| catalog::finish_snapshot(task.id, rows))
+                    .map_err(|error| permanent(error.message))?;
                 log!(
                     "pg_meili_sync task {}: snapshot of {} finished, {rows} rows",
                     task.id,
                     task.relation
                 );
             }
-            Ok(SnapshotOutcome::Interrupted) => {
-                writer.shutdown();
-                return Err(Stop::Terminated);
-            }
-            Ok(SnapshotOutcome::Failed(message)) => {
-                writer.shutdown();
-                return Err(permanent(message));
-            }
-            Err(error) => {
-                writer.shutdown();
-                return Err(permanent(error.message));
-            }
+            SnapshotOutcome::Interrupted => return Err(Stop::Terminated),
+            SnapshotOutcome::Failed(message) => return Err(permanent(message)),
         }
     }
-    let rules = ColumnRules::new(&task.relation, &task.primary_key, &options);
-    let result = {
-        let mut streamer =
-            Streamer::new(task.id, slot, &writer, rules, plan.limits.clone(), &options);
-        stream::run(&mut streamer, &task)
-    };
-    writer.shutdown();
-    result.map_err(permanent).and(Err(Stop::Terminated))
+    let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
+    let mut streamer = Streamer::new(
+        task.id,
+        slot,
+        dispatcher,
+        rules,
+        plan.limits.clone(),
+        options,
+    );
+    stream::run(&mut streamer, task).map_err(permanent)?;
+    Err(Stop::Terminated)
+}
+
+/// Acts on what the dispatcher reported: stores dead letters (before any checkpoint that covers
+/// them is saved or confirmed) and shows retries in the status view.
+pub fn report_progress(
+    task_id: i64,
+    slot: SlotHandle,
+    dispatcher: &mut Dispatcher,
+    progress: &Progress,
+    phase: Phase,
+) -> Result<(), SyncError> {
+    for error in &progress.retries {
+        slot.add_retry();
+        slot.set_error(error);
+        slot.set_phase(Phase::Retrying);
+    }
+    if progress.checkpoint.is_some() && progress.retries.is_empty() {
+        slot.set_phase(phase);
+    }
+    let dead_letters = dispatcher.take_dead_letters();
+    if !dead_letters.is_empty() {
+        BackgroundWorker::transaction(|| {
+            catalog::insert_dead_letters(task_id, &dead_letters, phase == Phase::Streaming)
+        })?;
+        let message = format!(
+            "{} document(s) refused by Meilisearch went to meili_sync_dead_letters: {}",
+            dead_letters.len(),
+            dead_letters[0].message
+        );
+        warning!("pg_meili_sync task {task_id}: {message}");
+        slot.set_error(&message);
+    }
+    Ok(())
 }
 
 #[pg_guard]

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use meili_test_server::TestServer;
 use serde_json::{json, Value};
-use ureq::http::{Method, Request};
+pub use ureq::http::Method;
+use ureq::http::Request;
 
 pub struct Meili {
     pub url: String,

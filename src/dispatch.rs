@@ -1,0 +1,531 @@
+//! Hands batches to the writer in order, follows their confirmations to the checkpoint watermark,
+//! and repairs batches that Meilisearch failed (pure: no pgrx).
+//!
+//! A failed batch is split in halves and resent until the documents that make it fail are
+//! isolated; only those become dead letters. Documents that a batch sent after it already
+//! replaced or deleted are left out of the resend, so an older version never overwrites a newer
+//! one. The watermark does not pass a failed batch until all of its parts are confirmed or
+//! dead-lettered.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::batch::{Batch, Operation, Watermark};
+use crate::meili::client::MeiliError;
+use crate::meili::writer::{WriteError, Writer, WriterEvent};
+
+/// Seqs of repair batches start here, far above any batcher's seqs.
+const REPAIR_SEQ_BASE: u64 = 1 << 62;
+
+/// A document Meilisearch refused on its own, with the reason.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DeadLetter {
+    /// The document id as JSON (`42` or `"abc"`), or null when it could not be read.
+    pub id: Value,
+    pub op: Operation,
+    /// The document (or, for a delete, the id) as sent.
+    pub document: Vec<u8>,
+    pub code: String,
+    pub message: String,
+    pub task_uid: Option<u64>,
+    /// The checkpoint (commit LSN or snapshot page) of the batch it came from.
+    pub checkpoint: Option<u64>,
+}
+
+struct SentBatch {
+    /// Position in send order (seqs of repair parts do not follow it).
+    order: u64,
+    op: Operation,
+    body: Arc<Vec<u8>>,
+    checkpoint: Option<u64>,
+    /// For a repair part: the original batch it belongs to.
+    parent: Option<u64>,
+}
+
+/// What happened while handling writer events.
+#[derive(Debug, Default)]
+pub struct Progress {
+    /// The newest checkpoint that became safe (every batch up to it confirmed or dead-lettered).
+    pub checkpoint: Option<u64>,
+    /// Errors of requests the writer is retrying.
+    pub retries: Vec<String>,
+}
+
+pub struct Dispatcher {
+    writer: Writer,
+    primary_key: String,
+    max_inflight: usize,
+    watermark: Watermark,
+    sent: HashMap<u64, SentBatch>,
+    next_order: u64,
+    /// Repair parts not yet sent, with their parent.
+    parents: HashMap<u64, u64>,
+    /// Original failed batch → parts not yet resolved.
+    open_repairs: HashMap<u64, usize>,
+    queue: VecDeque<Batch>,
+    next_repair_seq: u64,
+    dead_letters: Vec<DeadLetter>,
+    failure: Option<String>,
+}
+
+impl Dispatcher {
+    pub fn new(writer: Writer, primary_key: &str, max_inflight: usize) -> Self {
+        Dispatcher {
+            writer,
+            primary_key: primary_key.to_owned(),
+            max_inflight: max_inflight.max(1),
+            watermark: Watermark::new(),
+            sent: HashMap::new(),
+            next_order: 0,
+            parents: HashMap::new(),
+            open_repairs: HashMap::new(),
+            queue: VecDeque::new(),
+            next_repair_seq: REPAIR_SEQ_BASE,
+            dead_letters: Vec::new(),
+            failure: None,
+        }
+    }
+
+    pub fn writer(&self) -> &Writer {
+        &self.writer
+    }
+
+    pub fn shutdown(self) {
+        self.writer.shutdown();
+    }
+
+    /// Queues a closed batch; `pump` sends it, in order.
+    pub fn push(&mut self, batch: Batch) {
+        self.watermark.sent(batch.seq, batch.checkpoint);
+        self.queue.push_back(batch);
+    }
+
+    /// A checkpoint with no batch (a commit that sent nothing): safe once everything before it is.
+    pub fn standalone(&mut self, checkpoint: u64) -> Option<u64> {
+        self.watermark.standalone(checkpoint)
+    }
+
+    /// Batches queued or sent and not yet resolved. The owner produces no more while this is at
+    /// `max_inflight`: that bounds memory and is the back pressure on reading the source.
+    pub fn backlog(&self) -> usize {
+        self.queue.len() + self.sent.len()
+    }
+
+    pub fn has_room(&self) -> bool {
+        self.backlog() < self.max_inflight
+    }
+
+    /// Nothing queued, in flight, or being repaired.
+    pub fn is_idle(&self) -> bool {
+        self.queue.is_empty() && self.sent.is_empty() && self.watermark.inflight() == 0
+    }
+
+    /// A failure that splitting cannot help (e.g. a refused delete-all, or a server that rejects
+    /// every request): the task must stop.
+    pub fn take_failure(&mut self) -> Option<String> {
+        self.failure.take()
+    }
+
+    pub fn take_dead_letters(&mut self) -> Vec<DeadLetter> {
+        std::mem::take(&mut self.dead_letters)
+    }
+
+    /// Handles the writer events that are ready (waiting up to `wait` for the first), then sends
+    /// what the writer takes.
+    pub fn pump(&mut self, wait: Option<Duration>) -> Progress {
+        let mut progress = Progress::default();
+        self.send_queued();
+        if let Some(timeout) = wait {
+            if let Ok(event) = self.writer.events().recv_timeout(timeout) {
+                self.handle(event, &mut progress);
+            }
+        }
+        while let Ok(event) = self.writer.events().try_recv() {
+            self.handle(event, &mut progress);
+        }
+        self.send_queued();
+        progress
+    }
+
+    fn send_queued(&mut self) {
+        while let Some(batch) = self.queue.pop_front() {
+            let (seq, op, body, checkpoint) = (
+                batch.seq,
+                batch.op,
+                Arc::clone(&batch.body),
+                batch.checkpoint,
+            );
+            if let Err(refused) = self.writer.try_send(batch) {
+                self.queue.push_front(refused);
+                return;
+            }
+            let parent = self.parents.remove(&seq);
+            self.sent.insert(
+                seq,
+                SentBatch {
+                    order: self.next_order,
+                    op,
+                    body,
+                    checkpoint,
+                    parent,
+                },
+            );
+            self.next_order += 1;
+        }
+    }
+
+    fn handle(&mut self, event: WriterEvent, progress: &mut Progress) {
+        match event {
+            WriterEvent::Confirmed { seq, .. } => self.resolve(seq, progress),
+            WriterEvent::Retrying { error, .. } => progress.retries.push(error),
+            WriterEvent::Enqueued { .. } => {}
+            WriterEvent::Failed {
+                seq,
+                task_uid,
+                error,
+            } => self.repair(seq, task_uid, &error, progress),
+        }
+    }
+
+    /// Batch or repair part `seq` needs nothing more; the watermark moves when its original does.
+    fn resolve(&mut self, seq: u64, progress: &mut Progress) {
+        let Some(batch) = self.sent.remove(&seq) else {
+            return;
+        };
+        let original = match batch.parent {
+            Some(parent) => match self.open_repairs.get_mut(&parent) {
+                Some(left) if *left > 1 => {
+                    *left -= 1;
+                    return;
+                }
+                _ => {
+                    self.open_repairs.remove(&parent);
+                    parent
+                }
+            },
+            None => seq,
+        };
+        if let Some(checkpoint) = self.watermark.confirmed(original) {
+            progress.checkpoint = Some(checkpoint);
+        }
+    }
+
+    /// Splits a failed batch, without the documents later batches replaced, and resends the
+    /// halves first; a single failing document becomes a dead letter.
+    fn repair(
+        &mut self,
+        seq: u64,
+        task_uid: Option<u64>,
+        error: &WriteError,
+        progress: &mut Progress,
+    ) {
+        let Some(batch) = self.sent.get(&seq) else {
+            return;
+        };
+        let (code, message) = error_parts(error);
+        let about_documents = match error {
+            WriteError::TaskFailed(_) | WriteError::TaskCanceled => true,
+            // 413 (too large) and other 4xx: splitting isolates what the server refuses.
+            WriteError::Rejected(MeiliError::Http { status, .. }) => (400..500).contains(status),
+            WriteError::Rejected(_) => false,
+        };
+        if !about_documents || batch.op == Operation::DeleteAll {
+            self.failure = Some(format!("Meilisearch refused a batch: {message}"));
+            return;
+        }
+        let (op, checkpoint, order) = (batch.op, batch.checkpoint, batch.order);
+        let parent = batch.parent.unwrap_or(seq);
+        let superseded = self.ids_sent_after(order);
+        let items: Vec<Vec<u8>> = split_items(op, &batch.body)
+            .into_iter()
+            .filter(|item| {
+                !superseded.all
+                    && item_id(op, item, &self.primary_key)
+                        .is_none_or(|id| !superseded.ids.contains(&id.to_string()))
+            })
+            .collect();
+        if items.len() > 1 {
+            self.sent.remove(&seq);
+            let left = self.open_repairs.entry(parent).or_insert(1);
+            *left += 1;
+            let middle = items.len() / 2;
+            for half in [&items[middle..], &items[..middle]] {
+                let body = Arc::new(join_items(op, half));
+                let part = self.next_repair_seq;
+                self.next_repair_seq += 1;
+                self.parents.insert(part, parent);
+                self.queue.push_front(Batch {
+                    seq: part,
+                    op,
+                    body,
+                    docs: half.len(),
+                    checkpoint,
+                });
+            }
+            return;
+        }
+        if let Some(item) = items.first() {
+            self.dead_letters.push(DeadLetter {
+                id: item_id(op, item, &self.primary_key).unwrap_or(Value::Null),
+                op,
+                document: item.clone(),
+                code,
+                message,
+                task_uid,
+                checkpoint,
+            });
+        }
+        self.resolve(seq, progress);
+    }
+
+    fn ids_sent_after(&self, order: u64) -> Superseded {
+        let mut superseded = Superseded {
+            all: false,
+            ids: HashSet::new(),
+        };
+        for batch in self.sent.values().filter(|batch| batch.order > order) {
+            if batch.op == Operation::DeleteAll {
+                superseded.all = true;
+            }
+            for item in split_items(batch.op, &batch.body) {
+                if let Some(id) = item_id(batch.op, &item, &self.primary_key) {
+                    superseded.ids.insert(id.to_string());
+                }
+            }
+        }
+        superseded
+    }
+}
+
+struct Superseded {
+    all: bool,
+    ids: HashSet<String>,
+}
+
+fn error_parts(error: &WriteError) -> (String, String) {
+    match error {
+        WriteError::TaskFailed(Some(body)) => (body.code.clone(), body.message.clone()),
+        WriteError::Rejected(MeiliError::Http {
+            body: Some(body), ..
+        }) => (body.code.clone(), body.message.clone()),
+        WriteError::TaskCanceled => ("task_canceled".into(), error.to_string()),
+        other => ("unknown".into(), other.to_string()),
+    }
+}
+
+/// The documents (NDJSON lines) or ids (array elements) of a batch body.
+fn split_items(op: Operation, body: &[u8]) -> Vec<Vec<u8>> {
+    match op {
+        Operation::Replace | Operation::Update => body
+            .split(|&byte| byte == b'\n')
+            .filter(|line| !line.is_empty())
+            .map(<[u8]>::to_vec)
+            .collect(),
+        Operation::Delete => match serde_json::from_slice::<Vec<Value>>(body) {
+            Ok(ids) => ids.iter().map(|id| id.to_string().into_bytes()).collect(),
+            Err(_) => Vec::new(),
+        },
+        Operation::DeleteAll => Vec::new(),
+    }
+}
+
+fn join_items(op: Operation, items: &[Vec<u8>]) -> Vec<u8> {
+    let mut body = Vec::new();
+    match op {
+        Operation::Delete => {
+            body.push(b'[');
+            for (index, item) in items.iter().enumerate() {
+                if index > 0 {
+                    body.push(b',');
+                }
+                body.extend_from_slice(item);
+            }
+            body.push(b']');
+        }
+        _ => {
+            for item in items {
+                body.extend_from_slice(item);
+                body.push(b'\n');
+            }
+        }
+    }
+    body
+}
+
+/// The id of an item: the primary key field of a document, or the id itself for a delete.
+/// Numbers and their string form name the same document in Meilisearch, so ids compare as text.
+fn item_id(op: Operation, item: &[u8], primary_key: &str) -> Option<Value> {
+    let value: Value = serde_json::from_slice(item).ok()?;
+    let id = match op {
+        Operation::Delete => value,
+        _ => value.get(primary_key)?.clone(),
+    };
+    Some(match id {
+        Value::Number(number) => Value::String(number.to_string()),
+        other => other,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use meili_test_server::TestServer;
+    use serde_json::json;
+
+    use super::*;
+    use crate::meili::client::Client;
+    use crate::meili::writer::WriterConfig;
+
+    const KEY: &str = "masterKey";
+
+    fn dispatcher(server: &TestServer) -> Dispatcher {
+        let writer = Writer::start(WriterConfig {
+            client: Client::new(&server.url(), Some(KEY), Duration::from_secs(5))
+                .expect("valid URL"),
+            index_uid: "books".into(),
+            primary_key: "id".into(),
+            gzip: false,
+            gzip_level: 1,
+            max_inflight: 4,
+            poll_interval: Duration::from_millis(10),
+            retry_base: Duration::from_millis(5),
+            retry_cap: Duration::from_millis(50),
+        });
+        Dispatcher::new(writer, "id", 4)
+    }
+
+    fn batch(seq: u64, documents: &[Value]) -> Batch {
+        let items: Vec<Vec<u8>> = documents
+            .iter()
+            .map(|d| d.to_string().into_bytes())
+            .collect();
+        Batch {
+            seq,
+            op: Operation::Replace,
+            body: Arc::new(join_items(Operation::Replace, &items)),
+            docs: items.len(),
+            checkpoint: Some(seq * 100),
+        }
+    }
+
+    /// Pumps until the dispatcher is idle; returns the newest checkpoint seen.
+    fn settle(dispatcher: &mut Dispatcher) -> Option<u64> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut newest = None;
+        while !dispatcher.is_idle() {
+            assert!(Instant::now() < deadline, "dispatcher did not settle");
+            let progress = dispatcher.pump(Some(Duration::from_millis(20)));
+            newest = progress.checkpoint.or(newest);
+        }
+        newest
+    }
+
+    fn ids(server: &TestServer) -> Vec<Value> {
+        server
+            .documents("books")
+            .iter()
+            .map(|d| d["id"].clone())
+            .collect()
+    }
+
+    #[test]
+    fn a_poison_document_is_isolated_and_the_rest_lands() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        let mut dispatcher = dispatcher(&server);
+        let mut documents: Vec<Value> =
+            (1..=9).map(|id| json!({"id": id, "title": "ok"})).collect();
+        documents.insert(4, json!({"id": "not a valid id", "title": "poison"}));
+        dispatcher.push(batch(1, &documents));
+        assert_eq!(settle(&mut dispatcher), Some(100));
+        assert_eq!(
+            ids(&server),
+            (1..=9).map(|id| json!(id)).collect::<Vec<_>>()
+        );
+        let dead = dispatcher.take_dead_letters();
+        assert_eq!(dead.len(), 1);
+        assert_eq!(dead[0].id, json!("not a valid id"));
+        assert_eq!(dead[0].code, "invalid_document_id");
+        assert!(String::from_utf8_lossy(&dead[0].document).contains("poison"));
+        assert!(dispatcher.take_failure().is_none());
+        dispatcher.shutdown();
+    }
+
+    #[test]
+    fn a_resend_never_overwrites_a_newer_version_sent_later() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        let mut dispatcher = dispatcher(&server);
+        dispatcher.push(batch(
+            1,
+            &[
+                json!({"id": 1, "v": "old"}),
+                json!({"id": 2, "v": "old"}),
+                json!({"id": "bad id"}),
+            ],
+        ));
+        dispatcher.push(batch(2, &[json!({"id": 1, "v": "new"})]));
+        assert_eq!(settle(&mut dispatcher), Some(200));
+        let documents = server.documents("books");
+        assert_eq!(
+            documents,
+            vec![json!({"id": 1, "v": "new"}), json!({"id": 2, "v": "old"})]
+        );
+        assert_eq!(dispatcher.take_dead_letters().len(), 1);
+        dispatcher.shutdown();
+    }
+
+    #[test]
+    fn a_failed_task_is_resent_in_halves_without_dead_letters() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        server.faults().fail_next_tasks(1, "internal");
+        let mut dispatcher = dispatcher(&server);
+        let documents: Vec<Value> = (1..=6).map(|id| json!({"id": id})).collect();
+        dispatcher.push(batch(1, &documents));
+        dispatcher.push(batch(2, &[json!({"id": 7})]));
+        assert_eq!(settle(&mut dispatcher), Some(200));
+        assert_eq!(
+            ids(&server),
+            (1..=7).map(|id| json!(id)).collect::<Vec<_>>()
+        );
+        assert!(dispatcher.take_dead_letters().is_empty());
+        dispatcher.shutdown();
+    }
+
+    #[test]
+    fn the_watermark_waits_for_every_part_of_a_repaired_batch() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        let mut dispatcher = dispatcher(&server);
+        let poisoned: Vec<Value> = vec![
+            json!({"id": "x y"}),
+            json!({"id": 1}),
+            json!({"id": "z w"}),
+            json!({"id": 2}),
+        ];
+        dispatcher.push(batch(1, &poisoned));
+        dispatcher.push(batch(2, &[json!({"id": 3})]));
+        let mut seen = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !dispatcher.is_idle() {
+            assert!(Instant::now() < deadline);
+            if let Some(checkpoint) = dispatcher.pump(Some(Duration::from_millis(20))).checkpoint {
+                seen.push(checkpoint);
+            }
+        }
+        // Checkpoint 100 is never reported on its own before batch 1's parts are all resolved,
+        // and the watermark only moves forward.
+        assert_eq!(seen.last(), Some(&200));
+        assert!(seen.windows(2).all(|pair| pair[0] < pair[1]));
+        let mut dead: Vec<Value> = dispatcher
+            .take_dead_letters()
+            .into_iter()
+            .map(|d| d.id)
+            .collect();
+        dead.sort_by_key(|id| id.to_string());
+        assert_eq!(dead, vec![json!("x y"), json!("z w")]);
+        assert_eq!(ids(&server), vec![json!(1), json!(2), json!(3)]);
+        dispatcher.shutdown();
+    }
+}
