@@ -11,7 +11,7 @@ use std::time::Instant;
 
 use crate::batch::{Batch, BatchLimits, Batcher, Operation};
 use crate::decode::pgoutput::{Message, Relation, Tuple, TupleValue};
-use crate::encode::{encode_document, encode_id, ColumnValue, DocumentShape};
+use crate::encode::{check_geo, encode_document, encode_id, ColumnValue, DocumentShape};
 
 /// How one published relation's columns become a document.
 pub struct RelationShape {
@@ -20,11 +20,14 @@ pub struct RelationShape {
     pub source_columns: Vec<usize>,
 }
 
-/// A row the mapper could not turn into an operation (it is skipped; the caller reports it).
+/// A row the mapper could not turn into an operation: it becomes a dead letter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SkippedRow {
     pub relation: u32,
+    pub code: &'static str,
     pub reason: String,
+    /// The document as it would have been sent, when it could be encoded.
+    pub document: Vec<u8>,
 }
 
 const NO_RELATION: &str = "change for a relation without a Relation message";
@@ -105,7 +108,12 @@ impl ChangeMapper {
     }
 
     fn skip(&mut self, relation: u32, reason: String) {
-        self.skipped.push(SkippedRow { relation, reason });
+        self.skipped.push(SkippedRow {
+            relation,
+            code: "invalid_change",
+            reason,
+            document: Vec::new(),
+        });
     }
 
     fn values<'t>(shape: &RelationShape, row: &'t Tuple<'t>) -> Vec<ColumnValue<'t>> {
@@ -137,8 +145,13 @@ impl ChangeMapper {
             })
             .collect();
         let result = match key {
-            Some(key) => encode_id(&shape.shape, &key).map_err(|error| error.to_string()),
-            None => Err("the row's key is NULL or missing".to_owned()),
+            Some(key) => {
+                encode_id(&shape.shape, &key).map_err(|error| (error.code(), error.to_string()))
+            }
+            None => Err((
+                "missing_document_id",
+                "the row's key is NULL or missing".to_owned(),
+            )),
         };
         match result {
             Ok(id) => {
@@ -146,8 +159,13 @@ impl ChangeMapper {
                 id.write_json(&mut json);
                 Some(json)
             }
-            Err(reason) => {
-                self.skipped.push(SkippedRow { relation, reason });
+            Err((code, reason)) => {
+                self.skipped.push(SkippedRow {
+                    relation,
+                    code,
+                    reason,
+                    document: Vec::new(),
+                });
                 None
             }
         }
@@ -161,8 +179,10 @@ impl ChangeMapper {
         let values = Self::values(shape, row);
         let partial = values.iter().any(|value| *value == ColumnValue::Unchanged);
         self.document.clear();
-        match encode_document(&shape.shape, &values, &mut self.document) {
-            Ok(_) => {
+        let encoded = encode_document(&shape.shape, &values, &mut self.document)
+            .and_then(|_| check_geo(&shape.shape, &values));
+        match encoded {
+            Ok(()) => {
                 let op = if partial || self.upsert {
                     Operation::Update
                 } else {
@@ -174,7 +194,9 @@ impl ChangeMapper {
             }
             Err(error) => self.skipped.push(SkippedRow {
                 relation,
+                code: error.code(),
                 reason: error.to_string(),
+                document: self.document.clone(),
             }),
         }
     }

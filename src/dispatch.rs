@@ -129,6 +129,11 @@ impl Dispatcher {
         self.failure.take()
     }
 
+    /// A document refused before sending (e.g. an invalid id or `_geo`), stored with the others.
+    pub fn add_dead_letter(&mut self, dead_letter: DeadLetter) {
+        self.dead_letters.push(dead_letter);
+    }
+
     pub fn take_dead_letters(&mut self) -> Vec<DeadLetter> {
         std::mem::take(&mut self.dead_letters)
     }
@@ -357,7 +362,7 @@ fn join_items(op: Operation, items: &[Vec<u8>]) -> Vec<u8> {
 
 /// The id of an item: the primary key field of a document, or the id itself for a delete.
 /// Numbers and their string form name the same document in Meilisearch, so ids compare as text.
-fn item_id(op: Operation, item: &[u8], primary_key: &str) -> Option<Value> {
+pub fn item_id(op: Operation, item: &[u8], primary_key: &str) -> Option<Value> {
     let value: Value = serde_json::from_slice(item).ok()?;
     let id = match op {
         Operation::Delete => value,

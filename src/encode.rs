@@ -232,15 +232,51 @@ impl DocumentId {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EncodeError {
     NoKeyColumns,
-    KeyColumnOutOfRange { index: usize, columns: usize },
-    DuplicateKeyColumn { column: String },
-    DuplicateColumnName { column: String },
-    ReservedColumnName { column: String },
-    ValueCount { expected: usize, got: usize },
-    NullKey { column: String },
-    UnchangedKey { column: String },
-    EmptyId { column: String },
-    IdTooLong { bytes: usize },
+    KeyColumnOutOfRange {
+        index: usize,
+        columns: usize,
+    },
+    DuplicateKeyColumn {
+        column: String,
+    },
+    DuplicateColumnName {
+        column: String,
+    },
+    ReservedColumnName {
+        column: String,
+    },
+    ValueCount {
+        expected: usize,
+        got: usize,
+    },
+    NullKey {
+        column: String,
+    },
+    UnchangedKey {
+        column: String,
+    },
+    EmptyId {
+        column: String,
+    },
+    IdTooLong {
+        bytes: usize,
+    },
+    /// A `_geo` column Meilisearch would refuse.
+    InvalidGeo {
+        reason: String,
+    },
+}
+
+impl EncodeError {
+    /// The Meilisearch error code the row would have met, for dead letters.
+    pub fn code(&self) -> &'static str {
+        match self {
+            EncodeError::InvalidGeo { .. } => "invalid_document_geo_field",
+            EncodeError::NullKey { .. } | EncodeError::UnchangedKey { .. } => "missing_document_id",
+            EncodeError::EmptyId { .. } | EncodeError::IdTooLong { .. } => "invalid_document_id",
+            _ => "invalid_document",
+        }
+    }
 }
 
 impl fmt::Display for EncodeError {
@@ -280,6 +316,7 @@ impl fmt::Display for EncodeError {
                 f,
                 "key column \"{column}\" is an empty string, and Meilisearch does not accept an empty document id"
             ),
+            EncodeError::InvalidGeo { reason } => write!(f, "invalid _geo field: {reason}"),
             EncodeError::IdTooLong { bytes } => write!(
                 f,
                 "the document id is {bytes} bytes after escaping, Meilisearch accepts at most {MAX_ID_BYTES}: use a shorter key (each character outside [A-Za-z0-9-] takes 3 bytes per byte)"
@@ -292,6 +329,57 @@ impl std::error::Error for EncodeError {}
 
 /// Appends one document (no newline) with its fields in column order and
 /// returns its id. Nothing is appended on error.
+/// Meilisearch's rule for a `_geo` field: null, or an object with exactly `lat` and `lng`, each a
+/// finite number or a string holding one. Checked before sending so that one bad row cannot fail
+/// a whole Meilisearch batch (which, for `_geo`, fails every task indexed with it).
+pub fn check_geo(shape: &DocumentShape, values: &[ColumnValue]) -> Result<(), EncodeError> {
+    let Some(index) = shape
+        .columns
+        .iter()
+        .position(|column| column.name == "_geo")
+    else {
+        return Ok(());
+    };
+    let text = match values.get(index) {
+        Some(ColumnValue::Text(text)) => *text,
+        _ => return Ok(()),
+    };
+    let invalid = |reason: String| Err(EncodeError::InvalidGeo { reason });
+    if shape.columns[index].kind != ValueKind::Json {
+        return invalid(format!(
+            "expected an object with lat and lng, got the string {text:?}"
+        ));
+    }
+    let value: serde_json::Value = match serde_json::from_str(text) {
+        Ok(value) => value,
+        Err(error) => return invalid(error.to_string()),
+    };
+    let object = match value {
+        serde_json::Value::Null => return Ok(()),
+        serde_json::Value::Object(object) => object,
+        other => return invalid(format!("expected an object with lat and lng, got {other}")),
+    };
+    if let Some(extra) = object.keys().find(|key| *key != "lat" && *key != "lng") {
+        return invalid(format!("unexpected field \"{extra}\""));
+    }
+    for field in ["lat", "lng"] {
+        let number = match object.get(field) {
+            Some(serde_json::Value::Number(number)) => number.as_f64(),
+            Some(serde_json::Value::String(text)) => text.parse::<f64>().ok(),
+            _ => None,
+        };
+        if !number.is_some_and(f64::is_finite) {
+            return invalid(format!(
+                "{field} must be a finite number, got {}",
+                object
+                    .get(field)
+                    .map_or("nothing".into(), ToString::to_string)
+            ));
+        }
+    }
+    Ok(())
+}
+
 pub fn encode_document(
     shape: &DocumentShape,
     values: &[ColumnValue],
@@ -1592,5 +1680,42 @@ mod tests {
         out.push(b',');
         DocumentId::String("a-b".into()).write_json(&mut out);
         assert_eq!(out, b"5,\"a-b\"");
+    }
+
+    #[test]
+    fn geo_fields_follow_meilisearch_rules() {
+        let shape = DocumentShape::new(
+            vec![
+                Column {
+                    name: "id".into(),
+                    kind: ValueKind::Integer,
+                },
+                Column {
+                    name: "_geo".into(),
+                    kind: ValueKind::Json,
+                },
+            ],
+            vec![0],
+        )
+        .expect("shape");
+        let check = |geo: ColumnValue| check_geo(&shape, &[ColumnValue::Text("1"), geo]);
+        for good in [
+            r#"{"lat": 48.8, "lng": 2.35}"#,
+            r#"{"lat": "1e2", "lng": "-3"}"#,
+            "null",
+        ] {
+            assert_eq!(check(ColumnValue::Text(good)), Ok(()), "{good}");
+        }
+        assert_eq!(check(ColumnValue::Null), Ok(()));
+        for bad in [
+            r#""abc""#,
+            r#"{"lat": 1}"#,
+            r#"{"lat": "north", "lng": 2}"#,
+            r#"{"lat": 1, "lng": 2, "alt": 3}"#,
+            "[1, 2]",
+        ] {
+            let error = check(ColumnValue::Text(bad)).expect_err(bad);
+            assert_eq!(error.code(), "invalid_document_geo_field", "{bad}");
+        }
     }
 }

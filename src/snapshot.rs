@@ -9,11 +9,12 @@ use pgrx::bgworkers::BackgroundWorker;
 
 use crate::batch::{BatchLimits, Batcher, Operation};
 use crate::catalog;
-use crate::dispatch::{Dispatcher, Progress};
-use crate::encode::{encode_document, ColumnValue, DocumentShape};
+use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
+use crate::encode::{check_geo, encode_document, ColumnValue, DocumentShape};
 use crate::error::SyncError;
 use crate::shmem::{Phase, SlotHandle};
 use crate::worker::task::{report_progress, should_stop};
+use serde_json::Value;
 
 /// What the copy reads: the page queries and how rows become documents.
 pub struct SnapshotPlan {
@@ -124,10 +125,23 @@ pub fn run(
                     })
                     .collect();
                 document.clear();
-                if let Err(error) = encode_document(&plan.shape, &values, &mut document) {
-                    let message = format!("row skipped: {error}");
-                    pgrx::warning!("pg_meili_sync task {}: {message}", task.id);
-                    slot.set_error(&message);
+                let encoded = encode_document(&plan.shape, &values, &mut document)
+                    .and_then(|_| check_geo(&plan.shape, &values));
+                if let Err(error) = encoded {
+                    copy.dispatcher.add_dead_letter(DeadLetter {
+                        id: item_id(
+                            Operation::Replace,
+                            &document,
+                            plan.shape.primary_key_attribute(),
+                        )
+                        .unwrap_or(Value::Null),
+                        op: Operation::Replace,
+                        document: document.clone(),
+                        code: error.code().to_owned(),
+                        message: error.to_string(),
+                        task_uid: None,
+                        checkpoint: None,
+                    });
                     continue;
                 }
                 if let Some(batch) = batcher.push(Operation::Replace, &document, Instant::now()) {

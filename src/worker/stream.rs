@@ -8,11 +8,12 @@ use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
 use crate::batch::BatchLimits;
+use crate::batch::Operation;
 use crate::catalog;
 use crate::changes::{ChangeMapper, RelationShape};
 use crate::decode::pgoutput::{self, Relation};
 use crate::decode::session::{DecodingSession, MessageSink};
-use crate::dispatch::{Dispatcher, Progress};
+use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
 use crate::encode::{Column, DocumentShape};
 use crate::options::{TaskOptions, WriteMode};
 use crate::shmem::{Phase, SlotHandle};
@@ -81,11 +82,20 @@ impl ColumnRules {
     }
 }
 
+/// The Meilisearch primary key attribute: the key column, or `_pk` for composite keys.
+fn dispatcher_key(rules: &ColumnRules) -> String {
+    match rules.key.as_slice() {
+        [single] => single.clone(),
+        _ => crate::encode::COMPOSITE_KEY_ATTRIBUTE.to_owned(),
+    }
+}
+
 pub struct Streamer<'d> {
     task_id: i64,
     slot: SlotHandle,
     dispatcher: &'d mut Dispatcher,
     rules: ColumnRules,
+    primary_key: String,
     mapper: ChangeMapper,
     /// Collected inside decoding callbacks, acted on by the main loop (dead letters first).
     progress: Progress,
@@ -105,6 +115,7 @@ impl<'d> Streamer<'d> {
             task_id,
             slot,
             dispatcher,
+            primary_key: dispatcher_key(&rules),
             rules,
             mapper: ChangeMapper::new(limits, options.write_mode == WriteMode::Upsert),
             progress: Progress::default(),
@@ -159,11 +170,20 @@ impl<'d> Streamer<'d> {
         }
     }
 
+    /// Rows that could not become documents go to the dead letters (stored by the main loop
+    /// before the slot moves past them).
     fn report_skipped(&mut self) {
         for skipped in self.mapper.take_skipped() {
-            let message = format!("change skipped: {}", skipped.reason);
-            warning!("pg_meili_sync task {}: {message}", self.task_id);
-            self.slot.set_error(&message);
+            self.dispatcher.add_dead_letter(DeadLetter {
+                id: item_id(Operation::Replace, &skipped.document, &self.primary_key)
+                    .unwrap_or(serde_json::Value::Null),
+                op: Operation::Replace,
+                document: skipped.document,
+                code: skipped.code.to_owned(),
+                message: skipped.reason,
+                task_uid: None,
+                checkpoint: None,
+            });
         }
     }
 

@@ -31,10 +31,11 @@ fn cpu_seconds(pid: i64) -> Option<f64> {
     Some(ticks / per_second)
 }
 
-/// Peak resident set size in MiB (VmHWM; includes the shared buffers the backend touched).
-fn peak_rss_mib(pid: i64) -> Option<f64> {
+/// A memory figure of /proc/PID/status in MiB: VmHWM is the peak resident set (it includes the
+/// shared buffers the backend touched), RssAnon the process's own memory now.
+fn memory_mib(pid: i64, field: &str) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|line| line.starts_with("VmHWM:"))?;
+    let line = status.lines().find(|line| line.starts_with(field))?;
     let kib: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib / 1024.0)
 }
@@ -101,9 +102,11 @@ fn report(setup: &Setup, what: &str, rows: i64, seconds: f64, cpu_before: f64) {
         }
         None => println!("worker CPU s      unknown (worker pid {pid} not readable)"),
     }
-    match peak_rss_mib(pid) {
-        Some(rss) => println!("worker peak RSS   {rss:.1} MiB"),
-        None => println!("worker peak RSS   unknown"),
+    match (memory_mib(pid, "VmHWM:"), memory_mib(pid, "RssAnon:")) {
+        (Some(peak), Some(anon)) => {
+            println!("worker peak RSS   {peak:.1} MiB (incl. shared buffers; private memory now {anon:.1} MiB)")
+        }
+        _ => println!("worker peak RSS   unknown"),
     }
     if std::env::var_os("LOAD_VERIFY").is_some() {
         setup

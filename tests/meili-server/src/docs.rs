@@ -287,6 +287,71 @@ fn collect_path<'a>(obj: &'a Doc, path: &str, out: &mut Vec<&'a Value>) {
     }
 }
 
+/// Meilisearch's check of a document's top-level `_geo` value (milli's `extract_geo_coordinates`):
+/// null is fine; otherwise an object with exactly `lat` and `lng`, each a finite number or a
+/// string that parses as one. `id` is the document's normalized id. Errors carry the bare milli
+/// message; a task reports it prefixed with the index (`Index `uid`: …`).
+pub(crate) fn geo_error(id: &str, geo: &Value) -> Option<ApiError> {
+    let id = Value::from(id);
+    let error = |message: String| Some(ApiError::new("invalid_document_geo_field", message));
+    let mut fields = match geo {
+        Value::Null => return None,
+        Value::Object(fields) => fields.clone(),
+        other => {
+            return error(format!(
+                "The `_geo` field in the document with the id: `{id}` is not an object. Was expecting an object with the `_geo.lat` and `_geo.lng` fields but instead got `{other}`."
+            ))
+        }
+    };
+    let (lat, lng) = match (fields.remove("lat"), fields.remove("lng")) {
+        (Some(_), Some(_)) if !fields.is_empty() => {
+            let extra = Value::Object(fields);
+            return error(format!(
+                "The `_geo` field in the document with the id: `{id}` contains the following unexpected fields: `{extra}`."
+            ));
+        }
+        (Some(lat), Some(lng)) => (lat, lng),
+        (Some(_), None) => {
+            return error(format!(
+                "Could not find longitude in the document with the id: `{id}`. Was expecting a `_geo.lng` field."
+            ))
+        }
+        (None, Some(_)) => {
+            return error(format!(
+                "Could not find latitude in the document with the id: `{id}`. Was expecting a `_geo.lat` field."
+            ))
+        }
+        (None, None) => {
+            return error(format!(
+                "Could not find latitude nor longitude in the document with the id: `{id}`. Was expecting `_geo.lat` and `_geo.lng` fields."
+            ))
+        }
+    };
+    match (finite_float(&lat), finite_float(&lng)) {
+        (true, true) => None,
+        (false, true) => error(format!(
+            "Could not parse latitude in the document with the id: `{id}`. Was expecting a finite number but instead got `{lat}`."
+        )),
+        (true, false) => error(format!(
+            "Could not parse longitude in the document with the id: `{id}`. Was expecting a finite number but instead got `{lng}`."
+        )),
+        (false, false) => error(format!(
+            "Could not parse latitude nor longitude in the document with the id: `{id}`. Was expecting finite numbers but instead got `{lat}` and `{lng}`."
+        )),
+    }
+}
+
+/// A finite number, or a string Rust parses as a finite `f64` (so `"1e3"` is fine and
+/// `" 1"`, `"inf"` and `"NaN"` are not), as milli's `extract_finite_float_from_value`.
+fn finite_float(v: &Value) -> bool {
+    let number = match v {
+        Value::Number(n) => n.as_f64(),
+        Value::String(s) => s.parse::<f64>().ok(),
+        _ => None,
+    };
+    number.is_some_and(f64::is_finite)
+}
+
 /// Primary key inference: the only top-level field whose lowercased name ends with `id`.
 pub(crate) fn guess_primary_key(first: Option<&Doc>) -> Result<String, ApiError> {
     let no_candidate = || {
@@ -454,6 +519,51 @@ mod tests {
         assert_eq!(texts, ["{\"b\":1,\"a\":2}", "{\"a\":3}"]);
         let err = parse_payload(b"\"x\"", Format::Json).unwrap_err();
         assert_eq!(err.code, "malformed_payload");
+    }
+
+    #[test]
+    fn geo_rules() {
+        let ok = [
+            json!(null),
+            json!({"lat": 1, "lng": -2}),
+            json!({"lat": 48.85, "lng": 2.35}),
+            json!({"lng": "2.35", "lat": "48.85"}),
+            json!({"lat": "-1e1", "lng": "+0"}),
+            json!({"lat": 200, "lng": 500}),
+        ];
+        for geo in ok {
+            assert_eq!(geo_error("1", &geo), None, "{geo}");
+        }
+        let bad = [
+            (json!("abc"), "The `_geo` field in the document with the id: `\"3\"` is not an object. Was expecting an object with the `_geo.lat` and `_geo.lng` fields but instead got `\"abc\"`."),
+            (json!([1, 2]), "The `_geo` field in the document with the id: `\"3\"` is not an object. Was expecting an object with the `_geo.lat` and `_geo.lng` fields but instead got `[1,2]`."),
+            (json!({}), "Could not find latitude nor longitude in the document with the id: `\"3\"`. Was expecting `_geo.lat` and `_geo.lng` fields."),
+            (json!({"lat": 1}), "Could not find longitude in the document with the id: `\"3\"`. Was expecting a `_geo.lng` field."),
+            (json!({"lng": 1, "x": 0}), "Could not find latitude in the document with the id: `\"3\"`. Was expecting a `_geo.lat` field."),
+            (json!({"lat": "north", "lng": 2}), "Could not parse latitude in the document with the id: `\"3\"`. Was expecting a finite number but instead got `\"north\"`."),
+            (json!({"lat": 1, "lng": null}), "Could not parse longitude in the document with the id: `\"3\"`. Was expecting a finite number but instead got `null`."),
+            (json!({"lat": "inf", "lng": " 2"}), "Could not parse latitude nor longitude in the document with the id: `\"3\"`. Was expecting finite numbers but instead got `\"inf\"` and `\" 2\"`."),
+            (json!({"lat": "x", "lng": 2, "alt": 3}), "The `_geo` field in the document with the id: `\"3\"` contains the following unexpected fields: `{\"alt\":3}`."),
+        ];
+        for (geo, message) in bad {
+            let err = geo_error("3", &geo).unwrap_or_else(|| panic!("{geo} passed"));
+            assert_eq!(err.message, message);
+            assert_eq!(
+                (err.status, err.code.as_str(), err.kind),
+                (400, "invalid_document_geo_field", "invalid_request")
+            );
+        }
+        for lat in [
+            json!(true),
+            json!("NaN"),
+            json!("infinity"),
+            json!({"v": 1}),
+        ] {
+            assert!(
+                geo_error("3", &json!({"lat": lat, "lng": 0})).is_some(),
+                "{lat}"
+            );
+        }
     }
 
     #[test]

@@ -280,6 +280,19 @@ pub(crate) fn filterable_patterns(settings: &Map<String, Value>) -> Vec<String> 
     out
 }
 
+/// Whether the geo feature is on: `_geo` is sortable, or filterable as the plain string rule
+/// (milli's `Index::is_geo_enabled`; a `{attributePatterns: ["_geo"]}` rule does not count).
+/// Only then does Meilisearch check documents' `_geo` fields.
+pub(crate) fn geo_enabled(settings: &Map<String, Value>) -> bool {
+    let has_geo = |key: &str| {
+        settings
+            .get(key)
+            .and_then(Value::as_array)
+            .is_some_and(|rules| rules.iter().any(|r| r.as_str() == Some("_geo")))
+    };
+    has_geo("sortableAttributes") || has_geo("filterableAttributes")
+}
+
 pub(crate) fn string_list(settings: &Map<String, Value>, key: &str) -> Vec<String> {
     settings
         .get(key)

@@ -1,15 +1,15 @@
 //! The task queue, batches, and the background processor that applies tasks.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant, SystemTime};
 
 use serde_json::{json, Value};
 
-use crate::docs::{document_id, guess_primary_key, Prepared};
+use crate::docs::{document_id, geo_error, guess_primary_key, Doc, Prepared};
 use crate::error::ApiError;
 use crate::filter;
-use crate::index::Index;
+use crate::index::{Index, StoredDoc};
 use crate::json::{array, object_of, Obj};
 use crate::settings;
 use crate::time::{iso_duration, rfc3339};
@@ -421,13 +421,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
             }
             std::thread::sleep(Duration::from_millis(5));
         }
-        let results = work
-            .into_iter()
-            .map(|(uid, index_uid, op)| {
-                let (details, error) = apply(&shared, &index_uid, op);
-                (uid, details, error)
-            })
-            .collect();
+        let results = apply_batch(&shared, work);
         lock(&shared.queue).finish(batch_uid, results);
         shared.cond.notify_all();
     }
@@ -451,41 +445,90 @@ fn get_or_create(shared: &Shared, uid: &str) -> Arc<RwLock<Index>> {
         .clone()
 }
 
-/// Runs one task; returns its final details and error.
-fn apply(shared: &Shared, uid: &str, op: Op) -> (Vec<(String, Value)>, Option<ApiError>) {
+/// Runs the tasks of a batch. Its document additions (auto-batched: same index, same method
+/// and primary key) run together in [`add_documents`], the other kinds hold one task.
+fn apply_batch(shared: &Shared, work: Vec<(u32, String, Op)>) -> Vec<Done> {
+    let mut results = Vec::new();
+    let mut additions = Vec::new();
+    let mut index_uid = String::new();
+    for (uid, index, op) in work {
+        if let Some((details, error)) = injected_failure(shared, &op) {
+            results.push((uid, details, Some(error)));
+            continue;
+        }
+        match op {
+            Op::AddDocuments {
+                docs,
+                primary_key,
+                merge,
+            } => {
+                index_uid = index;
+                additions.push((
+                    uid,
+                    Addition {
+                        docs,
+                        primary_key,
+                        merge,
+                    },
+                ));
+            }
+            op => {
+                let (details, error) = apply(shared, &index, op);
+                results.push((uid, details, error));
+            }
+        }
+    }
+    if !additions.is_empty() {
+        let (uids, additions): (Vec<u32>, Vec<Addition>) = additions.into_iter().unzip();
+        let outcomes = add_documents(shared, &index_uid, additions);
+        results.extend(
+            uids.into_iter()
+                .zip(outcomes)
+                .map(|(uid, (details, error))| (uid, details, error)),
+        );
+    }
+    results
+}
+
+/// A failure injected with [`crate::Faults::fail_next_tasks`], for document tasks.
+fn injected_failure(shared: &Shared, op: &Op) -> Option<(Vec<(String, Value)>, ApiError)> {
     let is_document_task = matches!(
         op.kind(),
         Kind::DocumentAdditionOrUpdate | Kind::DocumentDeletion
     );
-    if is_document_task {
-        if let Some(code) = shared.faults.take_task_failure() {
-            let mut details = op.details();
-            for (k, v) in details.iter_mut() {
-                if (k == "indexedDocuments" || k == "deletedDocuments") && v.is_null() {
-                    *v = json!(0);
-                }
-            }
-            let error = ApiError::new(
-                &code,
-                format!("Injected failure: this task failed with `{code}`."),
-            );
-            return (details, Some(error));
+    if !is_document_task {
+        return None;
+    }
+    let code = shared.faults.take_task_failure()?;
+    let mut details = op.details();
+    for (k, v) in details.iter_mut() {
+        if (k == "indexedDocuments" || k == "deletedDocuments") && v.is_null() {
+            *v = json!(0);
         }
     }
+    let error = ApiError::new(
+        &code,
+        format!("Injected failure: this task failed with `{code}`."),
+    );
+    Some((details, error))
+}
+
+/// Runs one task; returns its final details and error.
+fn apply(shared: &Shared, uid: &str, op: Op) -> Outcome {
     match op {
         Op::AddDocuments {
             docs,
             primary_key,
             merge,
         } => {
-            let received = docs.len();
-            let result = add_documents(shared, uid, docs, primary_key, merge);
-            let indexed = *result.as_ref().unwrap_or(&0);
-            let details = pairs(&[
-                ("receivedDocuments", json!(received)),
-                ("indexedDocuments", json!(indexed)),
-            ]);
-            (details, result.err())
+            let addition = Addition {
+                docs,
+                primary_key,
+                merge,
+            };
+            add_documents(shared, uid, vec![addition])
+                .pop()
+                .unwrap_or_default()
         }
         Op::DeleteDocuments(ids) => {
             let provided = ids.len();
@@ -531,7 +574,16 @@ fn apply(shared: &Shared, uid: &str, op: Op) -> (Vec<(String, Value)>, Option<Ap
         Op::Settings(changes) => {
             let index = get_or_create(shared, uid);
             let mut idx = write(&index);
-            settings::apply(&mut idx.settings, &changes);
+            let mut updated = idx.settings.clone();
+            settings::apply(&mut updated, &changes);
+            // Turning the geo feature on makes Meilisearch extract (and check) the `_geo`
+            // field of every stored document; one bad field fails the settings task.
+            if settings::geo_enabled(&updated) && !settings::geo_enabled(&idx.settings) {
+                if let Some(error) = stored_geo_error(&idx) {
+                    return (changes, Some(error.prefixed(&format!("Index `{uid}`: "))));
+                }
+            }
+            idx.settings = updated;
             idx.updated_at = SystemTime::now();
             (changes, None)
         }
@@ -588,22 +640,86 @@ fn pk_already_exists(pk: &str) -> ApiError {
     )
 }
 
-/// Validates every document before touching the index, so a bad one fails the whole task.
-fn add_documents(
-    shared: &Shared,
-    uid: &str,
+/// The payload of one document addition task.
+struct Addition {
     docs: Vec<Prepared>,
     primary_key: Option<String>,
     merge: bool,
-) -> Result<usize, ApiError> {
-    // The index is only created once the payload is known to be valid, as a failed batch
-    // leaves no index behind.
-    let current = get_index(shared, uid).and_then(|index| read(&index).primary_key.clone());
-    let pk = match (current, primary_key) {
-        (Some(current), Some(asked)) if current != asked => {
-            return Err(pk_already_exists(&current))
+}
+
+/// One task's documents that passed the primary key and id checks, keyed by id.
+struct Staged {
+    pk: String,
+    keyed: Vec<(String, Prepared)>,
+    merge: bool,
+}
+
+type Outcome = (Vec<(String, Value)>, Option<ApiError>);
+
+/// Runs a batch of document additions to one index, as Meilisearch does: each task's documents
+/// are checked first (a bad primary key or id fails that task alone, like the real per-payload
+/// errors); then, if the geo feature is on, the `_geo` fields of what the batch would store. A bad
+/// `_geo` fails the indexing of the whole batch, so every task of it fails with that error
+/// (prefixed with the index) and nothing is written. Otherwise the valid tasks are written in
+/// order. Returns each task's details and error, in order.
+fn add_documents(shared: &Shared, uid: &str, additions: Vec<Addition>) -> Vec<Outcome> {
+    let index = get_index(shared, uid);
+    let (mut current, geo) = index.as_ref().map_or((None, false), |index| {
+        let idx = read(index);
+        (
+            idx.primary_key.clone(),
+            settings::geo_enabled(&idx.settings),
+        )
+    });
+    let mut staged = Vec::with_capacity(additions.len());
+    for addition in additions {
+        let received = addition.docs.len();
+        let result = stage(current.as_deref(), addition);
+        if let Ok(s) = &result {
+            // A task that passes sets the primary key the next ones of the batch see.
+            current = Some(s.pk.clone());
         }
-        (Some(current), _) => current,
+        staged.push((received, result));
+    }
+    let details = |received: usize, indexed: usize| {
+        pairs(&[
+            ("receivedDocuments", json!(received)),
+            ("indexedDocuments", json!(indexed)),
+        ])
+    };
+    if geo {
+        let passed = staged.iter().filter_map(|(_, r)| r.as_ref().ok());
+        if let Some(error) = batch_geo_error(passed) {
+            let error = error.prefixed(&format!("Index `{uid}`: "));
+            return staged
+                .iter()
+                .map(|(received, _)| (details(*received, 0), Some(error.clone())))
+                .collect();
+        }
+    }
+    staged
+        .into_iter()
+        .map(|(received, result)| match result {
+            Ok(s) => {
+                let indexed = write_documents(shared, uid, s);
+                (details(received, indexed), None)
+            }
+            Err(error) => (details(received, 0), Some(error)),
+        })
+        .collect()
+}
+
+/// Validates one task's primary key and every document id; `current` is the index's primary
+/// key (or the one an earlier task of the batch set).
+fn stage(current: Option<&str>, addition: Addition) -> Result<Staged, ApiError> {
+    let Addition {
+        docs,
+        primary_key,
+        merge,
+    } = addition;
+    let pk = match (current, primary_key) {
+        (Some(current), Some(asked)) if current != asked => return Err(pk_already_exists(current)),
+        (Some(current), _) => current.to_string(),
         (None, Some(asked)) => asked,
         (None, None) => guess_primary_key(docs.first().map(|p| &p.doc))?,
     };
@@ -611,11 +727,53 @@ fn add_documents(
         .into_iter()
         .map(|p| document_id(&p.doc, &pk).map(|id| (id, p)))
         .collect::<Result<Vec<_>, _>>()?;
+    Ok(Staged { pk, keyed, merge })
+}
+
+/// The first bad `_geo` among the documents a batch would store. A later version of a
+/// document supersedes an earlier one's `_geo` when it replaces the document or (merging)
+/// carries its own `_geo`; a merged `_geo` kept from the stored document is valid already,
+/// since the index holds no bad `_geo` while the geo feature is on.
+fn batch_geo_error<'a>(staged: impl Iterator<Item = &'a Staged>) -> Option<ApiError> {
+    let versions: Vec<(&str, &Doc, bool)> = staged
+        .flat_map(|s| s.keyed.iter().map(|(id, p)| (id.as_str(), &p.doc, s.merge)))
+        .collect();
+    let mut last = HashMap::new();
+    for (i, (id, doc, merge)) in versions.iter().enumerate() {
+        if !merge || doc.contains_key("_geo") {
+            last.insert(*id, i);
+        }
+    }
+    versions
+        .iter()
+        .enumerate()
+        .filter(|(i, (id, _, _))| last.get(id) == Some(i))
+        .find_map(|(_, (id, doc, _))| doc.get("_geo").and_then(|geo| geo_error(id, geo)))
+}
+
+/// The first stored document with a bad `_geo` (checked when the geo feature is turned on).
+fn stored_geo_error(idx: &Index) -> Option<ApiError> {
+    let pk = idx.primary_key.clone().unwrap_or_default();
+    // A `_geo` key shows in the stored text unless it was written with escapes.
+    let may_have_geo = |d: &&StoredDoc| d.json.contains("_geo") || d.json.contains('\\');
+    idx.iter().filter(may_have_geo).find_map(|d| {
+        let doc = d.parse();
+        let geo = doc.get("_geo")?;
+        geo_error(&document_id(&doc, &pk).ok()?, geo)
+    })
+}
+
+/// Writes a staged task's documents (creating the index if needed); returns how many distinct
+/// documents it indexed.
+fn write_documents(shared: &Shared, uid: &str, staged: Staged) -> usize {
+    let Staged { pk, keyed, merge } = staged;
     let distinct = keyed
         .iter()
         .map(|(id, _)| id.as_str())
         .collect::<HashSet<_>>()
         .len();
+    // The index is only created by a task that passed its checks, as a failed batch leaves
+    // no index behind.
     let index = get_or_create(shared, uid);
     // Parsed documents are dropped after the index lock is released.
     let mut parsed = Vec::with_capacity(keyed.len());
@@ -644,7 +802,7 @@ fn add_documents(
         // Freeing many small allocations takes a while in debug builds; do not delay the task.
         std::thread::spawn(move || drop(parsed));
     }
-    Ok(distinct)
+    distinct
 }
 
 fn delete_by_filter(shared: &Shared, uid: &str, filter: &Value) -> Result<usize, ApiError> {

@@ -470,6 +470,172 @@ fn consecutive_additions_are_batched_and_a_bad_one_fails_alone() {
     assert_eq!(ids, [json!(1), json!(2), json!(4)]);
 }
 
+/// Applies a settings PATCH and returns its finished task.
+fn patch_settings(api: &Api, index: &str, settings: Value) -> Value {
+    let resp = api.json(
+        "PATCH",
+        &format!("/indexes/{index}/settings"),
+        Some(settings),
+    );
+    api.wait_task(resp.json()["taskUid"].as_u64().expect("taskUid"))
+}
+
+/// NDJSON text of `docs`.
+fn ndjson(docs: &[Value]) -> String {
+    docs.iter().map(|d| format!("{d}\n")).collect()
+}
+
+fn geo_error(message: &str) -> Value {
+    json!({
+        "message": message,
+        "code": "invalid_document_geo_field",
+        "type": "invalid_request",
+        "link": "https://docs.meilisearch.com/errors#invalid_document_geo_field"
+    })
+}
+
+#[test]
+fn bad_geo_fails_the_whole_task_once_geo_is_on() {
+    let (server, api) = start();
+    // Meilisearch only reads `_geo` when it is sortable or filterable.
+    let plain = api.wait_task(api.add("plain", "{\"id\":1,\"_geo\":\"abc\"}\n"));
+    assert_eq!(plain["status"], "succeeded", "{plain}");
+
+    let task = patch_settings(&api, "geo", json!({"filterableAttributes": ["_geo"]}));
+    assert_eq!(task["status"], "succeeded", "{task}");
+    let docs: Vec<Value> = (1..=10)
+        .map(|i| match i {
+            3 => json!({"id": 3, "_geo": "abc"}),
+            _ => json!({"id": i, "_geo": {"lat": i, "lng": -i}}),
+        })
+        .collect();
+    let task = api.wait_task(api.add("geo", &ndjson(&docs)));
+    assert_eq!(task["status"], "failed");
+    assert_eq!(
+        task["details"],
+        json!({"receivedDocuments": 10, "indexedDocuments": 0})
+    );
+    assert_eq!(
+        task["error"],
+        geo_error("Index `geo`: The `_geo` field in the document with the id: `\"3\"` is not an object. Was expecting an object with the `_geo.lat` and `_geo.lng` fields but instead got `\"abc\"`.")
+    );
+    assert!(server.documents("geo").is_empty());
+
+    let good = [
+        json!({"id": 1, "_geo": {"lat": 48.85, "lng": 2.35}}),
+        json!({"id": 2, "_geo": {"lng": "151.2", "lat": "-33.9"}}),
+        json!({"id": 3, "_geo": null}),
+        json!({"id": 4, "name": "no geo"}),
+        json!({"id": 5, "_geo": {"lat": 0, "lng": "1e2"}}),
+    ];
+    let task = api.wait_task(api.add("geo", &ndjson(&good)));
+    assert_eq!(task["status"], "succeeded", "{task}");
+    assert_eq!(task["details"]["indexedDocuments"], 5);
+    assert_eq!(server.documents("geo"), good);
+
+    let bad = [
+        (
+            json!({"lat": "north", "lng": 2}),
+            "Could not parse latitude in the document with the id: `\"6\"`. Was expecting a finite number but instead got `\"north\"`.",
+        ),
+        (
+            json!({"lat": 2, "lng": [1]}),
+            "Could not parse longitude in the document with the id: `\"6\"`. Was expecting a finite number but instead got `[1]`.",
+        ),
+        (
+            json!({"lng": 2}),
+            "Could not find latitude in the document with the id: `\"6\"`. Was expecting a `_geo.lat` field.",
+        ),
+        (
+            json!({}),
+            "Could not find latitude nor longitude in the document with the id: `\"6\"`. Was expecting `_geo.lat` and `_geo.lng` fields.",
+        ),
+    ];
+    for (geo, message) in bad {
+        let doc = json!({"id": "6", "_geo": geo});
+        let task = api.wait_task(api.add("geo", &ndjson(&[doc])));
+        assert_eq!(task["status"], "failed", "{geo}");
+        assert_eq!(task["error"], geo_error(&format!("Index `geo`: {message}")));
+    }
+
+    // An update replaces `_geo` as a whole; one without `_geo` keeps the stored one.
+    let put = |body: Value| {
+        let resp = api.json("PUT", "/indexes/geo/documents", Some(body));
+        api.wait_task(resp.json()["taskUid"].as_u64().expect("taskUid"))
+    };
+    let task = put(json!({"id": 1, "_geo": {"lat": 5}}));
+    assert_eq!(
+        task["error"]["message"],
+        "Index `geo`: Could not find longitude in the document with the id: `\"1\"`. Was expecting a `_geo.lng` field."
+    );
+    assert_eq!(
+        put(json!({"id": 1, "name": "Paris"}))["status"],
+        "succeeded"
+    );
+    assert_eq!(
+        api.get("/indexes/geo/documents/1"),
+        json!({"id": 1, "_geo": {"lat": 48.85, "lng": 2.35}, "name": "Paris"})
+    );
+    // Within one payload the last version of a document is the one checked.
+    let twice = "{\"id\":7,\"_geo\":\"abc\"}\n{\"id\":7,\"_geo\":{\"lat\":1,\"lng\":1}}\n";
+    assert_eq!(api.wait_task(api.add("geo", twice))["status"], "succeeded");
+
+    // Turning the geo feature on checks the stored documents; a bad one fails the settings.
+    let task = patch_settings(&api, "plain", json!({"sortableAttributes": ["_geo"]}));
+    assert_eq!(task["status"], "failed");
+    assert_eq!(task["details"], json!({"sortableAttributes": ["_geo"]}));
+    assert_eq!(
+        task["error"],
+        geo_error("Index `plain`: The `_geo` field in the document with the id: `\"1\"` is not an object. Was expecting an object with the `_geo.lat` and `_geo.lng` fields but instead got `\"abc\"`.")
+    );
+    let settings = server.index_settings("plain").expect("settings");
+    assert_eq!(settings["sortableAttributes"], json!([]));
+}
+
+#[test]
+fn bad_geo_fails_every_task_of_its_batch() {
+    let (server, api) = start();
+    patch_settings(&api, "b", json!({"sortableAttributes": ["_geo"]}));
+    server.faults().set_task_delay(Duration::from_secs(10));
+    let first = api.add("b", "{\"id\":1}\n");
+    while api.get(&format!("/tasks/{first}"))["status"] != "processing" {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let batched = [
+        api.add("b", "{\"id\":2,\"_geo\":{\"lat\":1,\"lng\":1}}\n"),
+        api.add("b", "{\"id\":\"bad id\"}\n"),
+        api.add("b", "{\"id\":3,\"_geo\":{\"lat\":\"north\",\"lng\":0}}\n"),
+        api.add("b", "{\"id\":4}\n"),
+    ];
+    server.faults().set_task_delay(Duration::ZERO);
+    assert!(server.wait_idle(Duration::from_secs(10)));
+    // Indexing fails for the whole batch: every task of it gets the `_geo` error, even the
+    // one whose own error (a bad id) came first.
+    let message = "Index `b`: Could not parse latitude in the document with the id: `\"3\"`. Was expecting a finite number but instead got `\"north\"`.";
+    let tasks: Vec<Value> = batched
+        .iter()
+        .map(|uid| api.get(&format!("/tasks/{uid}")))
+        .collect();
+    for task in &tasks {
+        assert_eq!(task["status"], "failed", "{task}");
+        assert_eq!(task["error"], geo_error(message));
+        assert_eq!(task["details"]["indexedDocuments"], 0);
+        assert_eq!(task["batchUid"], tasks[0]["batchUid"]);
+    }
+    let batch = api.get(&format!("/batches/{}", tasks[0]["batchUid"]));
+    assert_eq!(batch["stats"]["status"], json!({"failed": 4}));
+    assert_eq!(
+        batch["details"],
+        json!({"receivedDocuments": 4, "indexedDocuments": 0})
+    );
+    let ids: Vec<Value> = server
+        .documents("b")
+        .iter()
+        .map(|d| d["id"].clone())
+        .collect();
+    assert_eq!(ids, [json!(1)]);
+}
+
 #[test]
 fn keep_alive_pipelining_chunked_and_expect_continue() {
     let (_server, api) = start();

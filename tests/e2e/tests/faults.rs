@@ -1,0 +1,212 @@
+//! Fault injection, end to end: the test server's fault knobs (these tests are skipped against a
+//! real Meilisearch, which has none) while a backfill or the stream runs. Every case ends with
+//! "the index holds exactly the table's rows" (poison rows aside, which must be dead letters).
+
+use std::time::Duration;
+
+use pg_meili_sync_e2e::cluster::Cluster;
+use pg_meili_sync_e2e::meili::Meili;
+use pg_meili_sync_e2e::{products, wait_for, wait_index_matches_table};
+use serde_json::json;
+
+const CONVERGE: Duration = Duration::from_secs(600);
+
+/// Seconds Meilisearch stays unreachable in the outage cases (E2E_OUTAGE_SECONDS, default 60).
+fn outage() -> Duration {
+    Duration::from_secs(
+        std::env::var("E2E_OUTAGE_SECONDS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(60),
+    )
+}
+
+fn with_test_server() -> Option<(Cluster, Meili)> {
+    let meili = Meili::from_env();
+    if meili.test_server().is_none() {
+        eprintln!("skipped: fault knobs need the test server (MEILI_URL is set)");
+        return None;
+    }
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    Some((cluster, meili))
+}
+
+fn start(cluster: &Cluster, meili: &Meili, extra: serde_json::Value) -> (String, i64) {
+    let index = meili.unique_index("faults");
+    let options = meili.options(extra);
+    let task = cluster
+        .psql(&format!(
+            "SELECT meili_sync_start('products', '{index}', '{options}')"
+        ))
+        .parse()
+        .expect("task id");
+    (index, task)
+}
+
+fn converge(cluster: &Cluster, meili: &Meili, index: &str) {
+    wait_index_matches_table(cluster, meili, index, "products", CONVERGE);
+}
+
+fn faults(meili: &Meili) -> &meili_test_server::Faults {
+    meili.test_server().expect("test server").faults()
+}
+
+#[test]
+fn meilisearch_unreachable_during_backfill() {
+    let Some((cluster, meili)) = with_test_server() else {
+        return;
+    };
+    cluster.psql(&products::insert_sql(1, 20_000));
+    let (index, task) = start(&cluster, &meili, json!({"batch_size": 1000}));
+    wait_for("the copy to start", CONVERGE, || {
+        let copied: i64 = cluster.status(task).get("rows_copied")?.parse().ok()?;
+        (copied > 0).then_some(())
+    });
+    faults(&meili).set_unavailable(true);
+    std::thread::sleep(outage());
+    let status = cluster.status(task);
+    assert_eq!(
+        status.get("state").map(String::as_str),
+        Some("retrying"),
+        "{status:?}"
+    );
+    assert!(
+        status
+            .get("last_error")
+            .is_some_and(|error| !error.is_empty()),
+        "{status:?}"
+    );
+    faults(&meili).set_unavailable(false);
+    cluster.wait_snapshot_done(task, CONVERGE);
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn meilisearch_unreachable_during_streaming() {
+    let Some((cluster, meili)) = with_test_server() else {
+        return;
+    };
+    cluster.psql(&products::insert_sql(1, 1000));
+    let (index, task) = start(&cluster, &meili, json!({}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    faults(&meili).set_unavailable(true);
+    cluster.psql(&products::insert_sql(1001, 3000));
+    cluster.psql("UPDATE products SET version = 2 WHERE id % 3 = 0");
+    cluster.psql("DELETE FROM products WHERE id % 10 = 0");
+    std::thread::sleep(outage());
+    faults(&meili).set_unavailable(false);
+    converge(&cluster, &meili, &index);
+    let retries: i64 = cluster
+        .status(task)
+        .get("retries")
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(0);
+    assert!(retries > 0, "no retry recorded");
+}
+
+#[test]
+fn storms_of_5xx_and_429_and_dropped_connections() {
+    let Some((cluster, meili)) = with_test_server() else {
+        return;
+    };
+    cluster.psql(&products::insert_sql(1, 5000));
+    let (index, task) = start(&cluster, &meili, json!({"batch_size": 500}));
+    faults(&meili).fail_next_requests(40, 503);
+    cluster.wait_snapshot_done(task, CONVERGE);
+    converge(&cluster, &meili, &index);
+    faults(&meili).fail_next_requests(40, 429);
+    cluster.psql("UPDATE products SET version = 3 WHERE id % 2 = 0");
+    converge(&cluster, &meili, &index);
+    faults(&meili).drop_next_connections(20);
+    cluster.psql("DELETE FROM products WHERE id % 7 = 0");
+    cluster.psql(&products::insert_sql(5001, 6000));
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn slow_task_processing() {
+    let Some((cluster, meili)) = with_test_server() else {
+        return;
+    };
+    cluster.psql(&products::insert_sql(1, 20_000));
+    faults(&meili).set_task_delay(Duration::from_millis(300));
+    let (index, task) = start(
+        &cluster,
+        &meili,
+        json!({"batch_size": 1000, "max_inflight": 4}),
+    );
+    cluster.psql("UPDATE products SET version = 5 WHERE id % 4 = 0");
+    cluster.wait_snapshot_done(task, CONVERGE);
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn failed_tasks_are_resent_without_losing_documents() {
+    let Some((cluster, meili)) = with_test_server() else {
+        return;
+    };
+    cluster.psql(&products::insert_sql(1, 10_000));
+    let (index, task) = start(&cluster, &meili, json!({"batch_size": 10000}));
+    faults(&meili).fail_next_tasks(3, "internal");
+    cluster.wait_snapshot_done(task, CONVERGE);
+    converge(&cluster, &meili, &index);
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM meili_sync.dead_letters"),
+        "0"
+    );
+}
+
+#[test]
+fn poison_documents_go_to_dead_letters_and_the_rest_flows() {
+    let Some((cluster, meili)) = with_test_server() else {
+        return;
+    };
+    cluster.psql("ALTER TABLE products ADD COLUMN _geo jsonb");
+    cluster.psql(&products::insert_sql(1, 10_000));
+    cluster.psql(r#"UPDATE products SET _geo = '{"lat": 48.85, "lng": 2.35}' WHERE id % 2 = 0"#);
+    cluster.psql(
+        r#"UPDATE products SET _geo = '{"lat": "north", "lng": 2}' WHERE id IN (17, 4242, 9999)"#,
+    );
+    let (index, task) = start(
+        &cluster,
+        &meili,
+        json!({"batch_size": 10000, "settings": {"filterableAttributes": ["_geo"]}}),
+    );
+    cluster.wait_snapshot_done(task, CONVERGE);
+    // Streamed poison too; and the slot keeps moving past it.
+    cluster.psql(r#"UPDATE products SET _geo = '"somewhere"' WHERE id = 5000"#);
+    cluster.psql(&products::insert_sql(10_001, 10_100));
+    wait_for("the poison rows as dead letters", CONVERGE, || {
+        let ids = cluster.psql("SELECT string_agg(document_id, ',' ORDER BY document_id::int) FROM meili_sync_dead_letters");
+        (ids == "17,4242,5000,9999").then_some(())
+    });
+    let code =
+        cluster.psql("SELECT string_agg(DISTINCT error_code, ',') FROM meili_sync_dead_letters");
+    assert_eq!(code, "invalid_document_geo_field");
+    // Everything but the poison rows is in the index, exactly.
+    cluster.psql("CREATE VIEW good_products AS SELECT * FROM products WHERE id NOT IN (17, 4242, 5000, 9999)");
+    wait_for("the index to hold every good row", CONVERGE, || {
+        (meili.document_count(&index) == Some(10_100 - 4 + 1)).then_some(())
+    });
+    // id 5000 was good before its bad update: the index keeps its last good version.
+    let documents = meili.all_documents(&index);
+    let expected = products::table_documents(&cluster, "good_products");
+    let without_5000: Vec<_> = documents
+        .into_iter()
+        .filter(|d| d["id"] != json!(5000))
+        .collect();
+    assert_eq!(products::diff_documents(&without_5000, &expected), None);
+    // Fixing the rows, then retrying the dead letters re-sends their current state.
+    cluster.psql(
+        "UPDATE products SET _geo = '{\"lat\": 1, \"lng\": 2}' WHERE id IN (17, 4242, 5000, 9999)",
+    );
+    let retried = cluster.psql(&format!("SELECT meili_sync_retry_dead_letters({task})"));
+    assert_eq!(retried, "4");
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM meili_sync_dead_letters"),
+        "0"
+    );
+    converge(&cluster, &meili, &index);
+}
