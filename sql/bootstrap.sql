@@ -56,8 +56,6 @@ CREATE TABLE meili_sync.dead_letters (
     attempts integer NOT NULL DEFAULT 1,
     UNIQUE (task_id, document_id)
 );
--- Written by task workers while they hold a decoding context (see meili_sync.tasks).
-ALTER TABLE meili_sync.dead_letters SET (user_catalog_table = true);
 
 REVOKE ALL ON meili_sync.tasks, meili_sync.task_secrets, meili_sync.dead_letters FROM PUBLIC;
 GRANT SELECT, INSERT, UPDATE, DELETE ON meili_sync.tasks, meili_sync.task_secrets, meili_sync.dead_letters

@@ -278,12 +278,17 @@ pub fn insert_task(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i6
                 &[id.into(), key.into()],
             )?;
         }
+        let install = client
+            .select("SELECT 'meili_sync.tasks'::regclass::oid", Some(1), &[])?
+            .first()
+            .get_one::<pg_sys::Oid>()?
+            .unwrap_or(pg_sys::InvalidOid);
         // Publish every column: a column list would have to cover the replica identity, or
         // UPDATEs on the user's table would fail; the worker picks the columns itself.
         client.update(
             &format!(
                 "CREATE PUBLICATION {} FOR TABLE ONLY {} WITH (publish = 'insert, update, delete, truncate')",
-                quote_identifier(publication_name(id)),
+                quote_identifier(object_name(install, id)),
                 qualified_table
             ),
             None,
@@ -293,19 +298,20 @@ pub fn insert_task(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i6
     })
 }
 
-pub fn slot_name(task_id: i64) -> String {
-    format!("meili_sync_{task_id}")
+/// The name of a task's slot and publication. It includes the OID of `meili_sync.tasks`, which
+/// is new each time the extension is created, so that a task id reused after DROP EXTENSION never
+/// meets the slot or publication of an old install (the launcher drops those as orphans).
+pub fn object_name(install: pg_sys::Oid, task_id: i64) -> String {
+    format!("meili_sync_{}_{task_id}", install.to_u32())
 }
 
-pub fn publication_name(task_id: i64) -> String {
-    format!("meili_sync_{task_id}")
-}
+const OBJECT_NAME_SQL: &str = "'meili_sync_' || 'meili_sync.tasks'::regclass::oid || '_' || t.id";
 
 pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
     Spi::connect(|client| {
         let mut rows = client.select(
             "SELECT t.id, t.source::oid, t.source::text, t.index_uid, t.url, s.api_key, t.primary_key,
-                    t.options, t.state, t.snapshot_key, t.rows_copied
+                    t.options, t.state, t.snapshot_key, t.rows_copied, 'meili_sync.tasks'::regclass::oid
                FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id = t.id
               WHERE t.id = $1",
             Some(1),
@@ -328,8 +334,8 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
                 .map(|json| json.0)
                 .unwrap_or(serde_json::Value::Null),
             state: row.get(9)?.unwrap_or_default(),
-            slot_name: slot_name(id),
-            publication_name: publication_name(id),
+            slot_name: object_name(row.get(12)?.unwrap_or(pg_sys::InvalidOid), id),
+            publication_name: object_name(row.get(12)?.unwrap_or(pg_sys::InvalidOid), id),
             snapshot_key: names_from(row.get(10)?),
             rows_copied: row.get(11)?.unwrap_or(0),
         }))
@@ -582,25 +588,40 @@ pub fn create_slot(name: &str) -> CatalogResult<()> {
     Ok(())
 }
 
-/// Slots this extension created in this database whose task is gone and which nobody holds.
-pub fn orphan_slots() -> CatalogResult<Vec<String>> {
+/// Slots and publications this extension created in this database whose task is gone (dropped,
+/// or from an earlier install of the extension) and which nobody holds: (kind, name).
+pub fn orphans() -> CatalogResult<Vec<(String, String)>> {
     Spi::connect(|client| {
         let rows = client.select(
-            "SELECT s.slot_name::text FROM pg_catalog.pg_replication_slots s
-              WHERE s.database = pg_catalog.current_database() AND s.slot_name ~ '^meili_sync_[0-9]+$'
-                AND NOT s.active
-                AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE 'meili_sync_' || t.id = s.slot_name)",
+            &format!(
+                "SELECT 'slot', s.slot_name::text FROM pg_catalog.pg_replication_slots s
+                  WHERE s.database = pg_catalog.current_database() AND s.slot_name ~ '^meili_sync_[0-9]+_[0-9]+$'
+                    AND NOT s.active
+                    AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = s.slot_name)
+                 UNION ALL
+                 SELECT 'publication', p.pubname::text FROM pg_catalog.pg_publication p
+                  WHERE p.pubname ~ '^meili_sync_[0-9]+_[0-9]+$'
+                    AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = p.pubname)"
+            ),
             None,
             &[],
         )?;
         let mut names = Vec::new();
         for row in rows {
-            if let Some(name) = row.get::<String>(1)? {
-                names.push(name);
+            if let (Some(kind), Some(name)) = (row.get::<String>(1)?, row.get::<String>(2)?) {
+                names.push((kind, name));
             }
         }
         Ok(names)
     })
+}
+
+pub fn drop_publication(name: &str) -> CatalogResult<()> {
+    Spi::run(&format!(
+        "DROP PUBLICATION IF EXISTS {}",
+        quote_identifier(name)
+    ))?;
+    Ok(())
 }
 
 /// Asks a backend (a task worker) to exit; its SIGTERM handler only sets a flag it checks.

@@ -73,7 +73,8 @@ mod tests {
         .expect("secret");
         assert_eq!(key.as_deref(), Some("s3cret"));
         let published = Spi::get_one_with_args::<String>(
-            "SELECT tablename::text FROM pg_publication_tables WHERE pubname = 'meili_sync_' || $1",
+            "SELECT tablename::text FROM pg_publication_tables
+              WHERE pubname = 'meili_sync_' || 'meili_sync.tasks'::regclass::oid || '_' || $1",
             &[id.into()],
         )
         .expect("publication");

@@ -168,13 +168,13 @@ fn start_worker(task_id: i64, database: &str) -> Result<DynamicBackgroundWorker,
         .map_err(|_| ())
 }
 
-fn read_catalog() -> Option<(Vec<TaskSummary>, Vec<String>)> {
+fn read_catalog() -> Option<(Vec<TaskSummary>, Vec<(String, String)>)> {
     BackgroundWorker::transaction(|| {
         if !catalog::extension_installed().ok()? {
             return None;
         }
         let tasks = catalog::list_tasks().ok()?;
-        let orphans = catalog::orphan_slots().ok()?;
+        let orphans = catalog::orphans().ok()?;
         Some((tasks, orphans))
     })
 }
@@ -207,10 +207,13 @@ pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
         launcher.reconcile(&tasks);
         let existing: Vec<i64> = tasks.iter().map(|task| task.id).collect();
         shmem::release_missing(&existing);
-        for slot in orphans {
-            let dropped = BackgroundWorker::transaction(|| catalog::drop_slot(&slot).is_ok());
+        for (kind, name) in orphans {
+            let dropped = BackgroundWorker::transaction(|| match kind.as_str() {
+                "slot" => catalog::drop_slot(&name).is_ok(),
+                _ => catalog::drop_publication(&name).is_ok(),
+            });
             if dropped {
-                log!("pg_meili_sync: dropped replication slot \"{slot}\" of a dropped task");
+                log!("pg_meili_sync: dropped {kind} \"{name}\" of a task that no longer exists");
             }
         }
         wait = launcher.next_wake(gucs::naptime());

@@ -330,6 +330,9 @@ pub extern "C-unwind" fn meili_sync_task_main(arg: pg_sys::Datum) {
                     ereport: report, ..
                 } => report.message().to_owned(),
             };
+            // An ERROR escaping a background worker's main function ends the process without
+            // reaching the server log: say it here, before it does.
+            warning!("pg_meili_sync task {task_id}: {message}");
             slot.set_error(&message);
             slot.detach(Phase::Error);
             error.rethrow()

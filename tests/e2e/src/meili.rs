@@ -77,7 +77,30 @@ impl Meili {
         options.to_string().replace('\'', "''")
     }
 
+    /// Sends a request, retrying what the test server's fault knobs (or a busy real server) may
+    /// throw at the test's own requests: connection errors, 5xx and 429.
     pub fn request(&self, method: Method, path: &str, body: Option<Value>) -> (u16, Value) {
+        let mut attempt = 0;
+        loop {
+            match self.request_once(method.clone(), path, body.clone()) {
+                Ok((status, answer)) if status < 500 && status != 429 => return (status, answer),
+                outcome if attempt >= 200 => {
+                    panic!("{method} {path}: giving up after {attempt} attempts: {outcome:?}")
+                }
+                _ => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+            }
+        }
+    }
+
+    fn request_once(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Value>,
+    ) -> Result<(u16, Value), String> {
         let mut builder = Request::builder()
             .method(method)
             .uri(format!("{}{path}", self.url));
@@ -93,15 +116,15 @@ impl Meili {
             ),
             None => self.agent.run(builder.body(()).expect("request")),
         };
-        let mut response = response.unwrap_or_else(|error| panic!("{path}: {error}"));
+        let mut response = response.map_err(|error| error.to_string())?;
         let status = response.status().as_u16();
         let text = response
             .body_mut()
             .with_config()
             .limit(1 << 30)
             .read_to_string()
-            .unwrap_or_default();
-        (status, serde_json::from_str(&text).unwrap_or(Value::Null))
+            .map_err(|error| error.to_string())?;
+        Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
     }
 
     /// Every document of the index, fetched page by page.

@@ -113,13 +113,13 @@ fn storms_of_5xx_and_429_and_dropped_connections() {
     };
     cluster.psql(&products::insert_sql(1, 5000));
     let (index, task) = start(&cluster, &meili, json!({"batch_size": 500}));
-    faults(&meili).fail_next_requests(40, 503);
+    faults(&meili).fail_next_requests(15, 503);
     cluster.wait_snapshot_done(task, CONVERGE);
     converge(&cluster, &meili, &index);
-    faults(&meili).fail_next_requests(40, 429);
+    faults(&meili).fail_next_requests(15, 429);
     cluster.psql("UPDATE products SET version = 3 WHERE id % 2 = 0");
     converge(&cluster, &meili, &index);
-    faults(&meili).drop_next_connections(20);
+    faults(&meili).drop_next_connections(15);
     cluster.psql("DELETE FROM products WHERE id % 7 = 0");
     cluster.psql(&products::insert_sql(5001, 6000));
     converge(&cluster, &meili, &index);

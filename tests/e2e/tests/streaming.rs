@@ -194,7 +194,7 @@ fn a_million_row_transaction_streams_through() {
 fn an_idle_task_does_not_hold_wal_written_by_other_tables() {
     let (cluster, _meili, _index, task) = streaming_task(10, json!({}));
     cluster.psql("CREATE TABLE other_table (id int PRIMARY KEY, payload text)");
-    let before: i64 = cluster.psql(&format!("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = 'meili_sync_{task}'")).parse().expect("lsn");
+    let before: i64 = cluster.psql(&format!("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name LIKE 'meili\\_sync\\_%\\_{task}'")).parse().expect("lsn");
     cluster.psql(
         "INSERT INTO other_table SELECT i, repeat('x', 200) FROM generate_series(1, 20000) i",
     );
@@ -207,7 +207,7 @@ fn an_idle_task_does_not_hold_wal_written_by_other_tables() {
         CONVERGE,
         || {
             let confirmed: i64 = cluster
-            .psql(&format!("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name = 'meili_sync_{task}'"))
+            .psql(&format!("SELECT confirmed_flush_lsn - '0/0' FROM pg_replication_slots WHERE slot_name LIKE 'meili\\_sync\\_%\\_{task}'"))
             .parse()
             .ok()?;
             (confirmed >= written && confirmed > before).then_some(())
