@@ -10,6 +10,7 @@ static DATABASE: GucSetting<Option<CString>> =
     GucSetting::<Option<CString>>::new(Some(c"postgres"));
 static RESTART_BACKOFF_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
+static INDEX_CHECK_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -57,6 +58,16 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_int_guc(
+        c"meili_sync.index_check_interval",
+        c"How often a streaming task checks that nobody deleted or re-created its index.",
+        c"",
+        &INDEX_CHECK_INTERVAL_MS,
+        100,
+        3_600_000,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
     // SAFETY: called from _PG_init after our settings are defined; warns about misspelled ones.
     #[cfg(not(any(feature = "pg13", feature = "pg14")))]
     unsafe {
@@ -93,4 +104,8 @@ pub fn restart_backoff() -> std::time::Duration {
 
 pub fn naptime() -> std::time::Duration {
     std::time::Duration::from_millis(NAPTIME_MS.get().max(10) as u64)
+}
+
+pub fn index_check_interval() -> std::time::Duration {
+    std::time::Duration::from_millis(INDEX_CHECK_INTERVAL_MS.get().max(100) as u64)
 }

@@ -17,6 +17,8 @@ use crate::{gucs, shmem};
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// A worker that ran this long before exiting is not counted as a crash loop.
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
+/// Consecutive crashes after which a task is put in state `error`.
+const CRASH_LOOP: u32 = 10;
 
 pub fn register() {
     BackgroundWorkerBuilder::new("pg_meili_sync launcher")
@@ -76,6 +78,10 @@ impl Launcher {
                     .min(MAX_BACKOFF);
                 backoff.crashes += 1;
                 backoff.not_before = Some(Instant::now() + delay);
+                if backoff.crashes >= CRASH_LOOP {
+                    stop_crash_loop(id, backoff.crashes);
+                    continue;
+                }
                 log!(
                     "pg_meili_sync: worker of task {id} exited; restarting in {} ms",
                     delay.as_millis()
@@ -142,6 +148,21 @@ impl Launcher {
             .fold(naptime, Duration::min)
             .max(Duration::from_millis(10))
     }
+}
+
+/// Puts a task whose worker keeps crashing in state `error`, with its last error, instead of
+/// restarting it forever; `meili_sync_resume` tries again.
+fn stop_crash_loop(task_id: i64, crashes: u32) {
+    let last_error = shmem::live_tasks()
+        .into_iter()
+        .find(|live| live.task_id == task_id)
+        .and_then(|live| live.last_error)
+        .unwrap_or_else(|| "unknown error".to_owned());
+    let message = format!("worker crashed {crashes} times in a row; last error: {last_error}");
+    warning!("pg_meili_sync task {task_id} stopped: {message}");
+    BackgroundWorker::transaction(|| {
+        let _ = catalog::set_error_state(task_id, &message);
+    });
 }
 
 /// Sends SIGTERM to a task worker (its handler only sets a flag that the worker checks).

@@ -15,6 +15,8 @@ use crate::decode::pgoutput::{self, Relation};
 use crate::decode::session::{DecodingSession, MessageSink};
 use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
 use crate::encode::{Column, DocumentShape};
+use crate::gucs;
+use crate::meili::client::Client;
 use crate::options::{TaskOptions, WriteMode};
 use crate::shmem::{Phase, SlotHandle};
 use crate::worker::task::{report_progress, should_stop};
@@ -216,8 +218,58 @@ impl MessageSink for Streamer<'_> {
     }
 }
 
+/// Notices when someone else deletes (or deletes and re-creates) the task's index: Meilisearch
+/// would re-create it on the next write without the documents sent before, so the task stops with
+/// an error asking for a new snapshot rather than going on with an incomplete index.
+pub struct IndexWatch {
+    client: Client,
+    uid: String,
+    created_at: Option<String>,
+    last_check: Instant,
+}
+
+impl IndexWatch {
+    pub fn new(client: Client, uid: &str, created_at: Option<String>) -> Self {
+        IndexWatch {
+            client,
+            uid: uid.to_owned(),
+            created_at,
+            last_check: Instant::now(),
+        }
+    }
+
+    /// Checks at most once per `meili_sync.index_check_interval`; unreachable servers are the
+    /// writer's business, not a verdict here.
+    fn check(&mut self, task_id: i64) -> Result<(), String> {
+        if self.created_at.is_none() || self.last_check.elapsed() < gucs::index_check_interval() {
+            return Ok(());
+        }
+        self.last_check = Instant::now();
+        let created_at = match self.client.get_index(&self.uid) {
+            Ok(None) => None,
+            Ok(Some(index)) => index
+                .get("createdAt")
+                .and_then(|at| at.as_str())
+                .map(str::to_owned),
+            Err(_) => return Ok(()),
+        };
+        if created_at == self.created_at {
+            return Ok(());
+        }
+        Err(format!(
+            "index \"{}\" was deleted{} outside pg_meili_sync, so it no longer holds every row; run meili_sync_snapshot({task_id}) to copy the table again",
+            self.uid,
+            if created_at.is_some() { " and re-created" } else { "" }
+        ))
+    }
+}
+
 /// Streams until SIGTERM or a permanent failure (returned as Err).
-pub fn run(streamer: &mut Streamer<'_>, task: &catalog::TaskRecord) -> Result<(), String> {
+pub fn run(
+    streamer: &mut Streamer<'_>,
+    task: &catalog::TaskRecord,
+    watch: &mut IndexWatch,
+) -> Result<(), String> {
     let mut session = DecodingSession::open(&task.slot_name, &task.publication_name)?;
     streamer.slot.set_phase(Phase::Streaming);
     let mut caught_up = false;
@@ -251,6 +303,9 @@ pub fn run(streamer: &mut Streamer<'_>, task: &catalog::TaskRecord) -> Result<()
         let records = session.read(streamer, RECORDS_PER_ROUND)?;
         caught_up = records == 0;
         if caught_up {
+            if let Err(error) = watch.check(task.id) {
+                break Err(error);
+            }
             // Nothing else is coming to fill the open batch, so send it now.
             streamer.mapper.flush();
             streamer.send_ready(false);

@@ -17,7 +17,7 @@ use crate::meili::writer::{Writer, WriterConfig};
 use crate::options::TaskOptions;
 use crate::shmem::{self, Phase, SlotHandle};
 use crate::snapshot::{self, SnapshotOutcome, SnapshotPlan};
-use crate::worker::stream::{self, ColumnRules, Streamer};
+use crate::worker::stream::{self, ColumnRules, IndexWatch, Streamer};
 
 const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
@@ -93,7 +93,7 @@ fn prepare_index(
     task: &TaskRecord,
     options: &TaskOptions,
     key_attribute: &str,
-) -> Result<(), Stop> {
+) -> Result<Option<String>, Stop> {
     let uid = &task.index_uid;
     let version = with_retry(slot, "connecting to Meilisearch", || client.version())?;
     log!(
@@ -126,7 +126,13 @@ fn prepare_index(
         })?;
         await_meili_task(slot, client, task_uid, "updating index settings")?;
     }
-    Ok(())
+    let index = with_retry(slot, "reading the index", || client.get_index(uid))?;
+    Ok(index.and_then(|index| {
+        index
+            .get("createdAt")
+            .and_then(|at| at.as_str())
+            .map(str::to_owned)
+    }))
 }
 
 fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPlan, SyncError> {
@@ -216,7 +222,8 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
     let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
         .map_err(|error| permanent(error.to_string()))?;
     let key_attribute = plan.shape.primary_key_attribute().to_owned();
-    prepare_index(slot, &client, &task, &options, &key_attribute)?;
+    let created_at = prepare_index(slot, &client, &task, &options, &key_attribute)?;
+    let watch = IndexWatch::new(client.clone(), &task.index_uid, created_at);
 
     let writer = Writer::start(WriterConfig {
         client,
@@ -230,7 +237,7 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
         retry_cap: Duration::from_secs(30),
     });
     let mut dispatcher = Dispatcher::new(writer, &key_attribute, options.max_inflight);
-    let result = copy_then_stream(&task, &plan, &options, &mut dispatcher, slot);
+    let result = copy_then_stream(&task, &plan, &options, &mut dispatcher, slot, watch);
     dispatcher.shutdown();
     result
 }
@@ -241,6 +248,7 @@ fn copy_then_stream(
     options: &TaskOptions,
     dispatcher: &mut Dispatcher,
     slot: SlotHandle,
+    mut watch: IndexWatch,
 ) -> Result<(), Stop> {
     if task.state == "snapshot" {
         match snapshot::run(task, plan, dispatcher, slot)
@@ -268,7 +276,7 @@ fn copy_then_stream(
         plan.limits.clone(),
         options,
     );
-    stream::run(&mut streamer, task).map_err(permanent)?;
+    stream::run(&mut streamer, task, &mut watch).map_err(permanent)?;
     Err(Stop::Terminated)
 }
 

@@ -66,6 +66,7 @@ impl Cluster {
             "max_replication_slots=32",
             "meili_sync.naptime=200ms",
             "meili_sync.restart_backoff=200ms",
+            "meili_sync.index_check_interval=500ms",
             "fsync=off",
             "log_min_messages=log",
         ]

@@ -71,6 +71,14 @@ fn backfill_copies_every_row_exactly() {
         "{slot}"
     );
 
+    // The API key never reaches the server log.
+    if let Some(key) = &meili.key {
+        assert!(
+            !cluster.server_log().contains(key.as_str()),
+            "the API key appears in the server log"
+        );
+    }
+
     // Drop removes the task, its publication and (via the launcher) its slot, and the index on request.
     cluster.psql(&format!(
         "SELECT meili_sync_drop({task}, drop_index => true)"

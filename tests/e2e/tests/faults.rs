@@ -210,3 +210,29 @@ fn poison_documents_go_to_dead_letters_and_the_rest_flows() {
     );
     converge(&cluster, &meili, &index);
 }
+
+#[test]
+fn an_index_deleted_by_someone_else_stops_the_task_with_an_error() {
+    // Works against a real server too: it only deletes the task's own index.
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 100));
+    let (index, task) = start(&cluster, &meili, json!({}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    meili.delete_index(&index);
+    let status = wait_for("the task to stop with an error", CONVERGE, || {
+        let status = cluster.status(task);
+        (status.get("state").map(String::as_str) == Some("error")).then_some(status)
+    });
+    let error = status.get("last_error").cloned().unwrap_or_default();
+    assert!(
+        error.contains("was deleted") && error.contains("meili_sync_snapshot"),
+        "{status:?}"
+    );
+    // The documented way back: copy the table again.
+    cluster.psql(&format!("SELECT meili_sync_snapshot({task})"));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    converge(&cluster, &meili, &index);
+}
