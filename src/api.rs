@@ -414,6 +414,8 @@ fn meili_sync_discard_dead_letters(
 }
 
 /// Live state of every task worker, from shared memory; the status view joins it with the catalog.
+// The named tuple is how pgrx declares the SQL result columns.
+#[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_safe)]
 fn meili_sync_worker_state() -> TableIterator<
     'static,

@@ -232,10 +232,10 @@ fn builtin_kind(oid: pg_sys::Oid) -> ValueKind {
 }
 
 pub fn task_exists(relid: pg_sys::Oid, url: &str, index_uid: &str) -> CatalogResult<Option<i64>> {
-    Ok(select_one::<i64>(
+    select_one::<i64>(
         "SELECT (SELECT id FROM meili_sync.tasks WHERE source = $1::oid::regclass AND url = $2 AND index_uid = $3)",
         &[relid.into(), url.into(), index_uid.into()],
-    )?)
+    )
 }
 
 pub struct NewTask<'a> {

@@ -96,10 +96,10 @@ impl ChangeMapper {
                     );
                 }
             }
-            Message::Truncate { relations, .. } => {
-                if relations.iter().any(|oid| self.relations.contains_key(oid)) {
-                    self.push(Operation::DeleteAll, &[], now);
-                }
+            Message::Truncate { relations, .. }
+                if relations.iter().any(|oid| self.relations.contains_key(oid)) =>
+            {
+                self.push(Operation::DeleteAll, &[], now);
             }
             Message::Commit { end_lsn, .. } => self.batcher.mark_checkpoint(end_lsn),
             _ => {}
@@ -177,7 +177,7 @@ impl ChangeMapper {
             return;
         };
         let values = Self::values(shape, row);
-        let partial = values.iter().any(|value| *value == ColumnValue::Unchanged);
+        let partial = values.contains(&ColumnValue::Unchanged);
         self.document.clear();
         let encoded = encode_document(&shape.shape, &values, &mut self.document)
             .and_then(|_| check_geo(&shape.shape, &values));

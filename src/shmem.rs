@@ -130,10 +130,8 @@ unsafe extern "C-unwind" fn wake_workers_at_commit(
                 unsafe { pg_sys::GetTopTransactionIdIfAny() } != pg_sys::InvalidTransactionId;
             WROTE_WAL.store(has_xid, Ordering::Relaxed);
         }
-        pg_sys::XactEvent::XACT_EVENT_COMMIT => {
-            if WROTE_WAL.swap(false, Ordering::Relaxed) {
-                wake_task_workers();
-            }
+        pg_sys::XactEvent::XACT_EVENT_COMMIT if WROTE_WAL.swap(false, Ordering::Relaxed) => {
+            wake_task_workers();
         }
         pg_sys::XactEvent::XACT_EVENT_ABORT => WROTE_WAL.store(false, Ordering::Relaxed),
         _ => {}

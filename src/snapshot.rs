@@ -90,7 +90,7 @@ pub fn run(
     let mut after = task.snapshot_key.clone();
     let mut rows_read = task.rows_copied;
     let mut page = 0u64;
-    let mut batcher = Batcher::new(plan.limits.clone());
+    let mut batcher = Batcher::new(plan.limits);
     let mut done_reading = false;
     let mut document = Vec::with_capacity(1024);
     slot.set_phase(Phase::Snapshot);

@@ -71,7 +71,7 @@ pub enum Message<'a> {
     },
     /// `pg_logical_emit_message` output (only sent with the `messages` option);
     /// `flags` bit 1 = transactional.
-    Message {
+    Emitted {
         flags: u8,
         lsn: u64,
         prefix: &'a str,
@@ -272,7 +272,7 @@ pub fn parse(message: &[u8]) -> Result<Message<'_>, ParseError> {
             }
             Message::Truncate { options, relations }
         }
-        b'M' => Message::Message {
+        b'M' => Message::Emitted {
             flags: reader.u8("message flags")?,
             lsn: reader.u64("message LSN")?,
             prefix: reader.string("message prefix")?,
@@ -704,7 +704,7 @@ mod tests {
                         .all(|oid| announced_relations.contains(oid)));
                 }
                 Message::Origin { .. } | Message::Type { .. } => {}
-                Message::Message { .. } => panic!("logical messages were not requested"),
+                Message::Emitted { .. } => panic!("logical messages were not requested"),
             }
             let (_, _, xid) = open_transaction.expect("change inside a transaction");
             assert_eq!(xid, message.xid);
@@ -1002,7 +1002,7 @@ mod tests {
         ));
         assert_eq!(
             parse(&messages[1]),
-            Ok(Message::Message {
+            Ok(Message::Emitted {
                 flags: 1,
                 lsn: 0x1546578,
                 prefix: "meili",

@@ -99,12 +99,14 @@ fn in_memory_context<T>(memory: pg_sys::MemoryContext, f: impl FnOnce() -> T) ->
     impl Drop for Restore {
         fn drop(&mut self) {
             // SAFETY: puts back the context that was current on entry, which is still alive.
-            unsafe { pg_sys::CurrentMemoryContext = self.0 };
+            unsafe { (&raw mut pg_sys::CurrentMemoryContext).write(self.0) };
         }
     }
     // SAFETY: `memory` is a live context owned by the session; switching is what MemoryContextSwitchTo does.
     let _restore = Restore(unsafe {
-        std::mem::replace(&mut *(&raw mut pg_sys::CurrentMemoryContext), memory)
+        let previous = (&raw const pg_sys::CurrentMemoryContext).read();
+        (&raw mut pg_sys::CurrentMemoryContext).write(memory);
+        previous
     });
     f()
 }

@@ -189,7 +189,10 @@ fn start_worker(task_id: i64, database: &str) -> Result<DynamicBackgroundWorker,
         .map_err(|_| ())
 }
 
-fn read_catalog() -> Option<(Vec<TaskSummary>, Vec<(String, String)>)> {
+/// A slot or publication of a task that no longer exists: ("slot" | "publication", name).
+type Orphan = (String, String);
+
+fn read_catalog() -> Option<(Vec<TaskSummary>, Vec<Orphan>)> {
     BackgroundWorker::transaction(|| {
         if !catalog::extension_installed().ok()? {
             return None;

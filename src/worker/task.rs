@@ -268,14 +268,7 @@ fn copy_then_stream(
         }
     }
     let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
-    let mut streamer = Streamer::new(
-        task.id,
-        slot,
-        dispatcher,
-        rules,
-        plan.limits.clone(),
-        options,
-    );
+    let mut streamer = Streamer::new(task.id, slot, dispatcher, rules, plan.limits, options);
     stream::run(&mut streamer, task, &mut watch).map_err(permanent)?;
     Err(Stop::Terminated)
 }

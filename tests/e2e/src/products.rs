@@ -157,18 +157,6 @@ fn same_json(a: &Value, b: &Value) -> bool {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn timestamps_cross_months_and_the_leap_day() {
-        assert_eq!(timestamp_after_2024(0), "2024-01-01T00:00:00Z");
-        assert_eq!(timestamp_after_2024(59 * 1440 + 61), "2024-02-29T01:01:00Z");
-        assert_eq!(timestamp_after_2024(366 * 1440), "2025-01-01T00:00:00Z");
-    }
-}
-
 /// The table's rows as Postgres itself turns them into JSON (`to_jsonb`), keyed by id: an oracle
 /// that does not share code with the extension's encoder. Timestamps are written the way the
 /// encoder documents them (`Z` for UTC).
@@ -248,5 +236,17 @@ pub fn diff_documents(
             table.len(),
             problems.join("\n")
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn timestamps_cross_months_and_the_leap_day() {
+        assert_eq!(timestamp_after_2024(0), "2024-01-01T00:00:00Z");
+        assert_eq!(timestamp_after_2024(59 * 1440 + 61), "2024-02-29T01:01:00Z");
+        assert_eq!(timestamp_after_2024(366 * 1440), "2025-01-01T00:00:00Z");
     }
 }

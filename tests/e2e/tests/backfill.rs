@@ -103,10 +103,9 @@ fn mid_copy(cluster: &Cluster, task: i64) -> i64 {
             .unwrap_or(0);
         let pid: Option<i64> = status.get("worker_pid").and_then(|v| v.parse().ok());
         (status.get("state").map(String::as_str) == Some("snapshot")
-            && copied >= 20_000
-            && copied < ROWS / 2)
-            .then_some(pid)
-            .flatten()
+            && (20_000..ROWS / 2).contains(&copied))
+        .then_some(pid)
+        .flatten()
     })
 }
 
