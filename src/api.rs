@@ -369,15 +369,7 @@ fn meili_sync_retry_dead_letters(task: i64) -> i64 {
         let key: Vec<(String, String)> = record
             .primary_key
             .iter()
-            .map(|name| {
-                let type_name = info
-                    .columns
-                    .iter()
-                    .find(|c| &c.name == name)
-                    .map(|c| c.type_name.clone())
-                    .unwrap_or_default();
-                (name.clone(), type_name)
-            })
+            .map(|name| (name.clone(), info.type_name_of(name)))
             .collect();
         let mut resent = 0;
         for id in catalog::dead_letter_ids(record.id, None)? {

@@ -183,6 +183,17 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
     })
 }
 
+impl RelationInfo {
+    /// The SQL type of a column (as `format_type` prints it), for casts in generated queries.
+    pub fn type_name_of(&self, column: &str) -> String {
+        self.columns
+            .iter()
+            .find(|c| c.name == column)
+            .map(|c| c.type_name.clone())
+            .unwrap_or_default()
+    }
+}
+
 /// Resolves how values of a type become JSON: domains to their base type, enums to text,
 /// arrays to their element kind. Uses the syscache, not SPI, so that it also works inside a
 /// decoding callback (where the catalog is read as of the decoded change).

@@ -19,6 +19,8 @@ mod meili;
 mod options;
 mod shmem;
 mod snapshot;
+#[cfg(test)]
+mod test_support;
 mod worker;
 
 ::pgrx::pg_module_magic!(name, version);

@@ -1152,21 +1152,7 @@ mod tests {
         assert!(parse(&truncate).is_err());
     }
 
-    /// xorshift64: deterministic, no dependency.
-    struct Prng(u64);
-
-    impl Prng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 << 13;
-            self.0 ^= self.0 >> 7;
-            self.0 ^= self.0 << 17;
-            self.0
-        }
-
-        fn below(&mut self, bound: usize) -> usize {
-            (self.next() % bound as u64) as usize
-        }
-    }
+    use crate::test_support::Prng;
 
     #[test]
     fn mutated_messages_never_panic() {

@@ -162,13 +162,7 @@ fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPlan, 
             ));
         };
         key_columns.push(position);
-        let type_name = info
-            .columns
-            .iter()
-            .find(|column| &column.name == name)
-            .map(|column| column.type_name.clone())
-            .unwrap_or_default();
-        key_types.push((name.clone(), type_name));
+        key_types.push((name.clone(), info.type_name_of(name)));
     }
     let shape = DocumentShape::new(columns, key_columns).map_err(|error| {
         SyncError::new(
