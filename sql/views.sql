@@ -17,6 +17,9 @@ SELECT t.id AS task,
        coalesce(w.retries, 0) AS retries,
        coalesce(w.bytes_before_gzip, 0) AS bytes_before_gzip,
        coalesce(w.bytes_sent, 0) AS bytes_sent,
+       pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
+       pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::bigint AS retained_wal_bytes,
+       s.wal_status,
        coalesce(w.last_error, t.last_error) AS last_error,
        CASE WHEN w.last_error IS NOT NULL THEN w.last_error_at ELSE t.last_error_at END AS last_error_at,
        t.primary_key,
@@ -24,7 +27,9 @@ SELECT t.id AS task,
        t.snapshot_finished_at,
        t.created_at
   FROM meili_sync.tasks t
-  LEFT JOIN meili_sync_worker_state() w ON w.task = t.id;
+  LEFT JOIN meili_sync_worker_state() w ON w.task = t.id
+  LEFT JOIN pg_catalog.pg_replication_slots s
+         ON s.slot_name = 'meili_sync_' || 'meili_sync.tasks'::regclass::oid || '_' || t.id;
 
 REVOKE ALL ON meili_sync_status FROM PUBLIC;
 GRANT SELECT ON meili_sync_status TO pg_monitor, meili_sync_admin;

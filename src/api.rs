@@ -294,6 +294,46 @@ fn meili_sync_resume(task: i64) -> bool {
     result.or_raise()
 }
 
+/// Changes a task's batching, settings, URL or key in place; the worker restarts with them and
+/// re-sends whatever was not yet confirmed. Key and column options need a new task.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_alter(task: i64, options: JsonB) -> bool {
+    let result = (|| {
+        require_admin()?;
+        let record = catalog::require_task(task)?;
+        let changes = options.0.as_object().ok_or_else(|| {
+            SyncError::new(ErrorKind::InvalidParameter, "options must be a JSON object")
+                .hint("For example '{\"batch_size\": 5000}'.")
+        })?;
+        if let Some(name) = ["primary_key", "columns", "exclude_columns"]
+            .iter()
+            .find(|name| changes.contains_key(**name))
+        {
+            return Err(SyncError::new(
+                ErrorKind::UnsupportedType,
+                format!("option \"{name}\" cannot be changed on an existing task"),
+            )
+            .hint("Drop the task and start a new one (meili_sync_drop, then meili_sync_start)."));
+        }
+        let mut merged = record.options.as_object().cloned().unwrap_or_default();
+        for (name, value) in changes {
+            merged.insert(name.clone(), value.clone());
+        }
+        let parsed = TaskOptions::parse(&serde_json::Value::Object(merged))?;
+        let url = parsed.url.clone().unwrap_or_else(|| record.url.clone());
+        crate::options::validate_url(&url)?;
+        catalog::alter_task(
+            record.id,
+            &url,
+            parsed.api_key.as_deref(),
+            parsed.to_stored_json(),
+        )?;
+        wake_launcher_at_commit();
+        Ok(true)
+    })();
+    result.or_raise()
+}
+
 /// Copies the whole table into the index again, then keeps streaming.
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_sync_snapshot(task: i64) -> bool {

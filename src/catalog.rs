@@ -372,6 +372,31 @@ pub fn set_state(task_id: i64, state: &str) -> CatalogResult<()> {
     Ok(())
 }
 
+/// Stores changed options (and URL, and key when given) and restarts the task's worker.
+pub fn alter_task(
+    task_id: i64,
+    url: &str,
+    api_key: Option<&str>,
+    options: serde_json::Value,
+) -> CatalogResult<()> {
+    Spi::connect_mut(|client| {
+        client.update(
+            "UPDATE meili_sync.tasks SET url = $2, options = $3, generation = generation + 1 WHERE id = $1",
+            None,
+            &[task_id.into(), url.trim_end_matches('/').into(), JsonB(options).into()],
+        )?;
+        if let Some(key) = api_key {
+            client.update(
+                "INSERT INTO meili_sync.task_secrets (task_id, api_key) VALUES ($1, $2)
+                 ON CONFLICT (task_id) DO UPDATE SET api_key = EXCLUDED.api_key",
+                None,
+                &[task_id.into(), key.into()],
+            )?;
+        }
+        Ok(())
+    })
+}
+
 pub fn resume(task_id: i64) -> CatalogResult<()> {
     Spi::run_with_args(
         "UPDATE meili_sync.tasks

@@ -235,8 +235,14 @@ impl SlotHandle {
         f(&mut state.slots[self.index]);
     }
 
+    /// Also the worker's `pg_stat_activity.query`, so a DBA sees what it is doing.
     pub fn set_phase(&self, phase: Phase) {
         self.update(|slot| slot.phase = phase as u8);
+        let activity = std::ffi::CString::new(phase.as_str()).unwrap_or_default();
+        // SAFETY: called from the worker's main thread; Postgres copies the text.
+        unsafe {
+            pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, activity.as_ptr())
+        };
     }
 
     /// Publishes the copy's progress and the writer's counters (cumulative for this worker).

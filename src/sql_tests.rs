@@ -186,6 +186,61 @@ mod tests {
     }
 
     #[pg_test]
+    fn alter_changes_options_url_and_key_in_place() {
+        products();
+        let id = Spi::get_one::<i64>(
+            "SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\", \"batch_size\": 100}')",
+        )
+        .expect("start")
+        .expect("id");
+        let altered = Spi::get_one_with_args::<bool>(
+            "SELECT meili_sync_alter($1, '{\"batch_size\": 250, \"url\": \"http://meili:7700\", \"api_key\": \"new\"}')",
+            &[id.into()],
+        )
+        .expect("alter");
+        assert_eq!(altered, Some(true));
+        let row = Spi::get_three_with_args::<String, String, String>(
+            "SELECT t.options->>'batch_size', t.url, s.api_key
+               FROM meili_sync.tasks t JOIN meili_sync.task_secrets s ON s.task_id = t.id WHERE t.id = $1",
+            &[id.into()],
+        )
+        .expect("row");
+        assert_eq!(
+            row,
+            (
+                Some("250".into()),
+                Some("http://meili:7700".into()),
+                Some("new".into())
+            )
+        );
+        let refused = outcome(&format!(
+            "SELECT meili_sync_alter({id}, '{{\"primary_key\": \"name\"}}')"
+        ));
+        assert!(
+            refused.starts_with("0A000: option \"primary_key\" cannot be changed"),
+            "{refused}"
+        );
+        let refused = outcome(&format!(
+            "SELECT meili_sync_alter({id}, '{{\"batch_size\": -1}}')"
+        ));
+        assert!(
+            refused.starts_with("22023: option \"batch_size\" must be an integer"),
+            "{refused}"
+        );
+        let refused = outcome("SELECT meili_sync_alter(424242, '{}')");
+        assert!(refused.starts_with("42704"), "{refused}");
+        let columns = Spi::get_one::<String>(
+            "SELECT string_agg(attname, ',' ORDER BY attnum) FROM pg_attribute
+              WHERE attrelid = 'meili_sync_status'::regclass AND attname IN ('lag_bytes', 'retained_wal_bytes', 'wal_status')",
+        )
+        .expect("columns");
+        assert_eq!(
+            columns.as_deref(),
+            Some("lag_bytes,retained_wal_bytes,wal_status")
+        );
+    }
+
+    #[pg_test]
     fn stop_snapshot_and_drop_change_the_catalog() {
         products();
         let id = Spi::get_one::<i64>("SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\"}')")
