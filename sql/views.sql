@@ -54,3 +54,24 @@ SELECT d.task_id AS task,
 
 REVOKE ALL ON meili_sync_dead_letters FROM PUBLIC;
 GRANT SELECT ON meili_sync_dead_letters TO meili_sync_admin;
+
+-- Cumulative counters per task, like the pg_stat_* views (kept across worker restarts, zeroed by
+-- pg_stat_meili_sync_reset(), lost at a server restart).
+CREATE VIEW pg_stat_meili_sync AS
+SELECT t.id AS task,
+       t.source AS source_table,
+       t.index_uid,
+       coalesce(c.documents, 0) AS documents,
+       coalesce(c.batches, 0) AS batches,
+       coalesce(c.bytes_before_gzip, 0) AS bytes_before_gzip,
+       coalesce(c.bytes_sent, 0) AS bytes_sent,
+       coalesce(c.retries, 0) AS retries,
+       coalesce(c.dead_letters, 0) AS dead_letters,
+       c.last_confirmed_at,
+       c.stats_reset
+  FROM meili_sync.tasks t
+  LEFT JOIN meili_sync_stats() c ON c.task = t.id;
+
+REVOKE ALL ON pg_stat_meili_sync FROM PUBLIC;
+GRANT SELECT ON pg_stat_meili_sync TO pg_monitor, meili_sync_admin;
+REVOKE ALL ON FUNCTION pg_stat_meili_sync_reset(bigint) FROM PUBLIC;

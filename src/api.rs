@@ -445,6 +445,57 @@ fn meili_sync_discard_dead_letters(
     result.or_raise()
 }
 
+/// Cumulative counters per task, from shared memory (kept across worker restarts, lost at a
+/// server restart); `pg_stat_meili_sync` joins them with the catalog.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_safe)]
+fn meili_sync_stats() -> TableIterator<
+    'static,
+    (
+        name!(task, i64),
+        name!(documents, i64),
+        name!(batches, i64),
+        name!(bytes_before_gzip, i64),
+        name!(bytes_sent, i64),
+        name!(retries, i64),
+        name!(dead_letters, i64),
+        name!(last_confirmed_at, Option<TimestampWithTimeZone>),
+        name!(stats_reset, Option<TimestampWithTimeZone>),
+    ),
+> {
+    let tasks = if crate::preloaded() {
+        shmem::task_counters()
+    } else {
+        Vec::new()
+    };
+    TableIterator::new(tasks.into_iter().map(|(task, counters, confirmed, reset)| {
+        (
+            task,
+            counters.documents,
+            counters.batches,
+            counters.bytes_before_gzip,
+            counters.bytes_sent,
+            counters.retries,
+            counters.dead_letters,
+            confirmed.and_then(|at| TimestampWithTimeZone::try_from(at).ok()),
+            TimestampWithTimeZone::try_from(reset).ok(),
+        )
+    }))
+}
+
+/// Zeroes the cumulative counters of `pg_stat_meili_sync` (of one task, or of all).
+#[pg_extern(volatile, parallel_unsafe)]
+fn pg_stat_meili_sync_reset(task: default!(Option<i64>, "NULL")) -> bool {
+    let result = (|| {
+        require_admin()?;
+        if crate::preloaded() {
+            shmem::reset_counters(task);
+        }
+        Ok(true)
+    })();
+    result.or_raise()
+}
+
 /// Live state of every task worker, from shared memory; the status view joins it with the catalog.
 // The named tuple is how pgrx declares the SQL result columns.
 #[allow(clippy::type_complexity)]

@@ -48,6 +48,50 @@ impl Phase {
     }
 }
 
+/// Cumulative counters of a task, as `pg_stat_meili_sync` shows them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Counters {
+    pub documents: i64,
+    pub batches: i64,
+    pub bytes_before_gzip: i64,
+    pub bytes_sent: i64,
+    pub retries: i64,
+    pub dead_letters: i64,
+}
+
+impl Counters {
+    const ZERO: Counters = Counters {
+        documents: 0,
+        batches: 0,
+        bytes_before_gzip: 0,
+        bytes_sent: 0,
+        retries: 0,
+        dead_letters: 0,
+    };
+
+    fn plus(self, other: Counters) -> Counters {
+        Counters {
+            documents: self.documents + other.documents,
+            batches: self.batches + other.batches,
+            bytes_before_gzip: self.bytes_before_gzip + other.bytes_before_gzip,
+            bytes_sent: self.bytes_sent + other.bytes_sent,
+            retries: self.retries + other.retries,
+            dead_letters: self.dead_letters + other.dead_letters,
+        }
+    }
+
+    fn minus(self, other: Counters) -> Counters {
+        self.plus(Counters {
+            documents: -other.documents,
+            batches: -other.batches,
+            bytes_before_gzip: -other.bytes_before_gzip,
+            bytes_sent: -other.bytes_sent,
+            retries: -other.retries,
+            dead_letters: -other.dead_letters,
+        })
+    }
+}
+
 #[derive(Clone, Copy)]
 pub struct TaskSlot {
     task_id: i64,
@@ -61,12 +105,31 @@ pub struct TaskSlot {
     retries: i64,
     bytes_uncompressed: i64,
     bytes_sent: i64,
+    batches_confirmed: i64,
+    dead_letters: i64,
+    last_confirmed_at: pg_sys::TimestampTz,
+    /// Counters of earlier workers of this task (and minus those at the last reset): the
+    /// cumulative figure is `base` plus this worker's own.
+    base: Counters,
+    stats_reset: pg_sys::TimestampTz,
     error_len: u16,
     error: [u8; ERROR_BYTES],
     error_at: pg_sys::TimestampTz,
 }
 
 impl TaskSlot {
+    /// This worker's own counters.
+    fn worker_counters(&self) -> Counters {
+        Counters {
+            documents: self.docs_confirmed,
+            batches: self.batches_confirmed,
+            bytes_before_gzip: self.bytes_uncompressed,
+            bytes_sent: self.bytes_sent,
+            retries: self.retries,
+            dead_letters: self.dead_letters,
+        }
+    }
+
     const EMPTY: TaskSlot = TaskSlot {
         task_id: 0,
         pid: 0,
@@ -78,6 +141,11 @@ impl TaskSlot {
         retries: 0,
         bytes_uncompressed: 0,
         bytes_sent: 0,
+        batches_confirmed: 0,
+        dead_letters: 0,
+        last_confirmed_at: 0,
+        base: Counters::ZERO,
+        stats_reset: 0,
         error_len: 0,
         error: [0; ERROR_BYTES],
         error_at: 0,
@@ -195,7 +263,20 @@ pub fn attach(task_id: i64, pid: i32) -> Option<usize> {
     let slot = &mut state.slots[index];
     let keep_error = slot.task_id == task_id;
     let (error_len, error, error_at) = (slot.error_len, slot.error, slot.error_at);
+    let (base, stats_reset, last_confirmed_at) = if keep_error {
+        (
+            slot.base.plus(slot.worker_counters()),
+            slot.stats_reset,
+            slot.last_confirmed_at,
+        )
+    } else {
+        // SAFETY: reads the transaction-independent wall clock.
+        (Counters::ZERO, unsafe { pg_sys::GetCurrentTimestamp() }, 0)
+    };
     *slot = TaskSlot::EMPTY;
+    slot.base = base;
+    slot.stats_reset = stats_reset;
+    slot.last_confirmed_at = last_confirmed_at;
     slot.task_id = task_id;
     slot.pid = pid;
     // SAFETY: MyProc is this worker's PGPROC, in shared memory at the same address in every backend.
@@ -255,8 +336,20 @@ impl SlotHandle {
             slot.docs_confirmed = counter(&writer.docs_confirmed);
             slot.bytes_uncompressed = counter(&writer.bytes_uncompressed);
             slot.bytes_sent = counter(&writer.bytes_sent);
+            slot.batches_confirmed = counter(&writer.batches_confirmed);
             slot.batches_inflight = batches_inflight.try_into().unwrap_or(i32::MAX);
         });
+    }
+
+    /// The checkpoint moved: Meilisearch confirmed everything up to it.
+    pub fn confirmed_now(&self) {
+        // SAFETY: reads the transaction-independent wall clock.
+        let now = unsafe { pg_sys::GetCurrentTimestamp() };
+        self.update(|slot| slot.last_confirmed_at = now);
+    }
+
+    pub fn add_dead_letters(&self, count: usize) {
+        self.update(|slot| slot.dead_letters += count as i64);
     }
 
     pub fn add_retry(&self) {
@@ -310,4 +403,43 @@ pub fn live_tasks() -> Vec<TaskLive> {
             last_error_at: (slot.error_len > 0).then_some(slot.error_at),
         })
         .collect()
+}
+
+/// Cumulative counters of every task that had a worker since the server started.
+pub fn task_counters() -> Vec<(
+    i64,
+    Counters,
+    Option<pg_sys::TimestampTz>,
+    pg_sys::TimestampTz,
+)> {
+    let state = STATE.share();
+    state
+        .slots
+        .iter()
+        .filter(|slot| slot.task_id != 0)
+        .map(|slot| {
+            let confirmed = (slot.last_confirmed_at != 0).then_some(slot.last_confirmed_at);
+            (
+                slot.task_id,
+                slot.base.plus(slot.worker_counters()),
+                confirmed,
+                slot.stats_reset,
+            )
+        })
+        .collect()
+}
+
+/// Zeroes the cumulative counters of one task, or of all.
+pub fn reset_counters(task_id: Option<i64>) {
+    // SAFETY: reads the transaction-independent wall clock.
+    let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    let mut state = STATE.exclusive();
+    for slot in state
+        .slots
+        .iter_mut()
+        .filter(|slot| slot.task_id != 0 && task_id.is_none_or(|id| id == slot.task_id))
+    {
+        slot.base = Counters::ZERO.minus(slot.worker_counters());
+        slot.stats_reset = now;
+    }
 }

@@ -241,6 +241,24 @@ mod tests {
     }
 
     #[pg_test]
+    fn pg_stat_meili_sync_lists_tasks_with_counters() {
+        products();
+        Spi::run("SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\"}')").expect("start");
+        let row = Spi::get_two::<String, i64>("SELECT index_uid, documents + batches + bytes_sent + retries + dead_letters FROM pg_stat_meili_sync")
+            .expect("row");
+        assert_eq!(row, (Some("products".into()), Some(0)));
+        assert_eq!(
+            Spi::get_one::<bool>("SELECT pg_stat_meili_sync_reset()").expect("reset"),
+            Some(true)
+        );
+        Spi::run("CREATE ROLE meili_sync_test_other").expect("role");
+        Spi::run("SET ROLE meili_sync_test_other").expect("set role");
+        let denied = outcome("SELECT pg_stat_meili_sync_reset()");
+        assert!(denied.starts_with("42501"), "{denied}");
+        Spi::run("RESET ROLE").expect("reset role");
+    }
+
+    #[pg_test]
     fn stop_snapshot_and_drop_change_the_catalog() {
         products();
         let id = Spi::get_one::<i64>("SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\"}')")

@@ -281,14 +281,18 @@ pub fn report_progress(
         slot.set_error(error);
         slot.set_phase(Phase::Retrying);
     }
-    if progress.checkpoint.is_some() && progress.retries.is_empty() {
-        slot.set_phase(phase);
+    if progress.checkpoint.is_some() {
+        slot.confirmed_now();
+        if progress.retries.is_empty() {
+            slot.set_phase(phase);
+        }
     }
     let dead_letters = dispatcher.take_dead_letters();
     if !dead_letters.is_empty() {
         BackgroundWorker::transaction(|| {
             catalog::insert_dead_letters(task_id, &dead_letters, phase == Phase::Streaming)
         })?;
+        slot.add_dead_letters(dead_letters.len());
         let message = format!(
             "{} document(s) refused by Meilisearch went to meili_sync_dead_letters: {}",
             dead_letters.len(),
