@@ -63,9 +63,31 @@ fn main() {
         );
     }
     match products::diff_index(&documents, rows, 1) {
-        Ok(()) => println!("every row of the table is in the index, byte for byte"),
+        Ok(()) => println!("every row of the table is in the index: every id, every document body"),
         Err(problem) => println!("MISMATCH: {problem}"),
     }
+
+    let change = "UPDATE products SET name = 'Renamed kettle', version = 2 WHERE id = 1; DELETE FROM products WHERE id = 2";
+    println!("\n=> {change}");
+    let committed = Instant::now();
+    cluster.psql(change);
+    pg_meili_sync_e2e::wait_for("the change in the index", Duration::from_secs(60), || {
+        let (_, one) = meili.request(
+            pg_meili_sync_e2e::meili::Method::GET,
+            &format!("/indexes/{index}/documents/1"),
+            None,
+        );
+        let (two, _) = meili.request(
+            pg_meili_sync_e2e::meili::Method::GET,
+            &format!("/indexes/{index}/documents/2"),
+            None,
+        );
+        (one["name"] == "Renamed kettle" && two == 404).then_some(())
+    });
+    println!(
+        "searchable {:.0} ms after COMMIT: document 1 renamed, document 2 gone",
+        committed.elapsed().as_secs_f64() * 1000.0
+    );
 
     println!("\n=> SELECT * FROM meili_sync_status;");
     let status = cluster.psql("SELECT row_to_json(s) FROM meili_sync_status s");
