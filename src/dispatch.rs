@@ -89,6 +89,11 @@ impl Dispatcher {
         }
     }
 
+    /// The attribute Meilisearch uses as the documents' primary key.
+    pub fn primary_key(&self) -> &str {
+        &self.primary_key
+    }
+
     pub fn writer(&self) -> &Writer {
         &self.writer
     }

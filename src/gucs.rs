@@ -73,6 +73,7 @@ pub fn init() {
     unsafe {
         pgrx::pg_sys::MarkGUCPrefixReserved(c"meili_sync".as_ptr());
     }
+    // SAFETY: the same, with the name these settings had before PostgreSQL 15.
     #[cfg(any(feature = "pg13", feature = "pg14"))]
     unsafe {
         pgrx::pg_sys::EmitWarningsOnPlaceholders(c"meili_sync".as_ptr());

@@ -84,14 +84,6 @@ impl ColumnRules {
     }
 }
 
-/// The Meilisearch primary key attribute: the key column, or `_pk` for composite keys.
-fn dispatcher_key(rules: &ColumnRules) -> String {
-    match rules.key.as_slice() {
-        [single] => single.clone(),
-        _ => crate::encode::COMPOSITE_KEY_ATTRIBUTE.to_owned(),
-    }
-}
-
 pub struct Streamer<'d> {
     task_id: i64,
     slot: SlotHandle,
@@ -113,11 +105,12 @@ impl<'d> Streamer<'d> {
         limits: BatchLimits,
         options: &TaskOptions,
     ) -> Self {
+        let primary_key = dispatcher.primary_key().to_owned();
         Streamer {
             task_id,
             slot,
             dispatcher,
-            primary_key: dispatcher_key(&rules),
+            primary_key,
             rules,
             mapper: ChangeMapper::new(limits, options.write_mode == WriteMode::Upsert),
             progress: Progress::default(),
