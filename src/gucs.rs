@@ -11,6 +11,7 @@ static DATABASE: GucSetting<Option<CString>> =
 static RESTART_BACKOFF_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static INDEX_CHECK_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
+static MAX_RETAINED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -67,6 +68,16 @@ pub fn init() {
         3_600_000,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"meili_sync.max_retained_wal",
+        c"WAL a task's slot may retain before meili_sync_status.wal_warning turns true (0: never).",
+        c"The slot keeps WAL that Meilisearch has not confirmed; see also max_slot_wal_keep_size.",
+        &MAX_RETAINED_WAL_MB,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
     );
     // SAFETY: called from _PG_init after our settings are defined; warns about misspelled ones.
     #[cfg(not(any(feature = "pg13", feature = "pg14")))]

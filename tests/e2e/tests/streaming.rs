@@ -214,3 +214,35 @@ fn an_idle_task_does_not_hold_wal_written_by_other_tables() {
         },
     );
 }
+
+#[test]
+fn a_paused_task_retaining_wal_is_flagged() {
+    let cluster = Cluster::start(&["meili_sync.max_retained_wal=1MB"]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 100));
+    let meili = Meili::from_env();
+    let index = meili.unique_index("wal");
+    let options = meili.options(json!({}));
+    let task: i64 = cluster
+        .psql(&format!(
+            "SELECT meili_sync_start('products', '{index}', '{options}')"
+        ))
+        .parse()
+        .expect("task id");
+    cluster.wait_snapshot_done(task, CONVERGE);
+    cluster.psql(&format!("SELECT meili_sync_pause({task})"));
+    cluster.psql(&products::insert_sql(101, 20_000));
+    let status = wait_for("the retained-WAL flag", CONVERGE, || {
+        let status = cluster.status(task);
+        (status.get("wal_warning").map(String::as_str) == Some("true")).then_some(status)
+    });
+    assert_eq!(
+        status.get("state").map(String::as_str),
+        Some("paused"),
+        "{status:?}"
+    );
+    // Nothing was lost while paused.
+    cluster.psql(&format!("SELECT meili_sync_resume({task})"));
+    wait_index_matches_table(&cluster, &meili, &index, "products", CONVERGE);
+}
