@@ -11,7 +11,16 @@ use serde_json::json;
 const CONVERGE: Duration = Duration::from_secs(300);
 
 fn streaming_task(rows: i64, extra: serde_json::Value) -> (Cluster, Meili, String, i64) {
-    let cluster = Cluster::start(&[]);
+    streaming_task_with(&[], rows, extra)
+}
+
+/// A streaming task on a cluster with extra server settings.
+fn streaming_task_with(
+    settings: &[&str],
+    rows: i64,
+    extra: serde_json::Value,
+) -> (Cluster, Meili, String, i64) {
+    let cluster = Cluster::start(settings);
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, rows));
@@ -217,20 +226,8 @@ fn an_idle_task_does_not_hold_wal_written_by_other_tables() {
 
 #[test]
 fn a_paused_task_retaining_wal_is_flagged() {
-    let cluster = Cluster::start(&["meili_sync.max_retained_wal=1MB"]);
-    cluster.psql("CREATE EXTENSION pg_meili_sync");
-    cluster.psql(products::CREATE_TABLE);
-    cluster.psql(&products::insert_sql(1, 100));
-    let meili = Meili::from_env();
-    let index = meili.unique_index("wal");
-    let options = meili.options(json!({}));
-    let task: i64 = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('products', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
-    cluster.wait_snapshot_done(task, CONVERGE);
+    let (cluster, meili, index, task) =
+        streaming_task_with(&["meili_sync.max_retained_wal=1MB"], 100, json!({}));
     cluster.psql(&format!("SELECT meili_sync_pause({task})"));
     cluster.psql(&products::insert_sql(101, 20_000));
     let status = wait_for("the retained-WAL flag", CONVERGE, || {
