@@ -59,7 +59,13 @@ fn meilisearch_unreachable_during_backfill() {
         return;
     };
     cluster.psql(&products::insert_sql(1, 20_000));
-    let (index, task) = start(&cluster, &meili, json!({"batch_size": 1000}));
+    // Slow tasks keep the copy from finishing before the outage begins (20 batches, 300 ms each).
+    faults(&meili).set_task_delay(Duration::from_millis(300));
+    let (index, task) = start(
+        &cluster,
+        &meili,
+        json!({"batch_size": 1000, "max_inflight": 2}),
+    );
     wait_for("the copy to start", CONVERGE, || {
         let copied: i64 = cluster.status(task).get("rows_copied")?.parse().ok()?;
         (copied > 0).then_some(())
@@ -78,7 +84,7 @@ fn meilisearch_unreachable_during_backfill() {
             .is_some_and(|error| !error.is_empty()),
         "{status:?}"
     );
-    faults(&meili).set_unavailable(false);
+    faults(&meili).clear();
     cluster.wait_snapshot_done(task, CONVERGE);
     converge(&cluster, &meili, &index);
 }
