@@ -23,8 +23,9 @@ SELECT t.id AS task,
        coalesce(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)
                 > nullif(pg_catalog.pg_size_bytes(pg_catalog.current_setting('meili_sync.max_retained_wal', true)), 0),
                 false) AS wal_warning,
-       coalesce(w.last_error, t.last_error) AS last_error,
-       CASE WHEN w.last_error IS NOT NULL THEN w.last_error_at ELSE t.last_error_at END AS last_error_at,
+       -- A stopped task's catalog error (e.g. the crash-loop verdict) outranks the last worker's.
+       CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error ELSE w.last_error END AS last_error,
+       CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error_at ELSE w.last_error_at END AS last_error_at,
        t.primary_key,
        t.snapshot_started_at,
        t.snapshot_finished_at,

@@ -158,7 +158,9 @@ fn stop_crash_loop(task_id: i64, crashes: u32) {
         .find(|live| live.task_id == task_id)
         .and_then(|live| live.last_error)
         .unwrap_or_else(|| "unknown error".to_owned());
-    let message = format!("worker crashed {crashes} times in a row; last error: {last_error}");
+    let message = format!(
+        "worker crashed {crashes} times in a row; last error: {last_error}; fix the cause, then run SELECT meili_sync_resume({task_id})"
+    );
     warning!("pg_meili_sync task {task_id} stopped: {message}");
     BackgroundWorker::transaction(|| {
         let _ = catalog::set_error_state(task_id, &message);

@@ -54,6 +54,15 @@ impl Meili {
         self.server.as_ref()
     }
 
+    /// The key the tests use (the master key), if the server has one.
+    pub fn key(&self) -> Option<&str> {
+        self.key.as_deref()
+    }
+
+    pub fn has_key(&self) -> bool {
+        self.key.is_some()
+    }
+
     /// A fresh index uid, so runs against a shared real server do not collide.
     pub fn unique_index(&self, prefix: &str) -> String {
         let nanos = std::time::SystemTime::now()

@@ -242,3 +242,77 @@ fn an_index_deleted_by_someone_else_stops_the_task_with_an_error() {
     cluster.wait_snapshot_done(task, CONVERGE);
     converge(&cluster, &meili, &index);
 }
+
+#[test]
+fn a_wrong_key_waits_for_meili_sync_alter_and_loses_nothing() {
+    // Works against a real server when it has a master key (a wrong key is then refused).
+    let meili = Meili::from_env();
+    if !meili.has_key() {
+        eprintln!("skipped: Meilisearch runs without a master key, so no key is wrong");
+        return;
+    }
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 2000));
+    let (index, task) = start(&cluster, &meili, json!({"api_key": "not-the-key"}));
+    let status = wait_for("the task to report the refused key", CONVERGE, || {
+        let status = cluster.status(task);
+        let error = status.get("last_error").cloned().unwrap_or_default();
+        (status.get("state").map(String::as_str) == Some("retrying") && error.contains("key"))
+            .then_some(status)
+    });
+    assert_eq!(
+        status.get("rows_copied").map(String::as_str),
+        Some("0"),
+        "{status:?}"
+    );
+    // Rows written meanwhile must arrive too.
+    cluster.psql(&products::insert_sql(2001, 2500));
+    let key = meili.key().unwrap_or_default().replace('\'', "''");
+    cluster.psql(&format!(
+        "SELECT meili_sync_alter({task}, jsonb_build_object('api_key', '{key}'))"
+    ));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    cluster.psql("UPDATE products SET version = 7 WHERE id % 5 = 0");
+    converge(&cluster, &meili, &index);
+    assert!(
+        !cluster.server_log().contains(&key),
+        "the API key appears in the server log"
+    );
+}
+
+#[test]
+fn a_crash_loop_ends_in_state_error_with_the_last_error() {
+    // Someone drops the task's publication: decoding fails each time the worker starts.
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&["meili_sync.restart_backoff=10ms"]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 100));
+    let (_index, task) = start(&cluster, &meili, json!({}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    let publication =
+        cluster.psql("SELECT pubname FROM pg_publication WHERE pubname LIKE 'meili\\_sync\\_%'");
+    cluster.psql(&format!("DROP PUBLICATION {publication}"));
+    cluster.psql(&products::insert_sql(101, 110));
+    let status = wait_for("the crash loop to stop the task", CONVERGE, || {
+        let status = cluster.status(task);
+        (status.get("state").map(String::as_str) == Some("error")).then_some(status)
+    });
+    let error = status.get("last_error").cloned().unwrap_or_default();
+    assert!(
+        error.contains("crashed 10 times")
+            && error.contains(&publication)
+            && error.contains("meili_sync_resume"),
+        "{status:?}"
+    );
+    // Stopped means stopped: no worker keeps restarting.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(
+        cluster.psql(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_meili_sync task'"
+        ),
+        "0"
+    );
+}
