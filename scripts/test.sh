@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every test tier: the test server against the recorded transcripts, the plain and in-Postgres
-# unit tests, and the end-to-end suite (set MEILI_URL and MEILI_MASTER_KEY to use a real Meilisearch).
+# unit tests, the golden SQL files, and the end-to-end suite (set MEILI_URL and MEILI_MASTER_KEY to use a real Meilisearch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -18,6 +18,9 @@ else
     cargo pgrx test pg15
 fi
 
-echo "== tier 4: end to end"
 bash scripts/install.sh
+echo "== tier 3: golden SQL files (tests/pg_regress)"
+bash scripts/regress.sh
+
+echo "== tier 4: end to end"
 cargo test --release --no-fail-fast -p pg_meili_sync_e2e -- --test-threads=1

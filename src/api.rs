@@ -41,6 +41,23 @@ fn require_admin() -> Result<(), SyncError> {
     }
 }
 
+/// The functions are not STRICT: a NULL argument is a mistake to report, not a silent NULL result.
+fn required<T>(value: Option<T>, name: &str, hint: &str) -> Result<T, SyncError> {
+    value.ok_or_else(|| {
+        SyncError::new(
+            ErrorKind::NullArgument,
+            format!("argument \"{name}\" must not be NULL"),
+        )
+        .hint(hint)
+    })
+}
+
+const TASK_HINT: &str = "Pass a task id, as listed in the \"task\" column of meili_sync_status.";
+
+fn require_task(task: Option<i64>) -> Result<catalog::TaskRecord, SyncError> {
+    catalog::require_task(required(task, "task", TASK_HINT)?)
+}
+
 fn require_preloaded() -> Result<(), SyncError> {
     if crate::preloaded() {
         Ok(())
@@ -60,6 +77,23 @@ fn require_logical_wal() -> Result<(), SyncError> {
             format!("wal_level is \"{level}\", not \"logical\""),
         )
         .hint("Set wal_level = logical in postgresql.conf and restart the server."))
+    }
+}
+
+/// The launcher runs the tasks of one database only; a task created elsewhere would never run.
+fn require_launcher_database() -> Result<(), SyncError> {
+    let current = catalog::current_database()?;
+    let configured = gucs::database();
+    if current == configured {
+        Ok(())
+    } else {
+        Err(SyncError::new(
+            ErrorKind::Prerequisite,
+            format!("meili_sync tasks run in database \"{configured}\", not in \"{current}\""),
+        )
+        .hint(format!(
+            "Connect to database \"{configured}\", or set meili_sync.database = '{current}' in postgresql.conf and restart the server."
+        )))
     }
 }
 
@@ -179,9 +213,9 @@ fn start_task(
     index_uid: &str,
     options: &serde_json::Value,
 ) -> Result<i64, SyncError> {
-    require_admin()?;
     require_preloaded()?;
     require_logical_wal()?;
+    require_launcher_database()?;
     validate_index_uid(index_uid)?;
     let parsed = TaskOptions::parse(options)?;
     let url = parsed
@@ -200,6 +234,13 @@ fn start_task(
     if info.relkind != "r" {
         return Err(SyncError::new(ErrorKind::InvalidParameter, format!("{table} is not an ordinary table"))
             .hint("Sync an ordinary table; partitioned tables, views and foreign tables are not supported."));
+    }
+    if u32::from(source.oid()) < pg_sys::FirstNormalObjectId {
+        return Err(SyncError::new(
+            ErrorKind::UnsupportedType,
+            format!("{table} is a system catalog"),
+        )
+        .hint("Sync a user table; system catalogs cannot be published for logical decoding."));
     }
     if info.persistence != "p" {
         return Err(SyncError::new(
@@ -251,16 +292,35 @@ fn start_task(
 
 /// Creates a task that copies `source` into the Meilisearch index `index_uid` and keeps it in step.
 #[pg_extern(volatile, parallel_unsafe)]
-fn meili_sync_start(source: PgRelation, index_uid: &str, options: default!(JsonB, "'{}'")) -> i64 {
-    start_task(&source, index_uid, &options.0).or_raise()
+fn meili_sync_start(
+    source: Option<PgRelation>,
+    index_uid: Option<&str>,
+    options: default!(Option<JsonB>, "'{}'"),
+) -> i64 {
+    let result = (|| {
+        require_admin()?;
+        let source = required(
+            source,
+            "source",
+            "Pass the table to sync, for example 'products'.",
+        )?;
+        let index_uid = required(
+            index_uid,
+            "index_uid",
+            "Pass the uid of the Meilisearch index to fill, for example 'products'.",
+        )?;
+        let options = required(options, "options", "Pass '{}' for the defaults.")?;
+        start_task(&source, index_uid, &options.0)
+    })();
+    result.or_raise()
 }
 
 /// Stops a task's worker; its slot and progress are kept.
 #[pg_extern(volatile, parallel_unsafe)]
-fn meili_sync_stop(task: i64) -> bool {
+fn meili_sync_stop(task: Option<i64>) -> bool {
     let result = (|| {
         require_admin()?;
-        let record = catalog::require_task(task)?;
+        let record = require_task(task)?;
         catalog::set_state(record.id, "stopped")?;
         wake_launcher_at_commit();
         Ok(true)
@@ -270,10 +330,10 @@ fn meili_sync_stop(task: i64) -> bool {
 
 /// Pauses a task: its worker stops sending, the slot keeps every change for later.
 #[pg_extern(volatile, parallel_unsafe)]
-fn meili_sync_pause(task: i64) -> bool {
+fn meili_sync_pause(task: Option<i64>) -> bool {
     let result = (|| {
         require_admin()?;
-        let record = catalog::require_task(task)?;
+        let record = require_task(task)?;
         catalog::set_state(record.id, "paused")?;
         wake_launcher_at_commit();
         Ok(true)
@@ -283,10 +343,10 @@ fn meili_sync_pause(task: i64) -> bool {
 
 /// Resumes a paused, stopped or failed task where it left off (the copy if unfinished, else the stream).
 #[pg_extern(volatile, parallel_unsafe)]
-fn meili_sync_resume(task: i64) -> bool {
+fn meili_sync_resume(task: Option<i64>) -> bool {
     let result = (|| {
         require_admin()?;
-        let record = catalog::require_task(task)?;
+        let record = require_task(task)?;
         catalog::resume(record.id)?;
         wake_launcher_at_commit();
         Ok(true)
@@ -297,10 +357,15 @@ fn meili_sync_resume(task: i64) -> bool {
 /// Changes a task's batching, settings, URL or key in place; the worker restarts with them and
 /// re-sends whatever was not yet confirmed. Key and column options need a new task.
 #[pg_extern(volatile, parallel_unsafe)]
-fn meili_sync_alter(task: i64, options: JsonB) -> bool {
+fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
     let result = (|| {
         require_admin()?;
-        let record = catalog::require_task(task)?;
+        let record = require_task(task)?;
+        let options = required(
+            options,
+            "options",
+            "Pass the options to change, for example '{\"batch_size\": 5000}'.",
+        )?;
         let changes = options.0.as_object().ok_or_else(|| {
             SyncError::new(ErrorKind::InvalidParameter, "options must be a JSON object")
                 .hint("For example '{\"batch_size\": 5000}'.")
@@ -336,10 +401,10 @@ fn meili_sync_alter(task: i64, options: JsonB) -> bool {
 
 /// Copies the whole table into the index again, then keeps streaming.
 #[pg_extern(volatile, parallel_unsafe)]
-fn meili_sync_snapshot(task: i64) -> bool {
+fn meili_sync_snapshot(task: Option<i64>) -> bool {
     let result = (|| {
         require_admin()?;
-        let record = catalog::require_task(task)?;
+        let record = require_task(task)?;
         catalog::reset_snapshot(record.id)?;
         wake_launcher_at_commit();
         Ok(true)
@@ -380,10 +445,15 @@ fn delete_index(record: &catalog::TaskRecord) -> Result<(), SyncError> {
 
 /// Removes a task: its worker, publication, slot and catalog rows; with `drop_index`, the index too.
 #[pg_extern(volatile, parallel_unsafe)]
-fn meili_sync_drop(task: i64, drop_index: default!(bool, false)) -> bool {
+fn meili_sync_drop(task: Option<i64>, drop_index: default!(Option<bool>, false)) -> bool {
     let result = (|| {
         require_admin()?;
-        let record = catalog::require_task(task)?;
+        let record = require_task(task)?;
+        let drop_index = required(
+            drop_index,
+            "drop_index",
+            "Pass true to delete the Meilisearch index too, false to keep it.",
+        )?;
         if drop_index {
             delete_index(&record)?;
         }
@@ -401,10 +471,10 @@ fn meili_sync_drop(task: i64, drop_index: default!(bool, false)) -> bool {
 /// the WAL in commit order with every other change: row-level UPDATE triggers on the table fire.
 /// Dead letters whose row no longer exists are cleared (its DELETE was streamed).
 #[pg_extern(volatile, parallel_unsafe)]
-fn meili_sync_retry_dead_letters(task: i64) -> i64 {
+fn meili_sync_retry_dead_letters(task: Option<i64>) -> i64 {
     let result = (|| {
         require_admin()?;
-        let record = catalog::require_task(task)?;
+        let record = require_task(task)?;
         let info = catalog::relation_info(record.relid)?;
         let key: Vec<(String, String)> = record
             .primary_key
@@ -434,12 +504,12 @@ fn meili_sync_retry_dead_letters(task: i64) -> i64 {
 /// Forgets dead letters: all of a task's, or those with the given document ids. Returns how many.
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_sync_discard_dead_letters(
-    task: i64,
+    task: Option<i64>,
     document_ids: default!(Option<Vec<String>>, "NULL"),
 ) -> i64 {
     let result = (|| {
         require_admin()?;
-        let record = catalog::require_task(task)?;
+        let record = require_task(task)?;
         catalog::delete_dead_letters(record.id, document_ids.as_deref())
     })();
     result.or_raise()

@@ -100,6 +100,13 @@ pub fn wal_level() -> CatalogResult<String> {
     )
 }
 
+pub fn current_database() -> CatalogResult<String> {
+    Ok(
+        select_one::<String>("SELECT pg_catalog.current_database()::text", &[])?
+            .unwrap_or_default(),
+    )
+}
+
 pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
     Spi::connect(|client| {
         let mut header = client.select(

@@ -6,6 +6,7 @@ use pgrx::{PgLogLevel, PgSqlErrorCode};
 /// What went wrong, in terms the caller can act on; `raise` turns it into a Postgres ERROR.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ErrorKind {
+    NullArgument,
     InvalidParameter,
     UndefinedTable,
     UndefinedColumn,
@@ -49,6 +50,7 @@ impl SyncError {
 
     pub fn sqlstate(&self) -> PgSqlErrorCode {
         match self.kind {
+            ErrorKind::NullArgument => PgSqlErrorCode::ERRCODE_NULL_VALUE_NOT_ALLOWED,
             ErrorKind::InvalidParameter => PgSqlErrorCode::ERRCODE_INVALID_PARAMETER_VALUE,
             ErrorKind::UndefinedTable => PgSqlErrorCode::ERRCODE_UNDEFINED_TABLE,
             ErrorKind::UndefinedColumn => PgSqlErrorCode::ERRCODE_UNDEFINED_COLUMN,

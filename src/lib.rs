@@ -60,6 +60,7 @@ pub mod pg_test {
         vec![
             "shared_preload_libraries = 'pg_meili_sync'",
             "wal_level = logical",
+            "meili_sync.database = 'pgrx_tests'",
         ]
     }
 }

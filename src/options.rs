@@ -167,6 +167,19 @@ pub fn validate_url(url: &str) -> Result<(), SyncError> {
 }
 
 /// Meilisearch index uids: 1 to 400 characters of `[A-Za-z0-9_-]`.
+/// The text with control characters escaped, so a message cannot break a log line.
+fn printable(text: &str) -> String {
+    text.chars()
+        .flat_map(|c| {
+            if c.is_control() {
+                c.escape_default().collect::<Vec<_>>()
+            } else {
+                vec![c]
+            }
+        })
+        .collect()
+}
+
 pub fn validate_index_uid(uid: &str) -> Result<(), SyncError> {
     let valid = !uid.is_empty()
         && uid.len() <= 400
@@ -178,7 +191,7 @@ pub fn validate_index_uid(uid: &str) -> Result<(), SyncError> {
     } else {
         Err(SyncError::new(
             ErrorKind::InvalidParameter,
-            format!("invalid Meilisearch index uid \"{}\"", uid.escape_default()),
+            format!("invalid Meilisearch index uid \"{}\"", printable(uid)),
         )
         .hint("An index uid is 1 to 400 characters among A-Z, a-z, 0-9, '-' and '_'."))
     }
@@ -189,7 +202,6 @@ impl TaskOptions {
     pub fn parse(options: &Value) -> Result<TaskOptions, SyncError> {
         let object = match options {
             Value::Object(object) => object,
-            Value::Null => return Ok(TaskOptions::default()),
             _ => {
                 return Err(invalid(
                     "options must be a JSON object".to_owned(),

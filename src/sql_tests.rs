@@ -132,6 +132,13 @@ mod tests {
             ("SELECT meili_sync_snapshot(424242)".into(), "42704: meili_sync task 424242 does not exist"),
             ("SELECT meili_sync_pause(424242)".into(), "42704: meili_sync task 424242 does not exist"),
             ("SELECT meili_sync_resume(424242)".into(), "42704: meili_sync task 424242 does not exist"),
+            (format!("SELECT meili_sync_start(NULL, 'x', '{{{url}}}')"), "22004: argument \"source\" must not be NULL | Pass the table"),
+            (format!("SELECT meili_sync_start('products', NULL, '{{{url}}}')"), "22004: argument \"index_uid\" must not be NULL"),
+            ("SELECT meili_sync_start('products', 'x', NULL)".into(), "22004: argument \"options\" must not be NULL"),
+            ("SELECT meili_sync_stop(NULL)".into(), "22004: argument \"task\" must not be NULL | Pass a task id"),
+            ("SELECT meili_sync_alter(NULL, '{}')".into(), "22004: argument \"task\" must not be NULL"),
+            ("SELECT meili_sync_drop(NULL)".into(), "22004: argument \"task\" must not be NULL"),
+            ("SELECT meili_sync_discard_dead_letters(NULL)".into(), "22004: argument \"task\" must not be NULL"),
         ];
         for (sql, expected) in cases {
             let got = outcome(&sql);

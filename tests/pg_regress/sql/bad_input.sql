@@ -1,0 +1,146 @@
+-- Every function with wrong, NULL and hostile arguments: a clear ERROR with a SQLSTATE and a HINT,
+-- and nothing left behind. Each failing statement is followed by the SQLSTATE it raised.
+\set SHOW_CONTEXT never
+
+-- NULL arguments are errors, not silent NULL results.
+SELECT meili_sync_start(NULL, 'x', '{}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', NULL, '{}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_stop(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_pause(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_resume(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_snapshot(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(NULL, '{}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_drop(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_retry_dead_letters(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_discard_dead_letters(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+
+-- Tables: missing, hostile names, no key, not a table.
+SELECT meili_sync_start('missing', 'x', '{}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products; DROP TABLE products', 'x', '{}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('no_key', 'x', '{"url": "http://127.0.0.1:1"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('leftovers', 'x', '{"url": "http://127.0.0.1:1"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('pg_catalog.pg_class', 'x', '{"url": "http://127.0.0.1:1"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+
+-- Index uids: Meilisearch's rules, checked before anything is created.
+SELECT meili_sync_start('products', '', '{"url": "http://127.0.0.1:1"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x''; DROP TABLE products; --', '{"url": "http://127.0.0.1:1"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', '../indexes', '{"url": "http://127.0.0.1:1"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'produçts', '{"url": "http://127.0.0.1:1"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', repeat('a', 401), '{"url": "http://127.0.0.1:1"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+
+-- Options: not an object, unknown, wrong types, out of range, hostile strings.
+SELECT meili_sync_start('products', 'x', '[]');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', 'null');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "batchsize": 10}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "batch_size": "1000"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "batch_size": 0}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "batch_size": 1e12}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "max_inflight": -1}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "gzip": "yes"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "write_mode": "merge"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "api_key": 42}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "settings": "searchable"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "columns": ["id\"; DROP TABLE products; --"]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "exclude_columns": ["id"]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "primary_key": "name); DROP TABLE products; --"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "primary_key": "name"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+
+-- URLs.
+SELECT meili_sync_start('products', 'x', '{}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "127.0.0.1:7700"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "javascript:alert(1)"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:99999"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://a b/"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+
+-- Nothing of the above was created.
+SELECT * FROM leftovers;
+
+-- Tasks that do not exist.
+SELECT meili_sync_stop(-1);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_pause(9223372036854775807);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_resume(0);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_snapshot(42);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(42, '{"batch_size": 10}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_drop(42, true);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_retry_dead_letters(42);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_discard_dead_letters(42, ARRAY['1']);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+
+-- A table whose name is itself an injection attempt syncs like any other: every identifier the
+-- extension writes into SQL is quoted.
+SELECT meili_sync_start('"Weird ""Table""; DROP TABLE products; --"', 'weird', '{"url": "http://127.0.0.1:1", "columns": ["id", "select"]}') AS task \gset
+SELECT pubname ~ '^meili_sync_[0-9]+_[0-9]+$' AS our_name, schemaname, tablename
+  FROM pg_catalog.pg_publication_tables WHERE pubname LIKE 'meili\_sync\_%';
+SELECT to_regclass('products') IS NOT NULL AS products_still_there;
+
+-- A duplicate task, and meili_sync_alter refusing bad changes while the task stays as it was.
+SELECT meili_sync_start('"Weird ""Table""; DROP TABLE products; --"', 'weird', '{"url": "http://127.0.0.1:1"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:task, '{"primary_key": "select"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:task, '{"batch_size": -5}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:task, '{"url": "ftp://127.0.0.1:1"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:task, '"batch_size"');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:task, NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_drop(:task, NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT url, options FROM meili_sync.tasks WHERE id = :task;
+
+-- Dropping it removes everything it made.
+SELECT meili_sync_drop(:task);
+SELECT * FROM leftovers;

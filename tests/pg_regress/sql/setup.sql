@@ -1,0 +1,13 @@
+-- Shared by every file: the extension, tables to sync, roles, and a view of what a task leaves
+-- behind (catalog rows, secrets, publications), to show that a refused call leaves nothing.
+CREATE EXTENSION pg_meili_sync;
+CREATE TABLE products (id bigint PRIMARY KEY, name text NOT NULL, price numeric(10,2), tags text[], meta jsonb);
+CREATE TABLE no_key (a int, b text);
+CREATE TABLE "Weird ""Table""; DROP TABLE products; --" (id int PRIMARY KEY, "select" text);
+CREATE ROLE regress_reader;
+CREATE ROLE regress_monitor IN ROLE pg_monitor;
+CREATE ROLE regress_admin IN ROLE meili_sync_admin;
+CREATE VIEW leftovers AS
+SELECT (SELECT count(*) FROM meili_sync.tasks) AS tasks,
+       (SELECT count(*) FROM meili_sync.task_secrets) AS secrets,
+       (SELECT count(*) FROM pg_catalog.pg_publication WHERE pubname LIKE 'meili\_sync\_%') AS publications;
