@@ -12,17 +12,34 @@ SELECT t.id AS task,
        END AS state,
        w.pid AS worker_pid,
        greatest(t.rows_copied, coalesce(w.rows_copied, 0)) AS rows_copied,
+       -- The planner's row count, for the copy's progress; NULL once the copy is done.
+       CASE WHEN t.snapshot_finished_at IS NULL THEN greatest(c.reltuples, 0)::bigint END AS rows_estimate,
+       CASE WHEN t.snapshot_finished_at IS NULL AND c.reltuples > 0
+            THEN least(100, round(100.0 * greatest(t.rows_copied, coalesce(w.rows_copied, 0)) / c.reltuples::numeric, 1))
+       END AS snapshot_percent,
+       coalesce(w.documents_sent, 0) AS documents_sent,
        coalesce(w.documents_confirmed, 0) AS documents_confirmed,
+       round(coalesce(w.documents_per_second, 0)::numeric, 1) AS documents_per_second,
        coalesce(w.batches_in_flight, 0) AS batches_in_flight,
+       coalesce(w.failed_tasks, 0) AS failed_tasks,
        coalesce(w.retries, 0) AS retries,
        coalesce(w.bytes_before_gzip, 0) AS bytes_before_gzip,
        coalesce(w.bytes_sent, 0) AS bytes_sent,
+       w.received_lsn::pg_lsn AS received_lsn,
+       s.confirmed_flush_lsn AS confirmed_lsn,
        pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
+       -- Age of the oldest commit Meilisearch has not confirmed; known while a worker streams.
+       CASE WHEN w.pid IS NOT NULL AND w.phase IN ('streaming', 'retrying') AND t.snapshot_finished_at IS NOT NULL
+            THEN round(coalesce(extract(epoch FROM pg_catalog.clock_timestamp() - w.oldest_unconfirmed_commit), 0), 3)
+       END AS lag_seconds,
        pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::bigint AS retained_wal_bytes,
        s.wal_status,
        coalesce(pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)
                 > nullif(pg_catalog.pg_size_bytes(pg_catalog.current_setting('meili_sync.max_retained_wal', true)), 0),
                 false) AS wal_warning,
+       coalesce(pg_catalog.clock_timestamp() - w.oldest_unconfirmed_commit
+                > nullif(pg_catalog.current_setting('meili_sync.lag_warning', true), '0')::interval,
+                false) AS lag_warning,
        -- A stopped task's catalog error (e.g. the crash-loop verdict) outranks the last worker's.
        CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error ELSE w.last_error END AS last_error,
        CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error_at ELSE w.last_error_at END AS last_error_at,
@@ -31,6 +48,7 @@ SELECT t.id AS task,
        t.snapshot_finished_at,
        t.created_at
   FROM meili_sync.tasks t
+  LEFT JOIN pg_catalog.pg_class c ON c.oid = t.source
   LEFT JOIN meili_sync_worker_state() w ON w.task = t.id
   LEFT JOIN pg_catalog.pg_replication_slots s
          ON s.slot_name = 'meili_sync_' || 'meili_sync.tasks'::regclass::oid || '_' || t.id;

@@ -515,6 +515,64 @@ fn meili_sync_discard_dead_letters(
     result.or_raise()
 }
 
+/// Compares the table with the index, page by page: documents missing from the index, extra in
+/// it (no such row), and different from their row; with up to `samples` ids of each.
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_verify(
+    task: Option<i64>,
+    samples: default!(Option<i32>, 10),
+) -> TableIterator<
+    'static,
+    (
+        name!(rows_checked, i64),
+        name!(documents_checked, i64),
+        name!(missing, i64),
+        name!(extra, i64),
+        name!(different, i64),
+        name!(sample_missing, Vec<String>),
+        name!(sample_extra, Vec<String>),
+        name!(sample_different, Vec<String>),
+    ),
+> {
+    let result = (|| {
+        require_admin()?;
+        let record = require_task(task)?;
+        let samples = required(
+            samples,
+            "samples",
+            "Pass how many ids of each kind to show, e.g. 10.",
+        )?;
+        crate::verify::verify(record, usize::try_from(samples).unwrap_or(0))
+    })();
+    let findings = result.or_raise();
+    TableIterator::once((
+        findings.rows_checked,
+        findings.documents_checked,
+        findings.missing,
+        findings.extra,
+        findings.different,
+        findings.sample_missing,
+        findings.sample_extra,
+        findings.sample_different,
+    ))
+}
+
+/// Fixes what `meili_sync_verify` finds: re-sends missing and different documents from their
+/// rows (locked meanwhile) and deletes extra ones (writes to the table wait while it deletes).
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_repair(
+    task: Option<i64>,
+) -> TableIterator<'static, (name!(resent, i64), name!(deleted, i64))> {
+    let result = (|| {
+        require_admin()?;
+        let record = require_task(task)?;
+        crate::verify::repair(record)
+    })();
+    let repairs = result.or_raise();
+    TableIterator::once((repairs.resent, repairs.deleted))
+}
+
 /// Cumulative counters per task, from shared memory (kept across worker restarts, lost at a
 /// server restart); `pg_stat_meili_sync` joins them with the catalog.
 #[allow(clippy::type_complexity)]
@@ -566,6 +624,11 @@ fn pg_stat_meili_sync_reset(task: default!(Option<i64>, "NULL")) -> bool {
     result.or_raise()
 }
 
+/// An LSN as Postgres writes it (the view casts it to pg_lsn).
+fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
+}
+
 /// Live state of every task worker, from shared memory; the status view joins it with the catalog.
 // The named tuple is how pgrx declares the SQL result columns.
 #[allow(clippy::type_complexity)]
@@ -582,6 +645,12 @@ fn meili_sync_worker_state() -> TableIterator<
         name!(retries, i64),
         name!(bytes_before_gzip, i64),
         name!(bytes_sent, i64),
+        name!(documents_sent, i64),
+        name!(failed_tasks, i64),
+        name!(documents_per_second, f64),
+        name!(received_lsn, Option<String>),
+        name!(confirmed_lsn, Option<String>),
+        name!(oldest_unconfirmed_commit, Option<TimestampWithTimeZone>),
         name!(last_error, Option<String>),
         name!(last_error_at, Option<TimestampWithTimeZone>),
     ),
@@ -602,6 +671,13 @@ fn meili_sync_worker_state() -> TableIterator<
             live.retries,
             live.bytes_uncompressed,
             live.bytes_sent,
+            live.docs_sent,
+            live.failed_tasks,
+            live.docs_per_second,
+            live.received_lsn.map(format_lsn),
+            live.confirmed_lsn.map(format_lsn),
+            live.oldest_unconfirmed_at
+                .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),
             live.last_error,
             live.last_error_at
                 .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),

@@ -55,6 +55,15 @@ pub struct TaskRecord {
     pub rows_copied: i64,
 }
 
+/// A task's slot as the launcher's WAL guard sees it.
+pub struct SlotHealth {
+    pub task_id: i64,
+    pub slot_name: String,
+    pub wal_status: String,
+    /// None once the slot was invalidated (it no longer has a restart position).
+    pub retained_bytes: Option<i64>,
+}
+
 /// A task as the launcher sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct TaskSummary {
@@ -576,6 +585,113 @@ pub fn touch_row(
     })
 }
 
+/// How a key column is matched against document ids from the index: through the key's type
+/// (uses the key's index; the text must be valid input for the type) or through its text output
+/// (always valid, but scans).
+pub enum KeyMatch {
+    Typed,
+    AsText,
+}
+
+/// The key columns of one key tuple per position, as `text[]` arguments (one per column).
+fn key_arrays(keys: &[Vec<String>], columns: usize) -> Vec<DatumWithOid<'static>> {
+    (0..columns)
+        .map(|column| {
+            let values: Vec<String> = keys
+                .iter()
+                .map(|key| key.get(column).cloned().unwrap_or_default())
+                .collect();
+            values.into()
+        })
+        .collect()
+}
+
+fn key_condition(key: &[(String, String)], matching: &KeyMatch, alias: &str) -> String {
+    key.iter()
+        .enumerate()
+        .map(|(index, (name, type_name))| match matching {
+            KeyMatch::Typed => format!(
+                "{alias}.{} = (${}::text[])[i]::{type_name}",
+                quote_identifier(name),
+                index + 1
+            ),
+            KeyMatch::AsText => format!(
+                "{alias}.{}::text = (${}::text[])[i]",
+                quote_identifier(name),
+                index + 1
+            ),
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// Positions (0-based) of the key tuples that no row of the table has.
+pub fn absent_keys(
+    qualified_table: &str,
+    key: &[(String, String)],
+    keys: &[Vec<String>],
+    matching: &KeyMatch,
+) -> CatalogResult<Vec<usize>> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let condition = key_condition(key, matching, "t");
+    Spi::connect(|client| {
+        let rows = client.select(
+            &format!(
+                "SELECT i FROM pg_catalog.generate_subscripts($1::text[], 1) i
+                  WHERE NOT EXISTS (SELECT 1 FROM ONLY {qualified_table} t WHERE {condition})
+                  ORDER BY i"
+            ),
+            None,
+            &key_arrays(keys, key.len()),
+        )?;
+        let mut absent = Vec::new();
+        for row in rows {
+            if let Some(position) = row.get::<i32>(1)? {
+                absent.push(usize::try_from(position - 1).unwrap_or_default());
+            }
+        }
+        Ok(absent)
+    })
+}
+
+/// The `columns` of the rows with these keys, locked FOR UPDATE until the end of the transaction so that they cannot change meanwhile.
+pub fn lock_rows(
+    qualified_table: &str,
+    columns: &[String],
+    key: &[(String, String)],
+    keys: &[Vec<String>],
+) -> CatalogResult<Vec<Vec<Option<String>>>> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let select: Vec<String> = columns
+        .iter()
+        .map(|name| format!("t.{}", quote_identifier(name)))
+        .collect();
+    let condition = key_condition(key, &KeyMatch::Typed, "t");
+    Spi::connect_mut(|client| {
+        let table = client.update(
+            &format!(
+                "SELECT {} FROM ONLY {qualified_table} t
+                  WHERE EXISTS (SELECT 1 FROM pg_catalog.generate_subscripts($1::text[], 1) i WHERE {condition})
+                  FOR UPDATE OF t",
+                select.join(", ")
+            ),
+            None,
+            &key_arrays(keys, key.len()),
+        )?;
+        Ok(page_text_values(&table, select.len()))
+    })
+}
+
+/// Blocks writes to the table until the end of the transaction (reads go on).
+pub fn lock_table_against_writes(qualified_table: &str) -> CatalogResult<()> {
+    Spi::run(&format!("LOCK TABLE ONLY {qualified_table} IN SHARE MODE"))?;
+    Ok(())
+}
+
 pub fn set_error_state(task_id: i64, message: &str) -> CatalogResult<()> {
     Spi::run_with_args(
         "UPDATE meili_sync.tasks SET state = 'error', last_error = $2, last_error_at = now() WHERE id = $1",
@@ -614,12 +730,53 @@ pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
     })
 }
 
-pub fn slot_exists(name: &str) -> CatalogResult<bool> {
-    Ok(select_one::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots WHERE slot_name = $1)",
+/// The slot's `wal_status` (`lost` once `max_slot_wal_keep_size` invalidated it); None if missing.
+pub fn slot_wal_status(name: &str) -> CatalogResult<Option<String>> {
+    select_one::<String>(
+        "SELECT coalesce(wal_status, 'unknown') FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
         &[name.into()],
-    )?
-    .unwrap_or(false))
+    )
+}
+
+/// Starts the copy over (the slot it relied on was replaced).
+pub fn restart_copy(task_id: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET snapshot_key = NULL, rows_copied = 0 WHERE id = $1",
+        &[task_id.into()],
+    )?;
+    Ok(())
+}
+
+/// Retained WAL and `wal_status` of every task's slot, for the launcher's warnings.
+pub fn slot_health() -> CatalogResult<Vec<SlotHealth>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            &format!(
+                "SELECT t.id, s.slot_name::text, coalesce(s.wal_status, 'unknown'),
+                        pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::bigint
+                   FROM meili_sync.tasks t
+                   JOIN pg_catalog.pg_replication_slots s ON s.slot_name = {OBJECT_NAME_SQL}"
+            ),
+            None,
+            &[],
+        )?;
+        let mut health = Vec::new();
+        for row in rows {
+            if let (Some(task_id), Some(slot_name), Some(wal_status)) = (
+                row.get::<i64>(1)?,
+                row.get::<String>(2)?,
+                row.get::<String>(3)?,
+            ) {
+                health.push(SlotHealth {
+                    task_id,
+                    slot_name,
+                    wal_status,
+                    retained_bytes: row.get::<i64>(4)?,
+                });
+            }
+        }
+        Ok(health)
+    })
 }
 
 /// Creates the task's logical slot; must be the first statement of its transaction.
@@ -683,7 +840,7 @@ pub fn drop_slot(name: &str) -> CatalogResult<()> {
 
 /// Sets the session so that every type's text output is the one the encoder expects, in the
 /// snapshot and in the decoded stream alike.
-pub fn set_output_formats() -> CatalogResult<()> {
+pub fn set_output_formats(transaction_only: bool) -> CatalogResult<()> {
     for (name, value) in [
         ("DateStyle", "ISO, YMD"),
         ("TimeZone", "UTC"),
@@ -692,8 +849,8 @@ pub fn set_output_formats() -> CatalogResult<()> {
         ("bytea_output", "hex"),
     ] {
         select_one::<String>(
-            "SELECT pg_catalog.set_config($1, $2, false)",
-            &[name.into(), value.into()],
+            "SELECT pg_catalog.set_config($1, $2, $3)",
+            &[name.into(), value.into(), transaction_only.into()],
         )?;
     }
     Ok(())

@@ -111,6 +111,20 @@ pub enum ColumnValue<'a> {
     Unchanged,
 }
 
+impl ColumnValue<'_> {
+    /// A row read by SPI (each value its type's text output, None for NULL) as column values.
+    pub fn row(values: &[Option<String>]) -> Vec<ColumnValue<'_>> {
+        values
+            .iter()
+            .map(|value| {
+                value
+                    .as_deref()
+                    .map_or(ColumnValue::Null, ColumnValue::Text)
+            })
+            .collect()
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Column {
     pub name: String,

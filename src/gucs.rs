@@ -12,6 +12,7 @@ static RESTART_BACKOFF_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static INDEX_CHECK_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
 static MAX_RETAINED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
+static LAG_WARNING_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -71,13 +72,23 @@ pub fn init() {
     );
     GucRegistry::define_int_guc(
         c"meili_sync.max_retained_wal",
-        c"WAL a task's slot may retain before meili_sync_status.wal_warning turns true (0: never).",
+        c"WAL a task's slot may retain before a WARNING is logged and meili_sync_status.wal_warning turns true (0: never).",
         c"The slot keeps WAL that Meilisearch has not confirmed; see also max_slot_wal_keep_size.",
         &MAX_RETAINED_WAL_MB,
         0,
         i32::MAX,
         GucContext::Sighup,
         GucFlags::UNIT_MB,
+    );
+    GucRegistry::define_int_guc(
+        c"meili_sync.lag_warning",
+        c"Age of the oldest unconfirmed change past which a WARNING is logged and meili_sync_status.lag_warning turns true (0: never).",
+        c"",
+        &LAG_WARNING_MS,
+        0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
     );
     // SAFETY: called from _PG_init after our settings are defined; warns about misspelled ones.
     #[cfg(not(any(feature = "pg13", feature = "pg14")))]
@@ -120,4 +131,16 @@ pub fn naptime() -> std::time::Duration {
 
 pub fn index_check_interval() -> std::time::Duration {
     std::time::Duration::from_millis(INDEX_CHECK_INTERVAL_MS.get().max(100) as u64)
+}
+
+/// None when the warning is off (0).
+pub fn max_retained_wal_bytes() -> Option<i64> {
+    let megabytes = MAX_RETAINED_WAL_MB.get();
+    (megabytes > 0).then(|| i64::from(megabytes) * 1024 * 1024)
+}
+
+/// None when the warning is off (0).
+pub fn lag_warning() -> Option<std::time::Duration> {
+    let millis = LAG_WARNING_MS.get();
+    (millis > 0).then(|| std::time::Duration::from_millis(millis as u64))
 }

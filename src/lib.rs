@@ -16,11 +16,13 @@ mod encode;
 mod error;
 mod gucs;
 mod meili;
+mod meter;
 mod options;
 mod shmem;
 mod snapshot;
 #[cfg(test)]
 mod test_support;
+mod verify;
 mod worker;
 
 ::pgrx::pg_module_magic!(name, version);

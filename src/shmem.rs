@@ -4,6 +4,7 @@ use pgrx::lwlock::PgLwLock;
 use pgrx::pg_shmem_init;
 
 use crate::meili::writer::WriterStats;
+use crate::meter::RateWindow;
 use pgrx::prelude::*;
 use pgrx::shmem::PGRXSharedMemory;
 
@@ -108,6 +109,15 @@ pub struct TaskSlot {
     batches_confirmed: i64,
     dead_letters: i64,
     last_confirmed_at: pg_sys::TimestampTz,
+    docs_sent: i64,
+    failed_tasks: i64,
+    /// Documents confirmed per second over the last minute.
+    docs_per_second: f64,
+    /// WAL position decoded so far, and the slot's confirmed position (0: not streaming yet).
+    received_lsn: u64,
+    confirmed_lsn: u64,
+    /// Commit time of the oldest change Meilisearch has not confirmed (0: none).
+    oldest_unconfirmed_at: pg_sys::TimestampTz,
     /// Counters of earlier workers of this task (and minus those at the last reset): the
     /// cumulative figure is `base` plus this worker's own.
     base: Counters,
@@ -144,6 +154,12 @@ impl TaskSlot {
         batches_confirmed: 0,
         dead_letters: 0,
         last_confirmed_at: 0,
+        docs_sent: 0,
+        failed_tasks: 0,
+        docs_per_second: 0.0,
+        received_lsn: 0,
+        confirmed_lsn: 0,
+        oldest_unconfirmed_at: 0,
         base: Counters::ZERO,
         stats_reset: 0,
         error_len: 0,
@@ -227,6 +243,12 @@ pub struct TaskLive {
     pub retries: i64,
     pub bytes_uncompressed: i64,
     pub bytes_sent: i64,
+    pub docs_sent: i64,
+    pub failed_tasks: i64,
+    pub docs_per_second: f64,
+    pub received_lsn: Option<u64>,
+    pub confirmed_lsn: Option<u64>,
+    pub oldest_unconfirmed_at: Option<pg_sys::TimestampTz>,
     pub last_error: Option<String>,
     pub last_error_at: Option<pg_sys::TimestampTz>,
 }
@@ -300,6 +322,11 @@ pub fn release_missing(existing: &[i64]) {
     }
 }
 
+thread_local! {
+    /// Only the worker's main thread publishes progress, so the rate's samples live there.
+    static CONFIRMED_RATE: std::cell::RefCell<RateWindow> = std::cell::RefCell::new(RateWindow::default());
+}
+
 /// A handle on the worker's own slot; every update is a short exclusive lock.
 #[derive(Clone, Copy)]
 pub struct SlotHandle {
@@ -331,13 +358,39 @@ impl SlotHandle {
         let counter = |value: &std::sync::atomic::AtomicU64| {
             i64::try_from(value.load(std::sync::atomic::Ordering::Relaxed)).unwrap_or(i64::MAX)
         };
+        let confirmed = writer
+            .docs_confirmed
+            .load(std::sync::atomic::Ordering::Relaxed);
+        let docs_per_second = CONFIRMED_RATE.with(|rate| {
+            let mut rate = rate.borrow_mut();
+            rate.sample(std::time::Instant::now(), confirmed);
+            rate.per_second()
+        });
         self.update(|slot| {
+            slot.docs_sent = counter(&writer.docs_enqueued);
+            slot.failed_tasks = counter(&writer.batches_failed);
+            slot.docs_per_second = docs_per_second;
             slot.rows_copied = rows_copied;
             slot.docs_confirmed = counter(&writer.docs_confirmed);
             slot.bytes_uncompressed = counter(&writer.bytes_uncompressed);
             slot.bytes_sent = counter(&writer.bytes_sent);
             slot.batches_confirmed = counter(&writer.batches_confirmed);
             slot.batches_inflight = batches_inflight.try_into().unwrap_or(i32::MAX);
+        });
+    }
+
+    /// Where the stream stands: decoded up to `received`, slot confirmed up to `confirmed`, and
+    /// the commit time of the oldest change still waiting for Meilisearch.
+    pub fn set_stream_position(
+        &self,
+        received: u64,
+        confirmed: u64,
+        oldest_unconfirmed: Option<i64>,
+    ) {
+        self.update(|slot| {
+            slot.received_lsn = received;
+            slot.confirmed_lsn = confirmed;
+            slot.oldest_unconfirmed_at = oldest_unconfirmed.unwrap_or(0);
         });
     }
 
@@ -397,6 +450,13 @@ pub fn live_tasks() -> Vec<TaskLive> {
             retries: slot.retries,
             bytes_uncompressed: slot.bytes_uncompressed,
             bytes_sent: slot.bytes_sent,
+            docs_sent: slot.docs_sent,
+            failed_tasks: slot.failed_tasks,
+            docs_per_second: slot.docs_per_second,
+            received_lsn: (slot.received_lsn != 0).then_some(slot.received_lsn),
+            confirmed_lsn: (slot.confirmed_lsn != 0).then_some(slot.confirmed_lsn),
+            oldest_unconfirmed_at: (slot.oldest_unconfirmed_at != 0)
+                .then_some(slot.oldest_unconfirmed_at),
             last_error: (slot.error_len > 0).then(|| {
                 String::from_utf8_lossy(&slot.error[..slot.error_len as usize]).into_owned()
             }),

@@ -116,14 +116,7 @@ pub fn run(
             let rows =
                 BackgroundWorker::transaction(|| catalog::read_page(query, key, column_count))?;
             for row in &rows {
-                let values: Vec<ColumnValue> = row
-                    .iter()
-                    .map(|value| {
-                        value
-                            .as_deref()
-                            .map_or(ColumnValue::Null, ColumnValue::Text)
-                    })
-                    .collect();
+                let values = ColumnValue::row(row);
                 document.clear();
                 let encoded = encode_document(&plan.shape, &values, &mut document)
                     .and_then(|_| check_geo(&plan.shape, &values));

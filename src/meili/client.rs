@@ -167,6 +167,18 @@ impl TaskState {
     }
 }
 
+/// The documents and the total of a `/documents` answer.
+fn document_page(answer: &Value) -> Result<(Vec<Value>, u64), MeiliError> {
+    let results = answer.get("results").and_then(Value::as_array);
+    let total = answer.get("total").and_then(Value::as_u64);
+    match (results, total) {
+        (Some(results), Some(total)) => Ok((results.clone(), total)),
+        _ => Err(MeiliError::Protocol(format!(
+            "document page without results or total: {answer}"
+        ))),
+    }
+}
+
 /// A request body and how to label it.
 enum Payload<'a> {
     Empty,
@@ -418,6 +430,37 @@ impl Client {
         }
     }
 
+    /// `POST /indexes/{uid}/documents/fetch` by ids: the documents that exist, in no set order.
+    pub fn fetch_by_ids(&self, uid: &str, ids: &[Value]) -> Result<Vec<Value>, MeiliError> {
+        let query = json!({ "ids": ids, "limit": ids.len().max(1) });
+        Ok(self.fetch(uid, &query)?.0)
+    }
+
+    /// One page of the index's documents with only the `field` attribute, and the total.
+    pub fn browse_field(
+        &self,
+        uid: &str,
+        field: &str,
+        offset: u64,
+        limit: u64,
+    ) -> Result<(Vec<Value>, u64), MeiliError> {
+        self.fetch(
+            uid,
+            &json!({ "offset": offset, "limit": limit, "fields": [field] }),
+        )
+    }
+
+    /// `POST /indexes/{uid}/documents/fetch`: the page of documents and the total.
+    fn fetch(&self, uid: &str, query: &Value) -> Result<(Vec<Value>, u64), MeiliError> {
+        let answer = self.request(
+            Method::POST,
+            &index_path(uid, "/documents/fetch"),
+            &[],
+            Payload::Json(query.to_string().into_bytes()),
+        )?;
+        document_page(&answer)
+    }
+
     /// `GET /indexes/{uid}/documents`: one page of documents and the total.
     #[cfg(test)]
     pub fn fetch_documents(
@@ -433,14 +476,7 @@ impl Client {
             &[("offset", &offset), ("limit", &limit)],
             Payload::Empty,
         )?;
-        let results = answer.get("results").and_then(Value::as_array);
-        let total = answer.get("total").and_then(Value::as_u64);
-        match (results, total) {
-            (Some(results), Some(total)) => Ok((results.clone(), total)),
-            _ => Err(MeiliError::Protocol(format!(
-                "document page without results or total: {answer}"
-            ))),
-        }
+        document_page(&answer)
     }
 
     /// Sends one request; a 2xx answer's JSON body (`null` if empty), or

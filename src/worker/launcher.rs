@@ -1,6 +1,7 @@
 //! The launcher: one static worker that starts a task worker per active task, restarts crashed
 //! ones after a growing backoff, stops the ones whose task was stopped or dropped, and drops the
-//! slots of dropped tasks.
+//! slots of dropped tasks. It also logs a WARNING when a task's slot holds too much WAL or its
+//! changes wait too long for Meilisearch.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -19,6 +20,9 @@ const MAX_BACKOFF: Duration = Duration::from_secs(60);
 const HEALTHY_RUN: Duration = Duration::from_secs(60);
 /// Consecutive crashes after which a task is put in state `error`.
 const CRASH_LOOP: u32 = 10;
+/// How often the WAL guard looks at the slots, and how often it repeats a standing warning.
+const GUARD_INTERVAL: Duration = Duration::from_secs(5);
+const WARNING_REPEAT: Duration = Duration::from_secs(300);
 
 pub fn register() {
     BackgroundWorkerBuilder::new("pg_meili_sync launcher")
@@ -150,6 +154,105 @@ impl Launcher {
     }
 }
 
+/// Warns in the server log about slots that retain more WAL than `meili_sync.max_retained_wal`
+/// and changes older than `meili_sync.lag_warning` (the status view shows the same as flags).
+#[derive(Default)]
+struct WalGuard {
+    last_check: Option<Instant>,
+    warned: HashMap<(i64, &'static str), Instant>,
+}
+
+impl WalGuard {
+    fn check(&mut self) {
+        if self
+            .last_check
+            .is_some_and(|at| at.elapsed() < GUARD_INTERVAL)
+        {
+            return;
+        }
+        self.last_check = Some(Instant::now());
+        let health = BackgroundWorker::transaction(catalog::slot_health).unwrap_or_default();
+        let mut standing = Vec::new();
+        if let Some(limit) = gucs::max_retained_wal_bytes() {
+            for slot in &health {
+                let Some(retained) = slot.retained_bytes.filter(|bytes| *bytes > limit) else {
+                    continue;
+                };
+                standing.push((slot.task_id, "wal"));
+                if self.due(slot.task_id, "wal") {
+                    warn_with_hint(
+                        format!(
+                            "pg_meili_sync task {}: replication slot \"{}\" retains {} MB of WAL, more than meili_sync.max_retained_wal ({} MB)",
+                            slot.task_id, slot.slot_name, retained >> 20, limit >> 20
+                        ),
+                        "Meilisearch has not confirmed the task's changes (see last_error in meili_sync_status), or the task is paused or stopped. Resume it, fix Meilisearch, or drop the task. max_slot_wal_keep_size caps the WAL a slot may keep, at the price of a new snapshot.",
+                    );
+                }
+            }
+        }
+        for slot in health.iter().filter(|slot| slot.wal_status == "unreserved") {
+            standing.push((slot.task_id, "unreserved"));
+            if self.due(slot.task_id, "unreserved") {
+                warn_with_hint(
+                    format!(
+                        "pg_meili_sync task {}: replication slot \"{}\" is past max_slot_wal_keep_size and will be invalidated at the next checkpoint",
+                        slot.task_id, slot.slot_name
+                    ),
+                    "An invalidated slot loses changes and the task then needs meili_sync_snapshot. Let the task catch up, or raise max_slot_wal_keep_size.",
+                );
+            }
+        }
+        if let Some(limit) = gucs::lag_warning() {
+            // SAFETY: reads the transaction-independent wall clock.
+            let now = unsafe { pg_sys::GetCurrentTimestamp() };
+            for live in shmem::live_tasks() {
+                let Some(oldest) = live.oldest_unconfirmed_at.filter(|_| live.pid.is_some()) else {
+                    continue;
+                };
+                let lag = Duration::from_micros(now.saturating_sub(oldest).max(0) as u64);
+                if lag <= limit {
+                    continue;
+                }
+                standing.push((live.task_id, "lag"));
+                if self.due(live.task_id, "lag") {
+                    warn_with_hint(
+                        format!(
+                            "pg_meili_sync task {}: its oldest change not yet confirmed by Meilisearch committed {} s ago, more than meili_sync.lag_warning ({} s)",
+                            live.task_id,
+                            lag.as_secs(),
+                            limit.as_secs()
+                        ),
+                        "See state, last_error and retries in meili_sync_status; the slot keeps every change until Meilisearch confirms it.",
+                    );
+                }
+            }
+        }
+        // A condition that cleared warns again at once if it comes back.
+        self.warned.retain(|key, _| standing.contains(key));
+    }
+
+    fn due(&mut self, task_id: i64, kind: &'static str) -> bool {
+        let now = Instant::now();
+        match self.warned.get(&(task_id, kind)) {
+            Some(at) if now.duration_since(*at) < WARNING_REPEAT => false,
+            _ => {
+                self.warned.insert((task_id, kind), now);
+                true
+            }
+        }
+    }
+}
+
+fn warn_with_hint(message: String, hint: &str) {
+    pgrx::pg_sys::panic::ErrorReport::new(
+        PgSqlErrorCode::ERRCODE_WARNING,
+        message,
+        "pg_meili_sync",
+    )
+    .set_hint(hint)
+    .report(PgLogLevel::WARNING);
+}
+
 /// Puts a task whose worker keeps crashing in state `error`, with its last error, instead of
 /// restarting it forever; `meili_sync_resume` tries again.
 fn stop_crash_loop(task_id: i64, crashes: u32) {
@@ -219,6 +322,7 @@ pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
         backoff: HashMap::new(),
         database,
     };
+    let mut guard = WalGuard::default();
     let mut wait = Duration::ZERO;
     while BackgroundWorker::wait_latch(Some(wait)) {
         if BackgroundWorker::sighup_received() {
@@ -242,7 +346,8 @@ pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
                 log!("pg_meili_sync: dropped {kind} \"{name}\" of a task that no longer exists");
             }
         }
-        wait = launcher.next_wake(gucs::naptime());
+        guard.check();
+        wait = launcher.next_wake(gucs::naptime()).min(GUARD_INTERVAL);
     }
     for running in launcher.running.values() {
         terminate(&running.handle);

@@ -17,6 +17,7 @@ use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
 use crate::encode::{Column, DocumentShape};
 use crate::gucs;
 use crate::meili::client::Client;
+use crate::meter::CommitAges;
 use crate::options::{TaskOptions, WriteMode};
 use crate::shmem::{Phase, SlotHandle};
 use crate::worker::task::{report_progress, should_stop};
@@ -94,6 +95,8 @@ pub struct Streamer<'d> {
     /// Collected inside decoding callbacks, acted on by the main loop (dead letters first).
     progress: Progress,
     failure: Option<String>,
+    /// For the lag in seconds: commits decoded and not yet confirmed.
+    ages: CommitAges,
 }
 
 impl<'d> Streamer<'d> {
@@ -115,6 +118,7 @@ impl<'d> Streamer<'d> {
             mapper: ChangeMapper::new(limits, options.write_mode == WriteMode::Upsert),
             progress: Progress::default(),
             failure: None,
+            ages: CommitAges::default(),
         }
     }
 
@@ -199,6 +203,14 @@ impl MessageSink for Streamer<'_> {
                 return;
             }
         };
+        if let pgoutput::Message::Commit {
+            end_lsn,
+            commit_time,
+            ..
+        } = &message
+        {
+            self.ages.committed(*end_lsn, *commit_time);
+        }
         let rules = &self.rules;
         if let Err(error) = self.mapper.apply(message, Instant::now(), &mut |relation| {
             rules.relation_shape(relation)
@@ -287,11 +299,13 @@ pub fn run(
         }
         if let Some(lsn) = progress.checkpoint {
             session.confirm(lsn);
+            streamer.ages.confirmed(lsn);
         }
         if caught_up && streamer.is_idle() {
             // Nothing unconfirmed (and dead letters stored): let the slot release WAL that other
             // tables wrote meanwhile.
             session.confirm(session.read_position());
+            streamer.ages.confirmed(session.read_position());
         }
         let records = session.read(streamer, RECORDS_PER_ROUND)?;
         caught_up = records == 0;
@@ -318,6 +332,11 @@ pub fn run(
             task.rows_copied,
             streamer.dispatcher.backlog(),
             streamer.dispatcher.writer().stats(),
+        );
+        streamer.slot.set_stream_position(
+            session.read_position(),
+            session.confirmed(),
+            streamer.ages.oldest(),
         );
     };
     session.close();

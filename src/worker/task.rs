@@ -93,7 +93,7 @@ fn prepare_index(
     task: &TaskRecord,
     options: &TaskOptions,
     key_attribute: &str,
-) -> Result<Option<String>, Stop> {
+) -> Result<PreparedIndex, Stop> {
     let uid = &task.index_uid;
     let version = with_retry(slot, "connecting to Meilisearch", || client.version())?;
     log!(
@@ -101,7 +101,9 @@ fn prepare_index(
         task.id,
         task.url
     );
-    match with_retry(slot, "reading the index", || client.get_index(uid))? {
+    let existing = with_retry(slot, "reading the index", || client.get_index(uid))?;
+    let created = existing.is_none();
+    match existing {
         None => {
             let task_uid = with_retry(slot, "creating the index", || client.create_index(uid, key_attribute))?;
             // Someone else may have created it meanwhile; the check below covers that case.
@@ -127,15 +129,25 @@ fn prepare_index(
         await_meili_task(slot, client, task_uid, "updating index settings")?;
     }
     let index = with_retry(slot, "reading the index", || client.get_index(uid))?;
-    Ok(index.and_then(|index| {
-        index
-            .get("createdAt")
-            .and_then(|at| at.as_str())
-            .map(str::to_owned)
-    }))
+    Ok(PreparedIndex {
+        created_at: index.and_then(|index| {
+            index
+                .get("createdAt")
+                .and_then(|at| at.as_str())
+                .map(str::to_owned)
+        }),
+        created,
+    })
 }
 
-fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPlan, SyncError> {
+struct PreparedIndex {
+    /// The index's `createdAt`, to notice when someone deletes or re-creates it.
+    created_at: Option<String>,
+    /// This worker created it, so it held no documents before the copy.
+    created: bool,
+}
+
+pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPlan, SyncError> {
     let info = catalog::relation_info(task.relid)?;
     let mut columns = Vec::new();
     let mut column_names = Vec::new();
@@ -186,38 +198,62 @@ fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPlan, 
     })
 }
 
-fn ensure_slot(task: &TaskRecord) -> Result<(), SyncError> {
-    if !BackgroundWorker::transaction(|| catalog::slot_exists(&task.slot_name))? {
-        // Slot creation must come first in its transaction; changes after its LSN will be streamed.
-        BackgroundWorker::transaction(|| catalog::create_slot(&task.slot_name))?;
-        log!(
-            "pg_meili_sync task {}: created replication slot \"{}\"",
-            task.id,
-            task.slot_name
-        );
+/// Creates the task's slot if missing. A slot that `max_slot_wal_keep_size` invalidated lost
+/// changes: a copy starts over on a new slot; a stream stops with an error asking for one.
+fn ensure_slot(task: &mut TaskRecord) -> Result<(), Stop> {
+    let fail = |error: SyncError| permanent(error.message);
+    match BackgroundWorker::transaction(|| catalog::slot_wal_status(&task.slot_name))
+        .map_err(fail)?
+    {
+        Some(status) if status == "lost" => {
+            if task.state != "snapshot" {
+                return Err(permanent(format!(
+                    "replication slot \"{}\" was invalidated because it retained more WAL than max_slot_wal_keep_size allows, so changes were lost; run SELECT meili_sync_snapshot({}) to copy the table again",
+                    task.slot_name, task.id
+                )));
+            }
+            BackgroundWorker::transaction(|| catalog::drop_slot(&task.slot_name)).map_err(fail)?;
+            BackgroundWorker::transaction(|| catalog::restart_copy(task.id)).map_err(fail)?;
+            task.snapshot_key = None;
+            task.rows_copied = 0;
+            warning!(
+                "pg_meili_sync task {}: replication slot \"{}\" was invalidated; the copy starts over on a new slot",
+                task.id,
+                task.slot_name
+            );
+        }
+        Some(_) => return Ok(()),
+        None => {}
     }
+    // Slot creation must come first in its transaction; changes after its LSN will be streamed.
+    BackgroundWorker::transaction(|| catalog::create_slot(&task.slot_name)).map_err(fail)?;
+    log!(
+        "pg_meili_sync task {}: created replication slot \"{}\"",
+        task.id,
+        task.slot_name
+    );
     Ok(())
 }
 
 fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
     let task = BackgroundWorker::transaction(|| {
-        catalog::set_output_formats()?;
+        catalog::set_output_formats(false)?;
         catalog::load_task(task_id)
     })
     .map_err(|error| permanent(error.message))?;
-    let Some(task) = task else {
+    let Some(mut task) = task else {
         return Err(Stop::Terminated);
     };
     let options = TaskOptions::parse(&task.options).map_err(|error| permanent(error.message))?;
     let plan = BackgroundWorker::transaction(|| build_plan(&task, &options))
         .map_err(|error| permanent(error.message))?;
-    ensure_slot(&task).map_err(|error| permanent(error.message))?;
+    ensure_slot(&mut task)?;
 
     let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
         .map_err(|error| permanent(error.to_string()))?;
     let key_attribute = plan.shape.primary_key_attribute().to_owned();
-    let created_at = prepare_index(slot, &client, &task, &options, &key_attribute)?;
-    let watch = IndexWatch::new(client.clone(), &task.index_uid, created_at);
+    let index = prepare_index(slot, &client, &task, &options, &key_attribute)?;
+    let watch = IndexWatch::new(client.clone(), &task.index_uid, index.created_at);
 
     let writer = Writer::start(WriterConfig {
         client,
@@ -231,7 +267,15 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
         retry_cap: Duration::from_secs(30),
     });
     let mut dispatcher = Dispatcher::new(writer, &key_attribute, options.max_inflight);
-    let result = copy_then_stream(&task, &plan, &options, &mut dispatcher, slot, watch);
+    let result = copy_then_stream(
+        &task,
+        &plan,
+        &options,
+        &mut dispatcher,
+        slot,
+        watch,
+        !index.created,
+    );
     dispatcher.shutdown();
     result
 }
@@ -243,12 +287,16 @@ fn copy_then_stream(
     dispatcher: &mut Dispatcher,
     slot: SlotHandle,
     mut watch: IndexWatch,
+    index_had_documents: bool,
 ) -> Result<(), Stop> {
     if task.state == "snapshot" {
         match snapshot::run(task, plan, dispatcher, slot)
             .map_err(|error| permanent(error.message))?
         {
             SnapshotOutcome::Done { rows } => {
+                if index_had_documents {
+                    prune_index(task, slot)?;
+                }
                 BackgroundWorker::transaction(|| catalog::finish_snapshot(task.id, rows))
                     .map_err(|error| permanent(error.message))?;
                 log!(
@@ -265,6 +313,40 @@ fn copy_then_stream(
     let mut streamer = Streamer::new(task.id, slot, dispatcher, rules, plan.limits, options);
     stream::run(&mut streamer, task, &mut watch).map_err(permanent)?;
     Err(Stop::Terminated)
+}
+
+/// Deletes the documents of rows that no longer exist (see `verify::prune`), retrying while
+/// Meilisearch is unreachable.
+fn prune_index(task: &TaskRecord, slot: SlotHandle) -> Result<(), Stop> {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+    let mut attempt = 0;
+    loop {
+        match BackgroundWorker::transaction(|| crate::verify::prune(task.clone())) {
+            Ok(deleted) => {
+                if deleted > 0 {
+                    log!(
+                        "pg_meili_sync task {}: deleted {deleted} documents whose rows no longer exist",
+                        task.id
+                    );
+                }
+                return Ok(());
+            }
+            Err(error) if error.kind == ErrorKind::Meilisearch => {
+                slot.add_retry();
+                slot.set_error(&error.message);
+                slot.set_phase(Phase::Retrying);
+                let deadline = std::time::Instant::now() + backoff.delay(attempt);
+                attempt += 1;
+                while std::time::Instant::now() < deadline {
+                    if should_stop() {
+                        return Err(Stop::Terminated);
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            }
+            Err(error) => return Err(permanent(error.message)),
+        }
+    }
 }
 
 /// Acts on what the dispatcher reported: stores dead letters (before any checkpoint that covers

@@ -68,7 +68,6 @@ impl Cluster {
             "meili_sync.restart_backoff=200ms",
             "meili_sync.index_check_interval=500ms",
             "fsync=off",
-            "log_min_messages=log",
         ]
         .iter()
         .map(|s| s.to_string())

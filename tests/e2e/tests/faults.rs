@@ -316,3 +316,62 @@ fn a_crash_loop_ends_in_state_error_with_the_last_error() {
         "0"
     );
 }
+
+fn lag_seconds(status: &std::collections::HashMap<String, String>) -> Option<f64> {
+    status.get("lag_seconds")?.parse().ok()
+}
+
+#[test]
+fn lag_is_reported_while_meilisearch_stalls() {
+    let meili = Meili::from_env();
+    if meili.test_server().is_none() {
+        eprintln!("skipped: fault knobs need the test server (MEILI_URL is set)");
+        return;
+    }
+    let cluster = Cluster::start(&["meili_sync.lag_warning=2s"]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 1000));
+    let (index, task) = start(&cluster, &meili, json!({}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    converge(&cluster, &meili, &index);
+    let quiet = cluster.status(task);
+    assert_eq!(lag_seconds(&quiet), Some(0.0), "{quiet:?}");
+    faults(&meili).set_unavailable(true);
+    cluster.psql(&products::insert_sql(1001, 1500));
+    let status = wait_for("the lag to be reported", CONVERGE, || {
+        let status = cluster.status(task);
+        let lag = lag_seconds(&status)?;
+        (lag > 2.0 && status.get("lag_warning").map(String::as_str) == Some("true"))
+            .then_some(status)
+    });
+    let lag_bytes: i64 = status
+        .get("lag_bytes")
+        .and_then(|bytes| bytes.parse().ok())
+        .unwrap_or(0);
+    assert!(lag_bytes > 0, "{status:?}");
+    assert_eq!(
+        status.get("state").map(String::as_str),
+        Some("retrying"),
+        "{status:?}"
+    );
+    wait_for("the lag WARNING in the server log", CONVERGE, || {
+        cluster
+            .server_log()
+            .contains("more than meili_sync.lag_warning (2 s)")
+            .then_some(())
+    });
+    faults(&meili).set_unavailable(false);
+    converge(&cluster, &meili, &index);
+    let status = wait_for("the lag to clear", CONVERGE, || {
+        let status = cluster.status(task);
+        (lag_seconds(&status) == Some(0.0)
+            && status.get("lag_warning").map(String::as_str) == Some("false"))
+        .then_some(status)
+    });
+    let rate: f64 = status
+        .get("documents_per_second")
+        .and_then(|rate| rate.parse().ok())
+        .unwrap_or(0.0);
+    assert!(rate > 0.0, "{status:?}");
+}

@@ -239,7 +239,115 @@ fn a_paused_task_retaining_wal_is_flagged() {
         Some("paused"),
         "{status:?}"
     );
+    // The launcher says it in the server log too, with a hint.
+    wait_for(
+        "the retained-WAL WARNING in the server log",
+        CONVERGE,
+        || {
+            let log = cluster.server_log();
+            (log.contains(&format!(
+                "WARNING:  pg_meili_sync task {task}: replication slot"
+            )) && log.contains("more than meili_sync.max_retained_wal (1 MB)")
+                && log.contains("HINT:  Meilisearch has not confirmed"))
+            .then_some(())
+        },
+    );
     // Nothing was lost while paused.
     cluster.psql(&format!("SELECT meili_sync_resume({task})"));
     wait_index_matches_table(&cluster, &meili, &index, "products", CONVERGE);
+}
+
+#[test]
+fn an_invalidated_slot_stops_the_task_until_a_new_snapshot() {
+    let (cluster, meili, index, task) =
+        streaming_task_with(&["max_slot_wal_keep_size=32MB"], 1000, json!({}));
+    cluster.psql(&format!("SELECT meili_sync_pause({task})"));
+    // Changes the paused task will never decode: the slot loses them.
+    cluster.psql("UPDATE products SET version = 9 WHERE id % 2 = 0");
+    cluster.psql("DELETE FROM products WHERE id % 7 = 0");
+    cluster.psql("CREATE TABLE filler (payload text)");
+    let status = wait_for("the slot to be invalidated", CONVERGE, || {
+        cluster.psql(
+            "INSERT INTO filler SELECT repeat(md5(i::text), 40) FROM generate_series(1, 20000) i",
+        );
+        cluster.psql("SELECT pg_switch_wal(); CHECKPOINT");
+        let status = cluster.status(task);
+        (status.get("wal_status").map(String::as_str) == Some("lost")).then_some(status)
+    });
+    assert_eq!(
+        status.get("state").map(String::as_str),
+        Some("paused"),
+        "{status:?}"
+    );
+    // Resuming cannot stream what is gone: the task stops and says what to do.
+    cluster.psql(&format!("SELECT meili_sync_resume({task})"));
+    let status = wait_for("the task to stop with an error", CONVERGE, || {
+        let status = cluster.status(task);
+        (status.get("state").map(String::as_str) == Some("error")).then_some(status)
+    });
+    let error = status.get("last_error").cloned().unwrap_or_default();
+    assert!(
+        error.contains("was invalidated")
+            && error.contains(&format!("meili_sync_snapshot({task})")),
+        "{status:?}"
+    );
+    // A new snapshot replaces the slot and brings the index back to the table.
+    cluster.psql(&format!("SELECT meili_sync_snapshot({task})"));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    cluster.psql("UPDATE products SET version = 10 WHERE id % 5 = 0");
+    converge(&cluster, &meili, &index);
+    assert_ne!(
+        cluster.status(task).get("wal_status").map(String::as_str),
+        Some("lost")
+    );
+}
+
+#[test]
+fn verify_finds_a_damaged_index_and_repair_fixes_exactly_that() {
+    let (cluster, meili, index, task) = streaming_task(2000, json!({}));
+    converge(&cluster, &meili, &index);
+    let clean = cluster.psql(&format!(
+        "SELECT rows_checked || ',' || documents_checked || ',' || missing || ',' || extra || ',' || different FROM meili_sync_verify({task})"
+    ));
+    assert_eq!(clean, "2000,2000,0,0,0");
+    // Damage the index behind the task's back: two documents deleted, two changed, three added.
+    let documents = |path: &str| format!("/indexes/{index}/documents{path}");
+    use pg_meili_sync_e2e::meili::Method;
+    meili.request(
+        Method::POST,
+        &documents("/delete-batch"),
+        Some(json!([5, 6])),
+    );
+    meili.request(
+        Method::PUT,
+        &documents(""),
+        Some(json!([{"id": 10, "name": "tampered"}, {"id": 11, "price": -1}])),
+    );
+    meili.request(
+        Method::POST,
+        &documents(""),
+        Some(json!([{"id": 100001, "name": "ghost"}, {"id": 100002}, {"id": "not-a-number"}])),
+    );
+    meili.wait_idle(&index, CONVERGE);
+    let report = cluster.psql(&format!(
+        "SELECT rows_checked || ',' || documents_checked || ',' || missing || ',' || extra || ',' || different
+                || ' ' || array_to_string(sample_missing, '/') || ' ' || array_to_string(sample_extra, '/')
+                || ' ' || array_to_string(sample_different, '/')
+           FROM meili_sync_verify({task})"
+    ));
+    assert_eq!(
+        report,
+        "2000,2001,2,3,2 5/6 100001/100002/not-a-number 10/11"
+    );
+    // The repair fixes exactly the damage, and the stream goes on after it.
+    let repaired = cluster.psql(&format!(
+        "SELECT resent || ',' || deleted FROM meili_sync_repair({task})"
+    ));
+    assert_eq!(repaired, "4,3");
+    cluster.psql("UPDATE products SET version = 3 WHERE id % 50 = 0");
+    converge(&cluster, &meili, &index);
+    let clean = cluster.psql(&format!(
+        "SELECT missing + extra + different FROM meili_sync_verify({task})"
+    ));
+    assert_eq!(clean, "0");
 }

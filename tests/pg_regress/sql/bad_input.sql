@@ -25,6 +25,10 @@ SELECT meili_sync_retry_dead_letters(NULL);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_discard_dead_letters(NULL);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM meili_sync_verify(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM meili_sync_repair(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
 
 -- Tables: missing, hostile names, no key, not a table.
 SELECT meili_sync_start('missing', 'x', '{}');
@@ -116,6 +120,10 @@ SELECT meili_sync_retry_dead_letters(42);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_discard_dead_letters(42, ARRAY['1']);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM meili_sync_verify(42);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM meili_sync_repair(42);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
 
 -- A table whose name is itself an injection attempt syncs like any other: every identifier the
 -- extension writes into SQL is quoted.
@@ -138,6 +146,11 @@ SELECT meili_sync_alter(:task, '"batch_size"');
 SELECT meili_sync_alter(:task, NULL);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_drop(:task, NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM meili_sync_verify(:task, NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- Meilisearch unreachable: verify says so instead of reporting everything missing.
+SELECT * FROM meili_sync_verify(:task);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT url, options FROM meili_sync.tasks WHERE id = :task;
 

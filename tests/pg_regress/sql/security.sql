@@ -26,6 +26,10 @@ SELECT meili_sync_drop(:task);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT pg_stat_meili_sync_reset();
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM meili_sync_verify(:task);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM meili_sync_repair(:task);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
 RESET ROLE;
 
 -- A pg_monitor member reads the monitoring views, never a key, and changes nothing.

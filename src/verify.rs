@@ -1,0 +1,565 @@
+//! `meili_sync_verify` and `meili_sync_repair`: the table and the index compared page by page
+//! (ids and document bodies), so memory is bounded by the page size, not the table.
+//!
+//! Pass 1 reads the table in key order, encodes each row as the worker would, and fetches the
+//! same ids from the index: missing and different documents. Pass 2 browses the index's ids and
+//! looks them up in the table: extra documents. Repair sends the current rows (locked FOR UPDATE
+//! so that no newer version can be overtaken) and deletes the extra documents (with writes to
+//! the table blocked while it re-checks and deletes, so that no new row is deleted).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::batch::Operation;
+use crate::catalog::{self, KeyMatch, TaskRecord};
+use crate::encode::{decode_id_component, encode_document, ColumnValue, ValueKind};
+use crate::error::{ErrorKind, SyncError};
+use crate::meili::client::{Client, MeiliError, TaskStatus};
+use crate::options::{TaskOptions, WriteMode};
+use crate::snapshot::SnapshotPlan;
+use crate::worker::task::build_plan;
+
+const PAGE_ROWS: usize = 1000;
+const HTTP_TIMEOUT: Duration = Duration::from_secs(60);
+const TASK_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// What a comparison found: counts, and up to `sample_limit` document ids of each kind.
+#[derive(Debug, Default, PartialEq)]
+pub struct Findings {
+    pub rows_checked: i64,
+    pub documents_checked: i64,
+    pub missing: i64,
+    pub extra: i64,
+    pub different: i64,
+    pub sample_missing: Vec<String>,
+    pub sample_extra: Vec<String>,
+    pub sample_different: Vec<String>,
+}
+
+/// What a repair did.
+#[derive(Debug, Default)]
+pub struct Repairs {
+    pub resent: i64,
+    pub deleted: i64,
+}
+
+/// A document id as Meilisearch reports it: numbers and strings alike become their text.
+pub fn id_text(id: &Value) -> Option<String> {
+    match id {
+        Value::String(text) => Some(text.clone()),
+        Value::Number(number) => Some(number.to_string()),
+        _ => None,
+    }
+}
+
+/// Whether the index's document matches the one the table's row makes. Numbers compare by value
+/// (Meilisearch may print `2.0` as `2`). In `upsert` mode the index may hold fields the task
+/// does not send; only the task's own fields are compared.
+pub fn same_document(expected: &Value, found: &Value, only_expected_fields: bool) -> bool {
+    match (expected, found) {
+        (Value::Number(a), Value::Number(b)) => {
+            a == b || a.as_f64().zip(b.as_f64()).is_some_and(|(a, b)| a == b)
+        }
+        (Value::Array(a), Value::Array(b)) => {
+            a.len() == b.len() && a.iter().zip(b).all(|(a, b)| same_document(a, b, false))
+        }
+        (Value::Object(a), Value::Object(b)) => {
+            (only_expected_fields || a.len() == b.len())
+                && a.iter().all(|(name, value)| {
+                    b.get(name)
+                        .is_some_and(|other| same_document(value, other, false))
+                })
+        }
+        _ => expected == found,
+    }
+}
+
+/// One page's verdicts: for each expected (id, document), missing or different in `found`.
+pub fn compare_page(
+    expected: &[(String, Value)],
+    found: &[Value],
+    primary_key: &str,
+    only_expected_fields: bool,
+) -> (Vec<usize>, Vec<usize>) {
+    let by_id: HashMap<String, &Value> = found
+        .iter()
+        .filter_map(|document| Some((id_text(document.get(primary_key)?)?, document)))
+        .collect();
+    let mut missing = Vec::new();
+    let mut different = Vec::new();
+    for (position, (id, document)) in expected.iter().enumerate() {
+        match by_id.get(id) {
+            None => missing.push(position),
+            Some(found) if !same_document(document, found, only_expected_fields) => {
+                different.push(position)
+            }
+            Some(_) => {}
+        }
+    }
+    (missing, different)
+}
+
+/// Splits a document id back into the key columns' text (the inverse of the id encoding); None
+/// if it cannot come from this table's key.
+pub fn key_of_id(id: &str, key_columns: usize) -> Option<Vec<String>> {
+    let values: Option<Vec<String>> = if key_columns == 1 {
+        decode_id_component(id).map(|value| vec![value])
+    } else {
+        id.split("__").map(decode_id_component).collect()
+    };
+    values.filter(|values| values.len() == key_columns)
+}
+
+/// Whether `text` is valid input for a key of this kind and SQL type, so that it can be cast to
+/// it without an ERROR; the caller matches other ids by text.
+fn castable(text: &str, kind: &ValueKind, type_name: &str) -> bool {
+    match kind {
+        ValueKind::Integer => text.parse::<i64>().is_ok(),
+        ValueKind::Text if type_name == "uuid" => {
+            text.len() == 36
+                && text.char_indices().all(|(position, c)| {
+                    if [8, 13, 18, 23].contains(&position) {
+                        c == '-'
+                    } else {
+                        c.is_ascii_hexdigit()
+                    }
+                })
+        }
+        ValueKind::Text => !type_name.starts_with("character(") && type_name != "\"char\"",
+        _ => false,
+    }
+}
+
+fn meili_error(what: &str) -> impl Fn(MeiliError) -> SyncError + '_ {
+    move |error| {
+        SyncError::new(ErrorKind::Meilisearch, format!("{what}: {error}"))
+            .hint("Check that Meilisearch is reachable and the task's key may read documents.")
+    }
+}
+
+/// Called with the key values of each page's missing or different rows.
+type OnDamagedRows<'a> = dyn FnMut(&Context, Vec<Vec<String>>) -> Result<(), SyncError> + 'a;
+
+struct Context {
+    task: TaskRecord,
+    /// The table, schema-qualified and quoted.
+    relation: String,
+    plan: SnapshotPlan,
+    client: Client,
+    key: Vec<(String, String)>,
+    key_kinds: Vec<ValueKind>,
+    column_names: Vec<String>,
+    upsert: bool,
+}
+
+impl Context {
+    fn new(task: TaskRecord) -> Result<Context, SyncError> {
+        let options = TaskOptions::parse(&task.options)?;
+        catalog::set_output_formats(true)?;
+        let plan = build_plan(&task, &options)?;
+        let info = catalog::relation_info(task.relid)?;
+        let key: Vec<(String, String)> = task
+            .primary_key
+            .iter()
+            .map(|name| (name.clone(), info.type_name_of(name)))
+            .collect();
+        let columns = plan.shape.columns();
+        let key_kinds = plan
+            .shape
+            .key_columns()
+            .iter()
+            .map(|&index| columns[index].kind.clone())
+            .collect();
+        let column_names = columns.iter().map(|column| column.name.clone()).collect();
+        let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
+            .map_err(meili_error("cannot reach Meilisearch"))?;
+        Ok(Context {
+            relation: info.qualified_name.clone(),
+            upsert: options.write_mode == WriteMode::Upsert,
+            task,
+            plan,
+            client,
+            key,
+            key_kinds,
+            column_names,
+        })
+    }
+
+    fn primary_key(&self) -> &str {
+        self.plan.shape.primary_key_attribute()
+    }
+
+    /// Rows as (id, document, key values); rows that cannot be encoded are dead letters, not
+    /// compared.
+    fn documents(&self, rows: &[Vec<Option<String>>]) -> Vec<(String, Value, Vec<String>)> {
+        let mut buffer = Vec::with_capacity(1024);
+        let mut documents = Vec::with_capacity(rows.len());
+        for row in rows {
+            let values = ColumnValue::row(row);
+            buffer.clear();
+            if encode_document(&self.plan.shape, &values, &mut buffer).is_err() {
+                continue;
+            }
+            let Ok(document) = serde_json::from_slice::<Value>(&buffer) else {
+                continue;
+            };
+            let Some(id) = document.get(self.primary_key()).and_then(id_text) else {
+                continue;
+            };
+            let key = self
+                .plan
+                .shape
+                .key_columns()
+                .iter()
+                .map(|&index| row.get(index).cloned().flatten().unwrap_or_default())
+                .collect();
+            documents.push((id, document, key));
+        }
+        documents
+    }
+
+    /// Pass 1: calls `damaged` with each page's missing or different rows (key values).
+    fn compare_rows(
+        &self,
+        findings: &mut Findings,
+        sample_limit: usize,
+        damaged: &mut OnDamagedRows<'_>,
+    ) -> Result<(), SyncError> {
+        let mut after: Option<Vec<String>> = None;
+        loop {
+            let (query, key) = match &after {
+                Some(key) => (&self.plan.next_page_query, Some(key.as_slice())),
+                None => (&self.plan.first_page_query, None),
+            };
+            let rows = catalog::read_page(query, key, self.plan.shape.columns().len())?;
+            findings.rows_checked += rows.len() as i64;
+            let documents = self.documents(&rows);
+            let ids: Vec<Value> = documents
+                .iter()
+                .map(|(id, document, _)| {
+                    document
+                        .get(self.primary_key())
+                        .cloned()
+                        .unwrap_or(Value::String(id.clone()))
+                })
+                .collect();
+            let found = if ids.is_empty() {
+                Vec::new()
+            } else {
+                self.client
+                    .fetch_by_ids(&self.task.index_uid, &ids)
+                    .map_err(meili_error("reading documents"))?
+            };
+            let expected: Vec<(String, Value)> = documents
+                .iter()
+                .map(|(id, document, _)| (id.clone(), document.clone()))
+                .collect();
+            let (missing, different) =
+                compare_page(&expected, &found, self.primary_key(), self.upsert);
+            findings.missing += missing.len() as i64;
+            findings.different += different.len() as i64;
+            for (positions, samples) in [
+                (&missing, &mut findings.sample_missing),
+                (&different, &mut findings.sample_different),
+            ] {
+                for &position in positions {
+                    if samples.len() < sample_limit {
+                        samples.push(expected[position].0.clone());
+                    }
+                }
+            }
+            let mut keys: Vec<Vec<String>> = Vec::new();
+            for position in missing.iter().chain(&different) {
+                keys.push(documents[*position].2.clone());
+            }
+            if !keys.is_empty() {
+                damaged(self, keys)?;
+            }
+            if rows.len() < self.plan.page_rows {
+                return Ok(());
+            }
+            after = rows.last().map(|last| {
+                self.plan
+                    .shape
+                    .key_columns()
+                    .iter()
+                    .map(|&index| last.get(index).cloned().flatten().unwrap_or_default())
+                    .collect()
+            });
+        }
+    }
+
+    /// Which of these document ids no row of the table has.
+    fn absent(&self, ids: &[String]) -> Result<Vec<usize>, SyncError> {
+        let mut typed = Vec::new();
+        let mut as_text = Vec::new();
+        let mut absent = Vec::new();
+        for (position, id) in ids.iter().enumerate() {
+            match key_of_id(id, self.key.len()) {
+                None => absent.push(position),
+                Some(values) => {
+                    let castable =
+                        values.iter().zip(&self.key_kinds).zip(&self.key).all(
+                            |((value, kind), (_, type_name))| castable(value, kind, type_name),
+                        );
+                    if castable {
+                        typed.push((position, values));
+                    } else {
+                        as_text.push((position, values));
+                    }
+                }
+            }
+        }
+        for (group, matching) in [(typed, KeyMatch::Typed), (as_text, KeyMatch::AsText)] {
+            let keys: Vec<Vec<String>> = group.iter().map(|(_, values)| values.clone()).collect();
+            for index in catalog::absent_keys(&self.relation, &self.key, &keys, &matching)? {
+                if let Some((position, _)) = group.get(index) {
+                    absent.push(*position);
+                }
+            }
+        }
+        absent.sort_unstable();
+        Ok(absent)
+    }
+
+    /// Pass 2: documents of the index whose row does not exist; returns their ids.
+    fn extra_documents(
+        &self,
+        findings: &mut Findings,
+        sample_limit: usize,
+    ) -> Result<Vec<Value>, SyncError> {
+        let mut extra = Vec::new();
+        let mut offset = 0u64;
+        loop {
+            let (page, total) = self
+                .client
+                .browse_field(
+                    &self.task.index_uid,
+                    self.primary_key(),
+                    offset,
+                    PAGE_ROWS as u64,
+                )
+                .map_err(meili_error("browsing the index"))?;
+            findings.documents_checked += page.len() as i64;
+            let ids: Vec<Value> = page
+                .iter()
+                .filter_map(|document| document.get(self.primary_key()).cloned())
+                .collect();
+            let texts: Vec<String> = ids.iter().filter_map(id_text).collect();
+            for position in self.absent(&texts)? {
+                findings.extra += 1;
+                if findings.sample_extra.len() < sample_limit {
+                    findings.sample_extra.push(texts[position].clone());
+                }
+                if let Some(id) = ids.get(position) {
+                    extra.push(id.clone());
+                }
+            }
+            offset += page.len() as u64;
+            if page.is_empty() || offset >= total {
+                return Ok(extra);
+            }
+        }
+    }
+
+    fn wait_succeeded(&self, uid: u64, what: &str) -> Result<(), SyncError> {
+        let state = self
+            .client
+            .wait_task(uid, TASK_TIMEOUT)
+            .map_err(meili_error(what))?;
+        if state.status == TaskStatus::Succeeded {
+            return Ok(());
+        }
+        Err(SyncError::new(
+            ErrorKind::Meilisearch,
+            format!(
+                "{what}: Meilisearch task {uid} did not succeed{}",
+                state
+                    .error
+                    .map(|error| format!(": {} ({})", error.message, error.code))
+                    .unwrap_or_default()
+            ),
+        )
+        .hint("See meili_sync_verify for what is still different."))
+    }
+
+    /// Sends the current version of these rows, locked so that no newer version is overtaken.
+    fn resend(&self, keys: Vec<Vec<String>>) -> Result<i64, SyncError> {
+        let rows = catalog::lock_rows(&self.relation, &self.column_names, &self.key, &keys)?;
+        let documents = self.documents(&rows);
+        if documents.is_empty() {
+            return Ok(0);
+        }
+        let mut body = Vec::new();
+        for (_, document, _) in &documents {
+            body.extend_from_slice(document.to_string().as_bytes());
+            body.push(b'\n');
+        }
+        let op = if self.upsert {
+            Operation::Update
+        } else {
+            Operation::Replace
+        };
+        let uid = self
+            .client
+            .send_batch(&self.task.index_uid, self.primary_key(), op, &body, false)
+            .map_err(meili_error("re-sending documents"))?;
+        self.wait_succeeded(uid, "re-sending documents")?;
+        Ok(documents.len() as i64)
+    }
+
+    /// Deletes documents whose row does not exist, checked again while writes are blocked.
+    fn delete_extra(&self, candidates: Vec<Value>) -> Result<i64, SyncError> {
+        if candidates.is_empty() {
+            return Ok(0);
+        }
+        catalog::lock_table_against_writes(&self.relation)?;
+        let mut deleted = 0;
+        for chunk in candidates.chunks(PAGE_ROWS) {
+            let texts: Vec<String> = chunk.iter().filter_map(id_text).collect();
+            let gone: Vec<Value> = self
+                .absent(&texts)?
+                .into_iter()
+                .filter_map(|position| chunk.get(position).cloned())
+                .collect();
+            deleted += self.delete_ids(gone)?;
+        }
+        Ok(deleted)
+    }
+
+    fn delete_ids(&self, ids: Vec<Value>) -> Result<i64, SyncError> {
+        let mut deleted = 0;
+        for gone in ids.chunks(PAGE_ROWS) {
+            let body = Value::Array(gone.to_vec()).to_string();
+            let uid = self
+                .client
+                .send_batch(
+                    &self.task.index_uid,
+                    self.primary_key(),
+                    Operation::Delete,
+                    body.as_bytes(),
+                    false,
+                )
+                .map_err(meili_error("deleting extra documents"))?;
+            self.wait_succeeded(uid, "deleting extra documents")?;
+            deleted += gone.len() as i64;
+        }
+        Ok(deleted)
+    }
+}
+
+/// After a copy into an index that already held documents (a new snapshot, or one that started
+/// over): deletes the documents whose row no longer exists, which the copy cannot overwrite.
+/// The worker runs it before streaming, so changes committed meanwhile are applied after it.
+pub fn prune(task: TaskRecord) -> Result<i64, SyncError> {
+    let context = Context::new(task)?;
+    let extra = context.extra_documents(&mut Findings::default(), 0)?;
+    context.delete_ids(extra)
+}
+
+pub fn verify(task: TaskRecord, sample_limit: usize) -> Result<Findings, SyncError> {
+    let context = Context::new(task)?;
+    let mut findings = Findings::default();
+    context.compare_rows(&mut findings, sample_limit, &mut |_, _| Ok(()))?;
+    context.extra_documents(&mut findings, sample_limit)?;
+    Ok(findings)
+}
+
+pub fn repair(task: TaskRecord) -> Result<Repairs, SyncError> {
+    let context = Context::new(task)?;
+    let mut findings = Findings::default();
+    let mut repairs = Repairs::default();
+    context.compare_rows(&mut findings, 0, &mut |context, keys| {
+        repairs.resent += context.resend(keys)?;
+        Ok(())
+    })?;
+    let extra = context.extra_documents(&mut findings, 0)?;
+    repairs.deleted = context.delete_extra(extra)?;
+    Ok(repairs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn documents_compare_by_value_and_fields() {
+        let expected = json!({"id": 1, "price": 2.0, "tags": ["a", "b"], "meta": {"x": 1}});
+        assert!(same_document(
+            &expected,
+            &json!({"id": 1, "price": 2, "tags": ["a", "b"], "meta": {"x": 1.0}}),
+            false
+        ));
+        assert!(!same_document(
+            &expected,
+            &json!({"id": 1, "price": 2.5, "tags": ["a", "b"], "meta": {"x": 1}}),
+            false
+        ));
+        assert!(!same_document(
+            &expected,
+            &json!({"id": 1, "price": 2.0, "tags": ["b", "a"], "meta": {"x": 1}}),
+            false
+        ));
+        let with_more =
+            json!({"id": 1, "price": 2.0, "tags": ["a", "b"], "meta": {"x": 1}, "extra": true});
+        assert!(!same_document(&expected, &with_more, false));
+        assert!(
+            same_document(&expected, &with_more, true),
+            "upsert mode keeps others' fields"
+        );
+        assert!(!same_document(
+            &expected,
+            &json!({"id": 1, "price": 2.0}),
+            true
+        ));
+        assert!(!same_document(&json!({"v": null}), &json!({}), false));
+    }
+
+    #[test]
+    fn a_page_splits_into_missing_and_different() {
+        let expected = vec![
+            ("1".to_owned(), json!({"id": 1, "n": "a"})),
+            ("2".to_owned(), json!({"id": 2, "n": "b"})),
+            ("x-y".to_owned(), json!({"id": "x-y", "n": "c"})),
+        ];
+        let found = vec![
+            json!({"id": 2, "n": "B"}),
+            json!({"id": "x-y", "n": "c"}),
+            json!({"id": 9}),
+        ];
+        assert_eq!(
+            compare_page(&expected, &found, "id", false),
+            (vec![0], vec![1])
+        );
+    }
+
+    #[test]
+    fn ids_map_back_to_key_values() {
+        assert_eq!(id_text(&json!(42)), Some("42".to_owned()));
+        assert_eq!(id_text(&json!("a_b")), Some("a_b".to_owned()));
+        assert_eq!(id_text(&json!(null)), None);
+        assert_eq!(key_of_id("42", 1), Some(vec!["42".to_owned()]));
+        assert_eq!(
+            key_of_id("7__abc", 2),
+            Some(vec!["7".to_owned(), "abc".to_owned()])
+        );
+        assert_eq!(key_of_id("7", 2), None);
+    }
+
+    #[test]
+    fn only_valid_input_is_cast_to_the_key_type() {
+        assert!(castable("-12", &ValueKind::Integer, "bigint"));
+        assert!(!castable("12abc", &ValueKind::Integer, "bigint"));
+        assert!(castable(
+            "a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11",
+            &ValueKind::Text,
+            "uuid"
+        ));
+        assert!(!castable("a0eebc99", &ValueKind::Text, "uuid"));
+        assert!(castable("anything", &ValueKind::Text, "text"));
+        assert!(!castable("2024-01-01", &ValueKind::Date, "date"));
+    }
+}
