@@ -405,7 +405,8 @@ impl SenderThread {
     }
 }
 
-fn gzip(body: &[u8], level: Compression) -> Vec<u8> {
+/// A document batch's body as the sender compresses it (`Content-Encoding: gzip`).
+pub fn gzip(body: &[u8], level: Compression) -> Vec<u8> {
     let mut encoder = GzEncoder::new(Vec::with_capacity(body.len() / 4), level);
     encoder
         .write_all(body)

@@ -136,6 +136,39 @@ impl Meili {
         Ok((status, serde_json::from_str(&text).unwrap_or(Value::Null)))
     }
 
+    /// Posts an NDJSON body of documents to the index (as the extension does); the task uid.
+    pub fn post_ndjson(&self, index: &str, body: Vec<u8>) -> Result<u64, String> {
+        let mut builder = Request::builder()
+            .method(Method::POST)
+            .uri(format!(
+                "{}/indexes/{index}/documents?primaryKey=id",
+                self.url
+            ))
+            .header("Content-Type", "application/x-ndjson");
+        if let Some(key) = &self.key {
+            builder = builder.header("Authorization", format!("Bearer {key}"));
+        }
+        let request = builder.body(body).map_err(|error| error.to_string())?;
+        let mut response = self.agent.run(request).map_err(|error| error.to_string())?;
+        let text = response
+            .body_mut()
+            .read_to_string()
+            .map_err(|error| error.to_string())?;
+        let answer: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+        answer["taskUid"]
+            .as_u64()
+            .ok_or_else(|| format!("no task uid in {text}"))
+    }
+
+    /// Waits until a task has finished; its final status.
+    pub fn wait_task(&self, uid: u64, timeout: Duration) -> String {
+        crate::wait_for("a Meilisearch task", timeout, || {
+            let (_, task) = self.request(Method::GET, &format!("/tasks/{uid}"), None);
+            let status = task["status"].as_str().unwrap_or_default().to_owned();
+            matches!(status.as_str(), "succeeded" | "failed" | "canceled").then_some(status)
+        })
+    }
+
     /// Every document of the index, fetched page by page.
     pub fn all_documents(&self, index: &str) -> Vec<Value> {
         let mut documents = Vec::new();
