@@ -7,7 +7,7 @@ PG_CONFIG=/usr/lib/postgresql/$PG_MAJOR/bin/pg_config
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
-packages=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR libclang-dev clang sudo build-essential pkg-config libssl-dev)
+packages=(postgresql-$PG_MAJOR postgresql-server-dev-$PG_MAJOR postgresql-$PG_MAJOR-wal2json libclang-dev clang sudo build-essential pkg-config libssl-dev)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

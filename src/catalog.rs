@@ -454,6 +454,15 @@ pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
     })
 }
 
+/// The copy begins (a resumed copy keeps its first start).
+pub fn mark_snapshot_started(task_id: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET snapshot_started_at = coalesce(snapshot_started_at, now()) WHERE id = $1",
+        &[task_id.into()],
+    )?;
+    Ok(())
+}
+
 pub fn save_snapshot_progress(task_id: i64, key: &[String], rows_copied: i64) -> CatalogResult<()> {
     Spi::run_with_args(
         "UPDATE meili_sync.tasks

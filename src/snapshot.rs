@@ -94,6 +94,7 @@ pub fn run(
     let mut done_reading = false;
     let mut document = Vec::with_capacity(1024);
     slot.set_phase(Phase::Snapshot);
+    BackgroundWorker::transaction(|| catalog::mark_snapshot_started(task.id))?;
 
     loop {
         if should_stop() {

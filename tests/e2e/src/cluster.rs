@@ -2,7 +2,7 @@
 //! to run as root), stopped and removed on drop, also when a test panics.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Command, Output, Stdio};
 use std::time::Duration;
 
 pub struct Cluster {
@@ -184,10 +184,10 @@ impl Cluster {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
-    /// Runs SQL through psql in database `postgres`; Ok(stdout, unaligned and tuples-only) or Err(stderr).
-    pub fn try_psql(&self, sql: &str) -> Result<String, String> {
-        let output = self
-            .command(&self.bin_dir.join("psql"))
+    /// psql connected to database `postgres`, unaligned and tuples-only, stopping at the first error.
+    pub fn psql_command(&self) -> Command {
+        let mut command = self.command(&self.bin_dir.join("psql"));
+        command
             .args([
                 "-X",
                 "-q",
@@ -200,7 +200,16 @@ impl Cluster {
                 "-p",
             ])
             .arg(self.port.to_string())
-            .args(["-U", "postgres", "-d", "postgres", "-c", sql])
+            .args(["-U", "postgres", "-d", "postgres"]);
+        command
+    }
+
+    /// Runs SQL through psql in database `postgres`; Ok(stdout, unaligned and tuples-only) or
+    /// Err(stderr). Several statements in `sql` run as one transaction (psql -c).
+    pub fn try_psql(&self, sql: &str) -> Result<String, String> {
+        let output = self
+            .psql_command()
+            .args(["-c", sql])
             .output()
             .map_err(|error| error.to_string())?;
         if output.status.success() {
@@ -210,6 +219,30 @@ impl Cluster {
         } else {
             Err(String::from_utf8_lossy(&output.stderr).into_owned())
         }
+    }
+
+    /// Runs a script on psql's standard input: each statement is its own transaction (unlike
+    /// `psql`), and the script may be longer than a command-line argument.
+    pub fn psql_script(&self, script: &str) {
+        use std::io::Write;
+        let mut child = self
+            .psql_command()
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("start psql");
+        if let Some(mut stdin) = child.stdin.take() {
+            stdin
+                .write_all(script.as_bytes())
+                .expect("write the script to psql");
+        }
+        let output = child.wait_with_output().expect("wait for psql");
+        assert!(
+            output.status.success(),
+            "psql failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
     }
 
     pub fn psql(&self, sql: &str) -> String {
