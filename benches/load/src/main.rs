@@ -170,10 +170,23 @@ fn backfill(rows: i64, batch_size: usize, max_inflight: usize, gzip: bool) {
         json!({"batch_size": batch_size, "max_inflight": max_inflight, "gzip": gzip}),
     );
     let started = Instant::now();
-    setup
-        .cluster
-        .wait_snapshot_done(setup.task, Duration::from_secs(3600));
+    // The worker's own memory (anonymous pages: not the shared buffers it reads), sampled while
+    // it copies, since the kernel keeps a peak only for the whole resident set.
+    let mut peak_private = 0.0f64;
+    wait_for("the copy to finish", Duration::from_secs(3600), || {
+        let status = setup.cluster.status(setup.task);
+        if let Some(pid) = status.get("worker_pid").and_then(|pid| pid.parse().ok()) {
+            peak_private = peak_private.max(memory_mib(pid, "RssAnon:").unwrap_or(0.0));
+        }
+        assert_ne!(
+            status.get("state").map(String::as_str),
+            Some("error"),
+            "{status:?}"
+        );
+        (status.get("state").map(String::as_str) == Some("streaming")).then_some(())
+    });
     let seconds = started.elapsed().as_secs_f64();
+    println!("worker private memory peak {peak_private:.1} MiB (RssAnon sampled every 100 ms)");
     report(
         &setup,
         &format!("backfill (batch_size {batch_size}, max_inflight {max_inflight}, gzip {gzip})"),
