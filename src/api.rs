@@ -582,6 +582,7 @@ fn meili_sync_stats() -> TableIterator<
     (
         name!(task, i64),
         name!(documents, i64),
+        name!(deletes, i64),
         name!(batches, i64),
         name!(bytes_before_gzip, i64),
         name!(bytes_sent, i64),
@@ -600,6 +601,7 @@ fn meili_sync_stats() -> TableIterator<
         (
             task,
             counters.documents,
+            counters.deletes,
             counters.batches,
             counters.bytes_before_gzip,
             counters.bytes_sent,
@@ -641,6 +643,7 @@ fn meili_sync_worker_state() -> TableIterator<
         name!(phase, Option<String>),
         name!(rows_copied, i64),
         name!(documents_confirmed, i64),
+        name!(documents_deleted, i64),
         name!(batches_in_flight, i32),
         name!(retries, i64),
         name!(bytes_before_gzip, i64),
@@ -667,6 +670,7 @@ fn meili_sync_worker_state() -> TableIterator<
             live.phase.map(|phase| phase.as_str().to_owned()),
             live.rows_copied,
             live.docs_confirmed,
+            live.deletes_confirmed,
             live.batches_inflight,
             live.retries,
             live.bytes_uncompressed,

@@ -114,6 +114,9 @@ pub struct Batcher {
     open: Option<OpenBatch>,
     next_seq: u64,
     pending_checkpoint: Option<u64>,
+    /// Body length of the last closed document batch, plus some slack: the next one starts with
+    /// that capacity instead of growing by doubling (and copying) up to it.
+    body_hint: usize,
 }
 
 impl Batcher {
@@ -127,6 +130,7 @@ impl Batcher {
             open: None,
             next_seq: 1,
             pending_checkpoint: None,
+            body_hint: 0,
         }
     }
 
@@ -141,6 +145,16 @@ impl Batcher {
     /// (an operation change whose first item fills the new batch) is closed
     /// by the next `push`, `flush_due` or `flush`.
     pub fn push(&mut self, op: Operation, item: &[u8], now: Instant) -> Option<Batch> {
+        self.push_with(op, item, &|| now)
+    }
+
+    /// [`Batcher::push`], reading the clock only when the item opens a batch.
+    pub fn push_with(
+        &mut self,
+        op: Operation,
+        item: &[u8],
+        now: &dyn Fn() -> Instant,
+    ) -> Option<Batch> {
         let closed = match &self.open {
             Some(open)
                 if open.op != op
@@ -151,15 +165,16 @@ impl Batcher {
             }
             _ => None,
         };
+        let body_capacity = self.body_hint.min(self.limits.max_bytes);
         let open = self.open.get_or_insert_with(|| OpenBatch {
             op,
-            body: if op == Operation::Delete {
-                vec![b'[']
-            } else {
-                Vec::new()
+            body: match op {
+                Operation::Delete => vec![b'['],
+                Operation::Replace | Operation::Update => Vec::with_capacity(body_capacity),
+                Operation::DeleteAll => Vec::new(),
             },
             docs: 0,
-            opened_at: now,
+            opened_at: now(),
             // A checkpoint marked while no batch was open is completed by
             // this batch too, in case the caller did not take it.
             checkpoint: self.pending_checkpoint.take(),
@@ -202,8 +217,16 @@ impl Batcher {
     /// Closes the open batch, if any.
     pub fn flush(&mut self) -> Option<Batch> {
         let mut open = self.open.take()?;
-        if open.op == Operation::Delete {
-            open.body.push(b']');
+        match open.op {
+            Operation::Delete => open.body.push(b']'),
+            Operation::Replace | Operation::Update => {
+                self.body_hint = open.body.len() + open.body.len() / 16;
+                // A batch closed early (by age, or by an operation change) keeps no big buffer.
+                if open.body.capacity() > 2 * open.body.len() {
+                    open.body.shrink_to_fit();
+                }
+            }
+            Operation::DeleteAll => {}
         }
         let seq = self.next_seq;
         self.next_seq += 1;
@@ -442,6 +465,28 @@ mod tests {
                 (3, Operation::Replace)
             ]
         );
+    }
+
+    #[test]
+    fn a_document_batch_starts_with_the_size_of_the_last_one() {
+        let now = Instant::now();
+        let mut batcher = Batcher::new(limits(4, 1 << 20));
+        let item = [b'x'; 99];
+        let mut closed = Vec::new();
+        for _ in 0..4 {
+            closed.extend(batcher.push(Operation::Replace, &item, now));
+        }
+        assert_eq!(closed[0].body.len(), 400);
+        batcher.push(Operation::Update, &item, now);
+        batcher.push(Operation::Update, &item, now);
+        // Closed early: its buffer is cut to size, and the next batch starts from its length.
+        let early = batcher.flush().expect("open batch");
+        assert_eq!(*early.body, [&item[..], b"\n", &item, b"\n"].concat());
+        assert!(early.body.capacity() <= 2 * early.body.len());
+        for _ in 0..4 {
+            closed.extend(batcher.push(Operation::Replace, &item, now));
+        }
+        assert_eq!(closed[1].body.len(), 400);
     }
 
     #[test]

@@ -7,6 +7,7 @@
 //! consecutive operations of one kind share a batch and a change of kind closes it.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 use crate::batch::{Batch, BatchLimits, Batcher, Operation};
@@ -33,32 +34,36 @@ pub struct SkippedRow {
 const NO_RELATION: &str = "change for a relation without a Relation message";
 
 pub struct ChangeMapper {
-    relations: HashMap<u32, RelationShape>,
+    relations: HashMap<u32, RelationShape, BuildHasherDefault<OidHasher>>,
     batcher: Batcher,
     upsert: bool,
     ready: VecDeque<Batch>,
     document: Vec<u8>,
+    /// The allocation of the last row's column values, reused for the next row.
+    values: Vec<ColumnValue<'static>>,
     skipped: Vec<SkippedRow>,
 }
 
 impl ChangeMapper {
     pub fn new(limits: BatchLimits, upsert: bool) -> Self {
         ChangeMapper {
-            relations: HashMap::new(),
+            relations: HashMap::default(),
             batcher: Batcher::new(limits),
             upsert,
             ready: VecDeque::new(),
             document: Vec::with_capacity(1024),
+            values: Vec::new(),
             skipped: Vec::new(),
         }
     }
 
     /// Applies one decoded message. `shape_for` builds the document shape when a Relation message
-    /// arrives (first use, or after a schema change); its error is permanent for the task.
+    /// arrives (first use, or after a schema change); its error is permanent for the task. `now`
+    /// is read only when a batch opens, so most messages do not read the clock.
     pub fn apply(
         &mut self,
         message: Message<'_>,
-        now: Instant,
+        now: &dyn Fn() -> Instant,
         shape_for: &mut dyn FnMut(&Relation) -> Result<RelationShape, String>,
     ) -> Result<(), String> {
         match message {
@@ -116,16 +121,24 @@ impl ChangeMapper {
         });
     }
 
-    fn values<'t>(shape: &RelationShape, row: &'t Tuple<'t>) -> Vec<ColumnValue<'t>> {
-        shape
-            .source_columns
-            .iter()
-            .map(|&index| match row.values.get(index) {
-                Some(TupleValue::Text(text)) => ColumnValue::Text(text),
-                Some(TupleValue::UnchangedToast) => ColumnValue::Unchanged,
-                _ => ColumnValue::Null,
-            })
-            .collect()
+    /// The row's values in document column order, in `buffer`'s allocation.
+    fn values<'t>(
+        shape: &RelationShape,
+        row: &Tuple<'t>,
+        buffer: Vec<ColumnValue<'_>>,
+    ) -> Vec<ColumnValue<'t>> {
+        let mut values = recycle(buffer);
+        values.extend(
+            shape
+                .source_columns
+                .iter()
+                .map(|&index| match row.values.get(index) {
+                    Some(TupleValue::Text(text)) => ColumnValue::Text(text),
+                    Some(TupleValue::UnchangedToast) => ColumnValue::Unchanged,
+                    _ => ColumnValue::Null,
+                }),
+        );
+        values
     }
 
     /// The id JSON of a row (new row, or old key), or None (reported) if it has none.
@@ -134,7 +147,7 @@ impl ChangeMapper {
             self.skip(relation, NO_RELATION.into());
             return None;
         };
-        let values = Self::values(shape, row);
+        let values = Self::values(shape, row, std::mem::take(&mut self.values));
         let key: Option<Vec<&str>> = shape
             .shape
             .key_columns()
@@ -145,20 +158,21 @@ impl ChangeMapper {
             })
             .collect();
         let result = match key {
-            Some(key) => {
-                encode_id(&shape.shape, &key).map_err(|error| (error.code(), error.to_string()))
-            }
+            Some(key) => encode_id(&shape.shape, &key)
+                .map(|id| {
+                    let mut json = Vec::new();
+                    id.write_json(&mut json);
+                    json
+                })
+                .map_err(|error| (error.code(), error.to_string())),
             None => Err((
                 "missing_document_id",
                 "the row's key is NULL or missing".to_owned(),
             )),
         };
+        self.values = recycle(values);
         match result {
-            Ok(id) => {
-                let mut json = Vec::new();
-                id.write_json(&mut json);
-                Some(json)
-            }
+            Ok(json) => Some(json),
             Err((code, reason)) => {
                 self.skipped.push(SkippedRow {
                     relation,
@@ -171,12 +185,12 @@ impl ChangeMapper {
         }
     }
 
-    fn upsert_row(&mut self, relation: u32, row: &Tuple<'_>, now: Instant) {
+    fn upsert_row(&mut self, relation: u32, row: &Tuple<'_>, now: &dyn Fn() -> Instant) {
         let Some(shape) = self.relations.get(&relation) else {
             self.skip(relation, NO_RELATION.into());
             return;
         };
-        let values = Self::values(shape, row);
+        let values = Self::values(shape, row, std::mem::take(&mut self.values));
         let partial = values.contains(&ColumnValue::Unchanged);
         self.document.clear();
         let encoded = encode_document(&shape.shape, &values, &mut self.document)
@@ -188,7 +202,7 @@ impl ChangeMapper {
                 } else {
                     Operation::Replace
                 };
-                if let Some(batch) = self.batcher.push(op, &self.document, now) {
+                if let Some(batch) = self.batcher.push_with(op, &self.document, now) {
                     self.ready.push_back(batch);
                 }
             }
@@ -199,10 +213,11 @@ impl ChangeMapper {
                 document: self.document.clone(),
             }),
         }
+        self.values = recycle(values);
     }
 
-    fn push(&mut self, op: Operation, item: &[u8], now: Instant) {
-        if let Some(batch) = self.batcher.push(op, item, now) {
+    fn push(&mut self, op: Operation, item: &[u8], now: &dyn Fn() -> Instant) {
+        if let Some(batch) = self.batcher.push_with(op, item, now) {
             self.ready.push_back(batch);
         }
     }
@@ -244,6 +259,34 @@ impl ChangeMapper {
     pub fn is_idle(&self) -> bool {
         self.ready.is_empty() && self.batcher.is_empty()
     }
+}
+
+/// Hashes relation oids, looked up once per change: they are few and come from the server, so a
+/// multiplication does instead of SipHash.
+#[derive(Default)]
+struct OidHasher(u64);
+
+impl Hasher for OidHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &byte in bytes {
+            self.write_u32(u32::from(byte));
+        }
+    }
+
+    fn write_u32(&mut self, value: u32) {
+        self.0 = (self.0 ^ u64::from(value)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+/// `buffer` emptied, as a Vec for values of another lifetime: collecting in place keeps its
+/// allocation, so rows do not allocate their values one by one.
+fn recycle<'b>(mut buffer: Vec<ColumnValue<'_>>) -> Vec<ColumnValue<'b>> {
+    buffer.clear();
+    buffer.into_iter().map(|_| ColumnValue::Null).collect()
 }
 
 #[cfg(test)]
@@ -314,11 +357,7 @@ mod tests {
         };
         let mut mapper = ChangeMapper::new(limits, upsert);
         mapper
-            .apply(
-                Message::Relation(relation()),
-                Instant::now(),
-                &mut shape_for,
-            )
+            .apply(Message::Relation(relation()), &Instant::now, &mut shape_for)
             .expect("relation");
         mapper
     }
@@ -334,7 +373,7 @@ mod tests {
 
     fn apply(mapper: &mut ChangeMapper, message: Message<'_>) {
         mapper
-            .apply(message, Instant::now(), &mut shape_for)
+            .apply(message, &Instant::now, &mut shape_for)
             .expect("apply");
     }
 
@@ -564,6 +603,39 @@ mod tests {
     }
 
     #[test]
+    fn relations_are_found_by_oid() {
+        let mut mapper = mapper(100, false);
+        for oid in [OID + 1, OID + 1024, u32::MAX] {
+            let relation = Relation { oid, ..relation() };
+            apply(&mut mapper, Message::Relation(relation));
+        }
+        for oid in [u32::MAX, OID, OID + 1024, OID + 1] {
+            apply(
+                &mut mapper,
+                Message::Insert {
+                    relation: oid,
+                    new: row(&[Some("1"), None, None, None]),
+                },
+            );
+        }
+        assert!(mapper.take_skipped().is_empty());
+        assert_eq!(drain(&mut mapper)[0].1.lines().count(), 4);
+    }
+
+    #[test]
+    fn recycling_keeps_the_allocation() {
+        let text = String::from("x");
+        let mut values = recycle(Vec::with_capacity(16));
+        values.push(ColumnValue::Text(&text));
+        let capacity = values.capacity();
+        let pointer = values.as_ptr().cast::<u8>();
+        let recycled: Vec<ColumnValue<'static>> = recycle(values);
+        assert!(recycled.is_empty());
+        assert_eq!(recycled.capacity(), capacity);
+        assert_eq!(recycled.as_ptr().cast::<u8>(), pointer);
+    }
+
+    #[test]
     fn a_shape_error_is_returned() {
         let limits = BatchLimits {
             max_docs: 10,
@@ -571,7 +643,7 @@ mod tests {
             max_age: Duration::from_secs(1),
         };
         let mut mapper = ChangeMapper::new(limits, false);
-        let result = mapper.apply(Message::Relation(relation()), Instant::now(), &mut |_| {
+        let result = mapper.apply(Message::Relation(relation()), &Instant::now, &mut |_| {
             Err("key column dropped".into())
         });
         assert_eq!(result.err().as_deref(), Some("key column dropped"));

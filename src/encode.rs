@@ -68,6 +68,7 @@
 //! ([`ColumnValue::Unchanged`]); the field is left out of the document, which
 //! the caller sends as a partial update.
 
+use std::borrow::Cow;
 use std::fmt;
 
 /// Longest string id Meilisearch accepts, in bytes.
@@ -139,6 +140,8 @@ pub struct DocumentShape {
     primary_key_attribute: String,
     /// `"name":` of each column, JSON-escaped once instead of once per row.
     field_prefixes: Vec<Vec<u8>>,
+    /// The column named `_geo`, which [`check_geo`] checks.
+    geo_column: Option<usize>,
 }
 
 impl DocumentShape {
@@ -186,11 +189,13 @@ impl DocumentShape {
                 prefix
             })
             .collect();
+        let geo_column = columns.iter().position(|column| column.name == "_geo");
         Ok(DocumentShape {
             columns,
             key_columns,
             primary_key_attribute,
             field_prefixes,
+            geo_column,
         })
     }
 
@@ -212,16 +217,17 @@ impl DocumentShape {
     }
 }
 
-/// A Meilisearch document id, valid by construction.
+/// A Meilisearch document id, valid by construction; borrowed from the key's text when that
+/// needs no escaping.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub enum DocumentId {
+pub enum DocumentId<'a> {
     /// Decimal digits of a `u64`.
-    Number(String),
+    Number(Cow<'a, str>),
     /// Only `[A-Za-z0-9_-]`, 1 to [`MAX_ID_BYTES`] bytes.
-    String(String),
+    String(Cow<'a, str>),
 }
 
-impl DocumentId {
+impl DocumentId<'_> {
     /// The id as a JSON value: a number, or a string that needs no escaping.
     pub fn write_json(&self, out: &mut Vec<u8>) {
         match self {
@@ -347,11 +353,7 @@ impl std::error::Error for EncodeError {}
 /// finite number or a string holding one. Checked before sending so that one bad row cannot fail
 /// a whole Meilisearch batch (which, for `_geo`, fails every task indexed with it).
 pub fn check_geo(shape: &DocumentShape, values: &[ColumnValue]) -> Result<(), EncodeError> {
-    let Some(index) = shape
-        .columns
-        .iter()
-        .position(|column| column.name == "_geo")
-    else {
+    let Some(index) = shape.geo_column else {
         return Ok(());
     };
     let text = match values.get(index) {
@@ -394,35 +396,38 @@ pub fn check_geo(shape: &DocumentShape, values: &[ColumnValue]) -> Result<(), En
     Ok(())
 }
 
-pub fn encode_document(
+pub fn encode_document<'a>(
     shape: &DocumentShape,
-    values: &[ColumnValue],
+    values: &[ColumnValue<'a>],
     out: &mut Vec<u8>,
-) -> Result<DocumentId, EncodeError> {
+) -> Result<DocumentId<'a>, EncodeError> {
     if values.len() != shape.columns.len() {
         return Err(EncodeError::ValueCount {
             expected: shape.columns.len(),
             got: values.len(),
         });
     }
-    let mut key_texts = Vec::with_capacity(shape.key_columns.len());
-    for &index in &shape.key_columns {
-        let column = &shape.columns[index].name;
-        match values[index] {
-            ColumnValue::Text(text) => key_texts.push(text),
-            ColumnValue::Null => {
-                return Err(EncodeError::NullKey {
-                    column: column.clone(),
-                })
-            }
-            ColumnValue::Unchanged => {
-                return Err(EncodeError::UnchangedKey {
-                    column: column.clone(),
-                })
-            }
+    let key_text = |index: usize| match values[index] {
+        ColumnValue::Text(text) => Ok(text),
+        ColumnValue::Null => Err(EncodeError::NullKey {
+            column: shape.columns[index].name.clone(),
+        }),
+        ColumnValue::Unchanged => Err(EncodeError::UnchangedKey {
+            column: shape.columns[index].name.clone(),
+        }),
+    };
+    // The usual single key needs no Vec.
+    let id = match shape.key_columns[..] {
+        [index] => encode_id(shape, &[key_text(index)?])?,
+        _ => {
+            let key_texts = shape
+                .key_columns
+                .iter()
+                .map(|&index| key_text(index))
+                .collect::<Result<Vec<_>, _>>()?;
+            encode_id(shape, &key_texts)?
         }
-    }
-    let id = encode_id(shape, &key_texts)?;
+    };
 
     out.push(b'{');
     let mut first = true;
@@ -456,7 +461,10 @@ pub fn encode_document(
 
 /// The id of the row whose key columns have these text outputs (in key
 /// order), for deletes where only the key is known.
-pub fn encode_id(shape: &DocumentShape, key_values: &[&str]) -> Result<DocumentId, EncodeError> {
+pub fn encode_id<'a>(
+    shape: &DocumentShape,
+    key_values: &[&'a str],
+) -> Result<DocumentId<'a>, EncodeError> {
     if key_values.len() != shape.key_columns.len() {
         return Err(EncodeError::ValueCount {
             expected: shape.key_columns.len(),
@@ -466,16 +474,20 @@ pub fn encode_id(shape: &DocumentShape, key_values: &[&str]) -> Result<DocumentI
     let id = if let [text] = key_values {
         let column = &shape.columns[shape.key_columns[0]];
         if column.kind == ValueKind::Integer && is_u64(text) {
-            return Ok(DocumentId::Number((*text).to_string()));
+            return Ok(DocumentId::Number(Cow::Borrowed(text)));
         }
         if text.is_empty() {
             return Err(EncodeError::EmptyId {
                 column: column.name.clone(),
             });
         }
-        let mut id = String::with_capacity(text.len());
-        escape_id_component(text, &mut id);
-        id
+        if text.bytes().all(is_plain_id_byte) {
+            Cow::Borrowed(*text)
+        } else {
+            let mut id = String::with_capacity(text.len());
+            escape_id_component(text, &mut id);
+            Cow::Owned(id)
+        }
     } else {
         let mut id = String::new();
         for (position, text) in key_values.iter().enumerate() {
@@ -484,7 +496,7 @@ pub fn encode_id(shape: &DocumentShape, key_values: &[&str]) -> Result<DocumentI
             }
             escape_id_component(text, &mut id);
         }
-        id
+        Cow::Owned(id)
     };
     if id.len() > MAX_ID_BYTES {
         return Err(EncodeError::IdTooLong { bytes: id.len() });
@@ -650,33 +662,62 @@ fn write_string(out: &mut Vec<u8>, text: &str) {
     out.push(b'"');
 }
 
-/// Appends the inside of a JSON string: copies runs of bytes that need no
-/// escaping, so plain text costs one pass.
+/// Marks the bytes of `word` (little-endian) that are `"`, `\` or below U+0020 (the classic
+/// SWAR tests: a byte below `n` borrows in `x - n` and had its high bit clear). A borrow can mark
+/// a byte above a marked one too, but the lowest mark is always exact.
+fn escape_marks(word: u64) -> u64 {
+    const ONES: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let below = |x: u64, n: u64| x.wrapping_sub(ONES * n) & !x & HIGH;
+    let control = below(word, 0x20);
+    let quote = below(word ^ (ONES * u64::from(b'"')), 1);
+    let backslash = below(word ^ (ONES * u64::from(b'\\')), 1);
+    control | quote | backslash
+}
+
+/// Appends the inside of a JSON string: looks at 8 bytes at a time for the
+/// next byte to escape and copies the run before it in one go.
 fn write_escaped(out: &mut Vec<u8>, text: &str) {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let bytes = text.as_bytes();
     let mut run_start = 0;
-    for (i, &byte) in bytes.iter().enumerate() {
-        let short: &[u8] = match byte {
-            b'"' => b"\\\"",
-            b'\\' => b"\\\\",
-            b'\n' => b"\\n",
-            b'\r' => b"\\r",
-            b'\t' => b"\\t",
-            0x08 => b"\\b",
-            0x0c => b"\\f",
-            0x00..=0x1f => b"",
-            _ => continue,
+    let mut i = 0;
+    loop {
+        let next = match bytes[i..].first_chunk::<8>() {
+            Some(word) => match escape_marks(u64::from_le_bytes(*word)) {
+                0 => {
+                    i += 8;
+                    continue;
+                }
+                marks => i + marks.trailing_zeros() as usize / 8,
+            },
+            // Fewer than 8 bytes left.
+            None => match bytes[i..]
+                .iter()
+                .position(|&byte| byte < 0x20 || byte == b'"' || byte == b'\\')
+            {
+                Some(offset) => i + offset,
+                None => break,
+            },
         };
-        out.extend_from_slice(&bytes[run_start..i]);
-        if short.is_empty() {
-            out.extend_from_slice(b"\\u00");
-            out.push(HEX[usize::from(byte >> 4)]);
-            out.push(HEX[usize::from(byte & 0x0f)]);
-        } else {
-            out.extend_from_slice(short);
+        out.extend_from_slice(&bytes[run_start..next]);
+        let byte = bytes[next];
+        match byte {
+            b'"' => out.extend_from_slice(b"\\\""),
+            b'\\' => out.extend_from_slice(b"\\\\"),
+            b'\n' => out.extend_from_slice(b"\\n"),
+            b'\r' => out.extend_from_slice(b"\\r"),
+            b'\t' => out.extend_from_slice(b"\\t"),
+            0x08 => out.extend_from_slice(b"\\b"),
+            0x0c => out.extend_from_slice(b"\\f"),
+            _ => {
+                out.extend_from_slice(b"\\u00");
+                out.push(HEX[usize::from(byte >> 4)]);
+                out.push(HEX[usize::from(byte & 0x0f)]);
+            }
         }
-        run_start = i + 1;
+        i = next + 1;
+        run_start = i;
     }
     out.extend_from_slice(&bytes[run_start..]);
 }
@@ -684,10 +725,16 @@ fn write_escaped(out: &mut Vec<u8>, text: &str) {
 /// Postgres' `json` output is the input text, which may hold line breaks
 /// between tokens (never inside strings, where JSON requires escapes).
 fn write_embedded_json(out: &mut Vec<u8>, text: &str) {
-    out.extend(text.bytes().map(|byte| match byte {
-        b'\n' | b'\r' => b' ',
-        other => other,
-    }));
+    let start = out.len();
+    out.extend_from_slice(text.as_bytes());
+    // An unconditional store lets the loop run on vector registers.
+    for byte in &mut out[start..] {
+        *byte = if matches!(*byte, b'\n' | b'\r') {
+            b' '
+        } else {
+            *byte
+        };
+    }
 }
 
 fn write_datetime(out: &mut Vec<u8>, kind: &ValueKind, text: &str) {
@@ -723,22 +770,24 @@ fn write_datetime(out: &mut Vec<u8>, kind: &ValueKind, text: &str) {
 
 /// `10:00:00+00` → `10:00:00Z`, `…+05:30` kept, `…-08` → `…-08:00`.
 fn write_time_with_offset(out: &mut Vec<u8>, time: &str) {
-    let Some(sign_at) = time.find(['+', '-']) else {
+    let Some(sign_at) = time.bytes().position(|b| b == b'+' || b == b'-') else {
         write_escaped(out, time);
         return;
     };
     let (clock, offset) = time.split_at(sign_at);
-    let fields: Vec<&str> = offset[1..].split(':').collect();
-    let well_formed = fields.len() <= 3
-        && fields
-            .iter()
-            .all(|field| field.len() == 2 && field.bytes().all(|b| b.is_ascii_digit()));
+    let (mut fields, mut well_formed, mut zero) = (0, true, true);
+    for field in offset[1..].split(':') {
+        fields += 1;
+        well_formed &= field.len() == 2 && field.bytes().all(|b| b.is_ascii_digit());
+        zero &= field == "00";
+    }
+    well_formed &= fields <= 3;
     write_escaped(out, clock);
     if !well_formed {
         write_escaped(out, offset);
-    } else if fields.iter().all(|field| *field == "00") {
+    } else if zero {
         out.push(b'Z');
-    } else if fields.len() == 1 {
+    } else if fields == 1 {
         out.extend_from_slice(offset.as_bytes());
         out.extend_from_slice(b":00");
     } else {
@@ -896,10 +945,10 @@ impl<'a> ArrayParser<'a> {
     /// An element up to the next `,` or `}`, without surrounding whitespace.
     fn read_unquoted(&mut self) -> Option<&'a str> {
         let rest = &self.text[self.position..];
-        let length = rest.find([',', '}'])?;
+        let length = rest.bytes().position(|b| b == b',' || b == b'}')?;
         self.position += length;
         let token = rest[..length].trim_ascii();
-        (!token.is_empty() && !token.contains(['{', '"'])).then_some(token)
+        (!token.is_empty() && !token.bytes().any(|b| b == b'{' || b == b'"')).then_some(token)
     }
 }
 
@@ -1220,7 +1269,10 @@ mod tests {
         DocumentShape::new(columns, keys).expect("valid shape")
     }
 
-    fn document(shape: &DocumentShape, values: &[ColumnValue]) -> (DocumentId, Value, String) {
+    fn document<'a>(
+        shape: &DocumentShape,
+        values: &[ColumnValue<'a>],
+    ) -> (DocumentId<'a>, Value, String) {
         let mut out = Vec::new();
         let id = encode_document(shape, values, &mut out).expect("encodes");
         let text = String::from_utf8(out).expect("UTF-8");
@@ -1296,7 +1348,7 @@ mod tests {
         assert_eq!(parsed, json!({"id": 1, "we\"ird\n": "x"}));
     }
 
-    fn single_id(kind: ValueKind, text: &str) -> Result<DocumentId, EncodeError> {
+    fn single_id(kind: ValueKind, text: &str) -> Result<DocumentId<'_>, EncodeError> {
         encode_id(&shape(vec![column("k", kind)], vec![0]), &[text])
     }
 
@@ -1414,11 +1466,9 @@ mod tests {
                 &shape,
                 &["x".repeat(254).as_str(), "y".repeat(255).as_str()]
             ),
-            Ok(DocumentId::String(format!(
-                "{}__{}",
-                "x".repeat(254),
-                "y".repeat(255)
-            )))
+            Ok(DocumentId::String(
+                format!("{}__{}", "x".repeat(254), "y".repeat(255)).into()
+            ))
         );
         assert_eq!(
             encode_id(
@@ -1671,6 +1721,53 @@ mod tests {
                 DocumentId::String(text) => assert_eq!(key_field, &json!(text)),
             }
         }
+    }
+
+    #[test]
+    fn escaping_matches_serde_json_at_every_position() {
+        const ALPHABET: &[&str] = &[
+            "a", "Z", " ", "\"", "\\", "\n", "\r", "\t", "\u{8}", "\u{c}", "\u{0}", "\u{1f}",
+            "\u{7f}", "é", "✓", "🦀", "\u{2028}", "/",
+        ];
+        let mut prng = Prng(0x5eed);
+        for _ in 0..3000 {
+            let text: String = (0..prng.below(40))
+                .map(|_| ALPHABET[prng.below(ALPHABET.len())])
+                .collect();
+            let mut out = Vec::new();
+            write_string(&mut out, &text);
+            let expected = serde_json::to_string(&text).expect("serializes");
+            assert_eq!(String::from_utf8(out).expect("UTF-8"), expected, "{text:?}");
+        }
+        // One escape at each offset around the 8-byte words, and runs of them.
+        for len in 0..20 {
+            for at in 0..len {
+                for special in ["\"", "\\", "\u{1}", "\u{1f}", "é"] {
+                    let mut text = "x".repeat(len);
+                    text.replace_range(at..=at, special);
+                    let mut out = Vec::new();
+                    write_string(&mut out, &text);
+                    let expected = serde_json::to_string(&text).expect("serializes");
+                    assert_eq!(String::from_utf8(out).expect("UTF-8"), expected);
+                }
+            }
+        }
+        let mut out = Vec::new();
+        write_string(
+            &mut out,
+            "\"\"\"\"\"\"\"\"\\\\\\\\\\\\\\\\\u{0}\u{1}\u{2}\u{3}\u{4}\u{5}\u{6}\u{7}",
+        );
+        assert_eq!(
+            out,
+            br#""\"\"\"\"\"\"\"\"\\\\\\\\\\\\\\\\\u0000\u0001\u0002\u0003\u0004\u0005\u0006\u0007""#
+        );
+    }
+
+    #[test]
+    fn embedded_json_line_breaks_become_spaces() {
+        let mut out = b"x".to_vec();
+        write_value(&mut out, &ValueKind::Json, "[\r\n1,\n\"a\\nb\"]");
+        assert_eq!(out, br#"x[  1, "a\nb"]"#);
     }
 
     #[test]

@@ -53,6 +53,8 @@ impl Phase {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Counters {
     pub documents: i64,
+    /// Of `documents`, ids deleted.
+    pub deletes: i64,
     pub batches: i64,
     pub bytes_before_gzip: i64,
     pub bytes_sent: i64,
@@ -63,6 +65,7 @@ pub struct Counters {
 impl Counters {
     const ZERO: Counters = Counters {
         documents: 0,
+        deletes: 0,
         batches: 0,
         bytes_before_gzip: 0,
         bytes_sent: 0,
@@ -73,6 +76,7 @@ impl Counters {
     fn plus(self, other: Counters) -> Counters {
         Counters {
             documents: self.documents + other.documents,
+            deletes: self.deletes + other.deletes,
             batches: self.batches + other.batches,
             bytes_before_gzip: self.bytes_before_gzip + other.bytes_before_gzip,
             bytes_sent: self.bytes_sent + other.bytes_sent,
@@ -84,6 +88,7 @@ impl Counters {
     fn minus(self, other: Counters) -> Counters {
         self.plus(Counters {
             documents: -other.documents,
+            deletes: -other.deletes,
             batches: -other.batches,
             bytes_before_gzip: -other.bytes_before_gzip,
             bytes_sent: -other.bytes_sent,
@@ -102,6 +107,7 @@ pub struct TaskSlot {
     phase: u8,
     rows_copied: i64,
     docs_confirmed: i64,
+    deletes_confirmed: i64,
     batches_inflight: i32,
     retries: i64,
     bytes_uncompressed: i64,
@@ -132,6 +138,7 @@ impl TaskSlot {
     fn worker_counters(&self) -> Counters {
         Counters {
             documents: self.docs_confirmed,
+            deletes: self.deletes_confirmed,
             batches: self.batches_confirmed,
             bytes_before_gzip: self.bytes_uncompressed,
             bytes_sent: self.bytes_sent,
@@ -147,6 +154,7 @@ impl TaskSlot {
         phase: 0,
         rows_copied: 0,
         docs_confirmed: 0,
+        deletes_confirmed: 0,
         batches_inflight: 0,
         retries: 0,
         bytes_uncompressed: 0,
@@ -239,6 +247,7 @@ pub struct TaskLive {
     pub phase: Option<Phase>,
     pub rows_copied: i64,
     pub docs_confirmed: i64,
+    pub deletes_confirmed: i64,
     pub batches_inflight: i32,
     pub retries: i64,
     pub bytes_uncompressed: i64,
@@ -372,6 +381,7 @@ impl SlotHandle {
             slot.docs_per_second = docs_per_second;
             slot.rows_copied = rows_copied;
             slot.docs_confirmed = counter(&writer.docs_confirmed);
+            slot.deletes_confirmed = counter(&writer.deletes_confirmed);
             slot.bytes_uncompressed = counter(&writer.bytes_uncompressed);
             slot.bytes_sent = counter(&writer.bytes_sent);
             slot.batches_confirmed = counter(&writer.batches_confirmed);
@@ -446,6 +456,7 @@ pub fn live_tasks() -> Vec<TaskLive> {
             phase: Phase::from_u8(slot.phase),
             rows_copied: slot.rows_copied,
             docs_confirmed: slot.docs_confirmed,
+            deletes_confirmed: slot.deletes_confirmed,
             batches_inflight: slot.batches_inflight,
             retries: slot.retries,
             bytes_uncompressed: slot.bytes_uncompressed,

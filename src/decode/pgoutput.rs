@@ -461,6 +461,11 @@ impl<'a> Reader<'a> {
 
 /// `bytes` started at `offset` in the message.
 fn utf8<'a>(bytes: &'a [u8], offset: usize, expected: &'static str) -> Result<&'a str, ParseError> {
+    // Most values are ASCII, which a word-at-a-time check confirms faster than full validation.
+    if bytes.is_ascii() {
+        // SAFETY: ASCII bytes are valid UTF-8.
+        return Ok(unsafe { std::str::from_utf8_unchecked(bytes) });
+    }
     std::str::from_utf8(bytes).map_err(|error| {
         let valid_up_to = error.valid_up_to();
         ParseError::new(offset, expected, Problem::InvalidUtf8 { valid_up_to })
@@ -1132,6 +1137,31 @@ mod tests {
             error(&relation),
             "bad pgoutput message: expected namespace name at offset 5, \
              but no terminating NUL byte follows"
+        );
+    }
+
+    #[test]
+    fn text_values_are_checked_as_utf8_past_an_ascii_prefix() {
+        let insert = |value: &[u8]| {
+            let mut bytes = b"I\0\0\x40\x07N\0\x01t".to_vec();
+            bytes.extend_from_slice(&(value.len() as i32).to_be_bytes());
+            bytes.extend_from_slice(value);
+            bytes
+        };
+        let ascii = insert(b"plain ascii text, longer than a word");
+        assert!(
+            matches!(parse(&ascii), Ok(Message::Insert { new, .. }) if new.values[0] == Text("plain ascii text, longer than a word"))
+        );
+        let accented = insert("ascii then é".as_bytes());
+        assert!(
+            matches!(parse(&accented), Ok(Message::Insert { new, .. }) if new.values[0] == Text("ascii then é"))
+        );
+        // A lone lead byte after 11 ASCII bytes.
+        let error = parse(&insert(b"ascii then \xc3")).expect_err("invalid UTF-8");
+        assert_eq!(
+            error.to_string(),
+            "bad pgoutput message: expected UTF-8 text value at offset 13, \
+             but it is not valid UTF-8 after 11 bytes"
         );
     }
 

@@ -119,6 +119,8 @@ pub struct WriterStats {
     pub bytes_sent: AtomicU64,
     pub batches_confirmed: AtomicU64,
     pub docs_confirmed: AtomicU64,
+    /// Of those, document ids deleted (DELETE, key changes).
+    pub deletes_confirmed: AtomicU64,
     pub batches_failed: AtomicU64,
     /// Requests retried, by the sender or the poller.
     pub retries: AtomicU64,
@@ -129,6 +131,7 @@ struct Enqueued {
     seq: u64,
     task_uid: u64,
     docs: usize,
+    deletes: bool,
 }
 
 /// What both threads share.
@@ -366,6 +369,7 @@ impl SenderThread {
                         seq: batch.seq,
                         task_uid,
                         docs: batch.docs,
+                        deletes: batch.op == Operation::Delete,
                     });
                     return true;
                 }
@@ -502,6 +506,11 @@ impl PollerThread {
                     stats
                         .docs_confirmed
                         .fetch_add(task.docs as u64, Ordering::Relaxed);
+                    if task.deletes {
+                        stats
+                            .deletes_confirmed
+                            .fetch_add(task.docs as u64, Ordering::Relaxed);
+                    }
                     WriterEvent::Confirmed {
                         seq: task.seq,
                         task_uid: task.task_uid,
@@ -805,6 +814,7 @@ mod tests {
             let stats = writer.stats();
             assert_eq!(stats.batches_confirmed.load(Ordering::Relaxed), 40);
             assert_eq!(stats.docs_confirmed.load(Ordering::Relaxed), 40);
+            assert_eq!(stats.deletes_confirmed.load(Ordering::Relaxed), 13);
             writer.shutdown();
         }
 

@@ -212,7 +212,7 @@ impl MessageSink for Streamer<'_> {
             self.ages.committed(*end_lsn, *commit_time);
         }
         let rules = &self.rules;
-        if let Err(error) = self.mapper.apply(message, Instant::now(), &mut |relation| {
+        if let Err(error) = self.mapper.apply(message, &Instant::now, &mut |relation| {
             rules.relation_shape(relation)
         }) {
             self.failure = Some(error);

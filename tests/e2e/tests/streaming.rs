@@ -43,7 +43,7 @@ fn converge(cluster: &Cluster, meili: &Meili, index: &str) {
 
 #[test]
 fn inserts_updates_deletes_and_key_changes() {
-    let (cluster, meili, index, _) = streaming_task(1000, json!({}));
+    let (cluster, meili, index, task) = streaming_task(1000, json!({}));
     cluster.psql(&products::insert_sql(1001, 1500));
     cluster.psql(
         "UPDATE products SET name = 'renamed ' || id, version = version + 1 WHERE id % 3 = 0",
@@ -58,6 +58,13 @@ fn inserts_updates_deletes_and_key_changes() {
          UPDATE products SET meta = '{\"nested\": {\"deep\": [1, {\"x\": null}]}}' WHERE id = 900001; COMMIT;",
     );
     converge(&cluster, &meili, &index);
+    // 300 deleted rows and 16 key changes (each deletes the old id).
+    wait_for("the delete counters", CONVERGE, || {
+        let counted = cluster.psql(&format!(
+            "SELECT s.documents_deleted || ',' || p.deletes FROM meili_sync_status s JOIN pg_stat_meili_sync p USING (task) WHERE task = {task}"
+        ));
+        (counted == "316,316").then_some(())
+    });
 }
 
 #[test]
