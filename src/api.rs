@@ -8,7 +8,7 @@ use pgrx::prelude::*;
 use pgrx::{register_xact_callback, JsonB, PgRelation, PgXactCallbackEvent};
 
 use crate::catalog::{self, NewTask, RelationInfo};
-use crate::encode::{decode_id_component, ValueKind};
+use crate::encode::{key_of_id, ValueKind};
 use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::meili::client::{Client, MeiliError};
 use crate::options::{validate_index_uid, TaskOptions};
@@ -483,12 +483,7 @@ fn meili_sync_retry_dead_letters(task: Option<i64>) -> i64 {
             .collect();
         let mut resent = 0;
         for id in catalog::dead_letter_ids(record.id, None)? {
-            let values: Option<Vec<String>> = if key.len() == 1 {
-                decode_id_component(&id).map(|value| vec![value])
-            } else {
-                id.split("__").map(decode_id_component).collect()
-            };
-            let Some(values) = values.filter(|values| values.len() == key.len()) else {
+            let Some(values) = key_of_id(&id, key.len()) else {
                 continue;
             };
             if catalog::touch_row(&info.qualified_name, &key, &values)? {

@@ -208,6 +208,14 @@ impl DocumentShape {
         &self.key_columns
     }
 
+    /// The key columns' text of a row read by SPI (the copy's resume point, a row to re-send).
+    pub fn key_of_row(&self, row: &[Option<String>]) -> Vec<String> {
+        self.key_columns
+            .iter()
+            .map(|&index| row.get(index).cloned().flatten().unwrap_or_default())
+            .collect()
+    }
+
     pub fn columns(&self) -> &[Column] {
         &self.columns
     }
@@ -506,6 +514,17 @@ pub fn encode_id<'a>(
 
 /// Inverse of the id escaping for one component (one key column's text).
 /// `None` if `escaped` is not the output of the escaping.
+/// Splits a document id back into the key columns' text (the inverse of the id encoding); None
+/// if it cannot come from a key of `key_columns` columns.
+pub fn key_of_id(id: &str, key_columns: usize) -> Option<Vec<String>> {
+    let values: Option<Vec<String>> = if key_columns == 1 {
+        decode_id_component(id).map(|value| vec![value])
+    } else {
+        id.split("__").map(decode_id_component).collect()
+    };
+    values.filter(|values| values.len() == key_columns)
+}
+
 pub fn decode_id_component(escaped: &str) -> Option<String> {
     let bytes = escaped.as_bytes();
     let mut decoded = Vec::with_capacity(bytes.len());

@@ -143,12 +143,7 @@ pub fn run(
                 }
             }
             if let Some(last) = rows.last() {
-                let key: Vec<String> = plan
-                    .shape
-                    .key_columns()
-                    .iter()
-                    .map(|&index| last.get(index).cloned().flatten().unwrap_or_default())
-                    .collect();
+                let key = plan.shape.key_of_row(last);
                 page += 1;
                 rows_read += rows.len() as i64;
                 batcher.mark_checkpoint(page);

@@ -14,7 +14,7 @@ use serde_json::Value;
 
 use crate::batch::Operation;
 use crate::catalog::{self, KeyMatch, TaskRecord};
-use crate::encode::{decode_id_component, encode_document, ColumnValue, ValueKind};
+use crate::encode::{encode_document, key_of_id, ColumnValue, ValueKind};
 use crate::error::{ErrorKind, SyncError};
 use crate::meili::client::{Client, MeiliError, TaskStatus};
 use crate::options::{TaskOptions, WriteMode};
@@ -99,17 +99,6 @@ pub fn compare_page(
         }
     }
     (missing, different)
-}
-
-/// Splits a document id back into the key columns' text (the inverse of the id encoding); None
-/// if it cannot come from this table's key.
-pub fn key_of_id(id: &str, key_columns: usize) -> Option<Vec<String>> {
-    let values: Option<Vec<String>> = if key_columns == 1 {
-        decode_id_component(id).map(|value| vec![value])
-    } else {
-        id.split("__").map(decode_id_component).collect()
-    };
-    values.filter(|values| values.len() == key_columns)
 }
 
 /// Whether `text` is valid input for a key of this kind and SQL type, so that it can be cast to
@@ -208,13 +197,7 @@ impl Context {
             let Some(id) = document.get(self.primary_key()).and_then(id_text) else {
                 continue;
             };
-            let key = self
-                .plan
-                .shape
-                .key_columns()
-                .iter()
-                .map(|&index| row.get(index).cloned().flatten().unwrap_or_default())
-                .collect();
+            let key = self.plan.shape.key_of_row(row);
             documents.push((id, document, key));
         }
         documents
@@ -280,14 +263,7 @@ impl Context {
             if rows.len() < self.plan.page_rows {
                 return Ok(());
             }
-            after = rows.last().map(|last| {
-                self.plan
-                    .shape
-                    .key_columns()
-                    .iter()
-                    .map(|&index| last.get(index).cloned().flatten().unwrap_or_default())
-                    .collect()
-            });
+            after = rows.last().map(|last| self.plan.shape.key_of_row(last));
         }
     }
 

@@ -40,6 +40,22 @@ fn permanent(message: impl Into<String>) -> Stop {
     Stop::Permanent(message.into())
 }
 
+/// Shows a transient failure in the status view and waits `delay` before the next attempt,
+/// unless the worker is asked to stop.
+fn retry_pause(slot: SlotHandle, error: &str, delay: Duration) -> Result<(), Stop> {
+    slot.add_retry();
+    slot.set_error(error);
+    slot.set_phase(Phase::Retrying);
+    let deadline = std::time::Instant::now() + delay;
+    while std::time::Instant::now() < deadline {
+        if should_stop() {
+            return Err(Stop::Terminated);
+        }
+        std::thread::sleep(Duration::from_millis(20).min(delay));
+    }
+    Ok(())
+}
+
 /// Runs a Meilisearch call, retrying transient failures with backoff until it succeeds, fails
 /// for good, or the worker is asked to stop.
 fn with_retry<T>(
@@ -53,18 +69,8 @@ fn with_retry<T>(
         match call() {
             Ok(value) => return Ok(value),
             Err(error) if error.is_retryable() || error.is_auth() => {
-                slot.add_retry();
-                slot.set_error(&format!("{what}: {error}"));
-                slot.set_phase(Phase::Retrying);
-                let delay = backoff.delay(attempt);
+                retry_pause(slot, &format!("{what}: {error}"), backoff.delay(attempt))?;
                 attempt += 1;
-                let deadline = std::time::Instant::now() + delay;
-                while std::time::Instant::now() < deadline {
-                    if should_stop() {
-                        return Err(Stop::Terminated);
-                    }
-                    std::thread::sleep(Duration::from_millis(20).min(delay));
-                }
             }
             Err(error) => return Err(permanent(format!("{what}: {error}"))),
         }
@@ -332,17 +338,8 @@ fn prune_index(task: &TaskRecord, slot: SlotHandle) -> Result<(), Stop> {
                 return Ok(());
             }
             Err(error) if error.kind == ErrorKind::Meilisearch => {
-                slot.add_retry();
-                slot.set_error(&error.message);
-                slot.set_phase(Phase::Retrying);
-                let deadline = std::time::Instant::now() + backoff.delay(attempt);
+                retry_pause(slot, &error.message, backoff.delay(attempt))?;
                 attempt += 1;
-                while std::time::Instant::now() < deadline {
-                    if should_stop() {
-                        return Err(Stop::Terminated);
-                    }
-                    std::thread::sleep(Duration::from_millis(20));
-                }
             }
             Err(error) => return Err(permanent(error.message)),
         }
