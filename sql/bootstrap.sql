@@ -18,7 +18,7 @@ CREATE TABLE meili_sync.tasks (
     primary_key text[] NOT NULL,
     options jsonb NOT NULL DEFAULT '{}',
     state text NOT NULL DEFAULT 'snapshot'
-        CHECK (state IN ('snapshot', 'streaming', 'paused', 'stopped', 'error')),
+        CHECK (state IN ('snapshot', 'streaming', 'paused', 'stopped', 'error', 'swapping')),
     generation integer NOT NULL DEFAULT 1,
     snapshot_key text[],
     rows_copied bigint NOT NULL DEFAULT 0,
@@ -27,6 +27,13 @@ CREATE TABLE meili_sync.tasks (
     last_error text,
     last_error_at timestamptz,
     created_at timestamptz NOT NULL DEFAULT now(),
+    -- A resync helper: copies into a fresh index, then swaps it with its task's index.
+    resync_of bigint UNIQUE REFERENCES meili_sync.tasks (id) ON DELETE CASCADE,
+    resync_phase text CHECK (resync_phase IN ('swapping', 'swapped')),
+    -- Where the helper stopped before the swap, and its index's createdAt, which moves with the
+    -- index's content and so tells after a crash whether the swap happened.
+    swap_lsn pg_lsn,
+    swap_created_at text,
     UNIQUE (source, url, index_uid)
 );
 COMMENT ON TABLE meili_sync.tasks IS 'One row per sync task; state is what the task should be doing.';

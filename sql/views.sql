@@ -5,7 +5,7 @@ SELECT t.id AS task,
        t.index_uid,
        t.url,
        CASE
-           WHEN t.state IN ('paused', 'stopped', 'error') THEN t.state
+           WHEN t.state IN ('paused', 'stopped', 'error', 'swapping') THEN t.state
            WHEN w.pid IS NOT NULL THEN w.phase
            WHEN w.phase = 'error' THEN 'restarting'
            ELSE 'starting'
@@ -47,7 +47,9 @@ SELECT t.id AS task,
        t.primary_key,
        t.snapshot_started_at,
        t.snapshot_finished_at,
-       t.created_at
+       t.created_at,
+       -- On a resync helper: the task whose index it rebuilds.
+       t.resync_of
   FROM meili_sync.tasks t
   LEFT JOIN pg_catalog.pg_class c ON c.oid = t.source
   LEFT JOIN meili_sync_worker_state() w ON w.task = t.id
@@ -86,6 +88,8 @@ SELECT t.id AS task,
        t.index_uid,
        coalesce(c.documents, 0) AS documents,
        coalesce(c.deletes, 0) AS deletes,
+       coalesce(c.updates, 0) AS updates,
+       coalesce(c.truncates, 0) AS truncates,
        coalesce(c.batches, 0) AS batches,
        coalesce(c.bytes_before_gzip, 0) AS bytes_before_gzip,
        coalesce(c.bytes_sent, 0) AS bytes_sent,

@@ -12,6 +12,7 @@ use crate::encode::{key_of_id, ValueKind};
 use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::meili::client::{Client, MeiliError};
 use crate::options::{validate_index_uid, TaskOptions};
+use crate::worker::resync;
 use crate::{gucs, shmem};
 
 static WAKE_PENDING: AtomicBool = AtomicBool::new(false);
@@ -95,6 +96,19 @@ fn require_launcher_database() -> Result<(), SyncError> {
             "Connect to database \"{configured}\", or set meili_sync.database = '{current}' in postgresql.conf and restart the server."
         )))
     }
+}
+
+/// Each task (resync helpers too) keeps a slot of shared memory for its live state and counters.
+fn require_task_room() -> Result<(), SyncError> {
+    let limit = gucs::max_tasks();
+    if catalog::task_count()? < limit as i64 {
+        return Ok(());
+    }
+    Err(SyncError::new(
+        ErrorKind::Limit,
+        format!("there are already {limit} meili_sync tasks, as many as meili_sync.max_tasks allows"),
+    )
+    .hint("Drop tasks you no longer need, or raise meili_sync.max_tasks (and max_worker_processes) in postgresql.conf and restart the server."))
 }
 
 /// Chooses the key columns: the `primary_key` option, else the table's primary key; checks that
@@ -267,6 +281,7 @@ fn start_task(
         )
         .hint("The key columns identify each document and are always sent."));
     }
+    require_task_room()?;
     if let Some(existing) = catalog::task_exists(source.oid(), &url, index_uid)? {
         return Err(SyncError::new(
             ErrorKind::DuplicateTask,
@@ -283,11 +298,30 @@ fn start_task(
             api_key: api_key.as_deref(),
             primary_key: &key,
             options: parsed.to_stored_json(),
+            resync_of: None,
         },
         table,
     )?;
     wake_launcher_at_commit();
     Ok(id)
+}
+
+/// A task held for the swap of its resync changes only through the helper, for a moment.
+fn refuse_while_swapping(record: &catalog::TaskRecord) -> Result<(), SyncError> {
+    if record.state != "swapping" {
+        return Ok(());
+    }
+    let helper = catalog::resync_helper(record.id)?.unwrap_or_default();
+    Err(SyncError::new(
+        ErrorKind::Prerequisite,
+        format!(
+            "task {} is held while its resync swaps in the new index",
+            record.id
+        ),
+    )
+    .hint(format!(
+        "The task streams on by itself once the swap is done. To cancel the resync instead, run SELECT meili_sync_drop({helper}, drop_index => true)."
+    )))
 }
 
 /// Creates a task that copies `source` into the Meilisearch index `index_uid` and keeps it in step.
@@ -334,6 +368,7 @@ fn meili_sync_pause(task: Option<i64>) -> bool {
     let result = (|| {
         require_admin()?;
         let record = require_task(task)?;
+        refuse_while_swapping(&record)?;
         catalog::set_state(record.id, "paused")?;
         wake_launcher_at_commit();
         Ok(true)
@@ -347,6 +382,7 @@ fn meili_sync_resume(task: Option<i64>) -> bool {
     let result = (|| {
         require_admin()?;
         let record = require_task(task)?;
+        refuse_while_swapping(&record)?;
         catalog::resume(record.id)?;
         wake_launcher_at_commit();
         Ok(true)
@@ -361,6 +397,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
     let result = (|| {
         require_admin()?;
         let record = require_task(task)?;
+        refuse_while_swapping(&record)?;
         let options = required(
             options,
             "options",
@@ -405,6 +442,7 @@ fn meili_sync_snapshot(task: Option<i64>) -> bool {
     let result = (|| {
         require_admin()?;
         let record = require_task(task)?;
+        refuse_while_swapping(&record)?;
         catalog::reset_snapshot(record.id)?;
         wake_launcher_at_commit();
         Ok(true)
@@ -412,14 +450,87 @@ fn meili_sync_snapshot(task: Option<i64>) -> bool {
     result.or_raise()
 }
 
-fn delete_index(record: &catalog::TaskRecord) -> Result<(), SyncError> {
+/// Rebuilds a task's index without downtime: a helper task copies the table into a new index
+/// while the live one keeps serving and streaming, then swaps the two (`/swap-indexes`) and
+/// deletes the old one. Returns the helper's task id, which `meili_sync_status` shows.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_resync(task: Option<i64>) -> i64 {
+    let result = (|| {
+        require_admin()?;
+        require_preloaded()?;
+        let record = require_task(task)?;
+        if let Some(rebuilt) = record.resync_of {
+            return Err(SyncError::new(
+                ErrorKind::InvalidParameter,
+                format!("task {} is the resync helper of task {rebuilt}", record.id),
+            )
+            .hint(format!("Resync task {rebuilt} itself.")));
+        }
+        if let Some(helper) = catalog::resync_helper(record.id)? {
+            return Err(SyncError::new(
+                ErrorKind::DuplicateTask,
+                format!("task {} is already being resynced by helper task {helper}", record.id),
+            )
+            .hint(format!(
+                "Follow it in meili_sync_status; SELECT meili_sync_drop({helper}, drop_index => true) cancels it."
+            )));
+        }
+        if record.state != "streaming" {
+            return Err(SyncError::new(
+                ErrorKind::Prerequisite,
+                format!(
+                    "task {} is in state \"{}\"; only a streaming task can be resynced",
+                    record.id, record.state
+                ),
+            )
+            .hint(format!(
+                "Resume a paused or stopped task first; a task that has not finished its copy, or failed, is copied again with SELECT meili_sync_snapshot({}).",
+                record.id
+            )));
+        }
+        let fresh_uid = resync::helper_index_uid(&record.index_uid);
+        validate_index_uid(&fresh_uid).map_err(|_| {
+            SyncError::new(
+                ErrorKind::InvalidParameter,
+                format!(
+                    "index uid \"{}\" is too long to add \"__resync\" for the new index",
+                    record.index_uid
+                ),
+            )
+            .hint("Index uids of tasks to resync must be at most 392 characters long.")
+        })?;
+        if let Some(existing) = catalog::task_exists(record.relid, &record.url, &fresh_uid)? {
+            return Err(SyncError::new(
+                ErrorKind::DuplicateTask,
+                format!("task {existing} already syncs into index \"{fresh_uid}\", the index a resync would build"),
+            )
+            .hint(format!("Drop task {existing} first.")));
+        }
+        require_task_room()?;
+        let info = catalog::relation_info(record.relid)?;
+        let helper = catalog::insert_task(
+            NewTask {
+                relid: record.relid,
+                index_uid: &fresh_uid,
+                url: &record.url,
+                api_key: record.api_key.as_deref(),
+                primary_key: &record.primary_key,
+                options: record.options.clone(),
+                resync_of: Some(record.id),
+            },
+            &info.qualified_name,
+        )?;
+        wake_launcher_at_commit();
+        Ok(helper)
+    })();
+    result.or_raise()
+}
+
+fn delete_index(record: &catalog::TaskRecord, index_uid: &str) -> Result<(), SyncError> {
     let failed = |error: MeiliError| {
         SyncError::new(
             ErrorKind::Meilisearch,
-            format!(
-                "could not delete Meilisearch index \"{}\": {error}",
-                record.index_uid
-            ),
+            format!("could not delete Meilisearch index \"{index_uid}\": {error}"),
         )
         .hint("Check that Meilisearch is reachable, or drop the task with drop_index => false.")
     };
@@ -429,14 +540,10 @@ fn delete_index(record: &catalog::TaskRecord) -> Result<(), SyncError> {
         Duration::from_secs(30),
     )
     .map_err(failed)?;
-    if client
-        .get_index(&record.index_uid)
-        .map_err(failed)?
-        .is_none()
-    {
+    if client.get_index(index_uid).map_err(failed)?.is_none() {
         return Ok(());
     }
-    let uid = client.delete_index(&record.index_uid).map_err(failed)?;
+    let uid = client.delete_index(index_uid).map_err(failed)?;
     client
         .wait_task(uid, Duration::from_secs(60))
         .map_err(failed)?;
@@ -454,8 +561,16 @@ fn meili_sync_drop(task: Option<i64>, drop_index: default!(Option<bool>, false))
             "drop_index",
             "Pass true to delete the Meilisearch index too, false to keep it.",
         )?;
+        let helper = catalog::resync_helper(record.id)?;
         if drop_index {
-            delete_index(&record)?;
+            delete_index(&record, &record.index_uid)?;
+            // The index a resync was building goes too.
+            if helper.is_some() {
+                delete_index(&record, &resync::helper_index_uid(&record.index_uid))?;
+            }
+        }
+        if let Some(helper) = helper {
+            catalog::delete_task(&catalog::require_task(helper)?)?;
         }
         catalog::delete_task(&record)?;
         wake_launcher_at_commit();
@@ -578,6 +693,8 @@ fn meili_sync_stats() -> TableIterator<
         name!(task, i64),
         name!(documents, i64),
         name!(deletes, i64),
+        name!(updates, i64),
+        name!(truncates, i64),
         name!(batches, i64),
         name!(bytes_before_gzip, i64),
         name!(bytes_sent, i64),
@@ -597,6 +714,8 @@ fn meili_sync_stats() -> TableIterator<
             task,
             counters.documents,
             counters.deletes,
+            counters.updates,
+            counters.truncates,
             counters.batches,
             counters.bytes_before_gzip,
             counters.bytes_sent,
@@ -622,10 +741,6 @@ fn pg_stat_meili_sync_reset(task: default!(Option<i64>, "NULL")) -> bool {
 }
 
 /// An LSN as Postgres writes it (the view casts it to pg_lsn).
-fn format_lsn(lsn: u64) -> String {
-    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
-}
-
 /// Live state of every task worker, from shared memory; the status view joins it with the catalog.
 // The named tuple is how pgrx declares the SQL result columns.
 #[allow(clippy::type_complexity)]
@@ -673,8 +788,8 @@ fn meili_sync_worker_state() -> TableIterator<
             live.docs_sent,
             live.failed_tasks,
             live.docs_per_second,
-            live.received_lsn.map(format_lsn),
-            live.confirmed_lsn.map(format_lsn),
+            live.received_lsn.map(catalog::format_lsn),
+            live.confirmed_lsn.map(catalog::format_lsn),
             live.oldest_unconfirmed_at
                 .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),
             live.last_error,

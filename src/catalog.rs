@@ -53,6 +53,11 @@ pub struct TaskRecord {
     pub publication_name: String,
     pub snapshot_key: Option<Vec<String>>,
     pub rows_copied: i64,
+    /// Set on a resync helper: the task whose index it rebuilds.
+    pub resync_of: Option<i64>,
+    pub resync_phase: Option<String>,
+    pub swap_lsn: Option<u64>,
+    pub swap_created_at: Option<String>,
 }
 
 /// A task's slot as the launcher's WAL guard sees it.
@@ -265,6 +270,11 @@ pub fn task_exists(relid: pg_sys::Oid, url: &str, index_uid: &str) -> CatalogRes
     )
 }
 
+/// An LSN in Postgres's text form, `X/X`.
+pub fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
+}
+
 pub struct NewTask<'a> {
     pub relid: pg_sys::Oid,
     pub index_uid: &'a str,
@@ -272,6 +282,7 @@ pub struct NewTask<'a> {
     pub api_key: Option<&'a str>,
     pub primary_key: &'a [String],
     pub options: serde_json::Value,
+    pub resync_of: Option<i64>,
 }
 
 /// Inserts the task and its publication; returns the task id.
@@ -279,8 +290,8 @@ pub fn insert_task(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i6
     Spi::connect_mut(|client| {
         let id: i64 = client
             .update(
-                "INSERT INTO meili_sync.tasks (source, index_uid, url, primary_key, options)
-                 VALUES ($1::oid::regclass, $2, $3, $4, $5) RETURNING id",
+                "INSERT INTO meili_sync.tasks (source, index_uid, url, primary_key, options, resync_of)
+                 VALUES ($1::oid::regclass, $2, $3, $4, $5, $6) RETURNING id",
                 Some(1),
                 &[
                     task.relid.into(),
@@ -288,6 +299,7 @@ pub fn insert_task(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i6
                     task.url.into(),
                     task.primary_key.to_vec().into(),
                     JsonB(task.options).into(),
+                    task.resync_of.into(),
                 ],
             )?
             .first()
@@ -338,7 +350,9 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
     Spi::connect(|client| {
         let mut rows = client.select(
             "SELECT t.id, t.source::oid, t.source::text, t.index_uid, t.url, s.api_key, t.primary_key,
-                    t.options, t.state, t.snapshot_key, t.rows_copied, 'meili_sync.tasks'::regclass::oid
+                    t.options, t.state, t.snapshot_key, t.rows_copied, 'meili_sync.tasks'::regclass::oid,
+                    t.resync_of, t.resync_phase, pg_catalog.pg_wal_lsn_diff(t.swap_lsn, '0/0')::bigint,
+                    t.swap_created_at
                FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id = t.id
               WHERE t.id = $1",
             Some(1),
@@ -365,6 +379,10 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
             publication_name: object_name(row.get(12)?.unwrap_or(pg_sys::InvalidOid), id),
             snapshot_key: names_from(row.get(10)?),
             rows_copied: row.get(11)?.unwrap_or(0),
+            resync_of: row.get(13)?,
+            resync_phase: row.get(14)?,
+            swap_lsn: row.get::<i64>(15)?.map(|lsn| lsn as u64),
+            swap_created_at: row.get(16)?,
         }))
     })
 }
@@ -498,10 +516,7 @@ pub fn insert_dead_letters(
                 serde_json::Value::Null => None,
                 other => Some(other.to_string()),
             };
-            let lsn = dead
-                .checkpoint
-                .filter(|_| streaming)
-                .map(|lsn| format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF));
+            let lsn = dead.checkpoint.filter(|_| streaming).map(format_lsn);
             client.update(
                 "INSERT INTO meili_sync.dead_letters
                      (task_id, document_id, operation, document, error_code, error_message, meili_task_uid, lsn)
@@ -715,6 +730,135 @@ pub fn extension_installed() -> CatalogResult<bool> {
         &[],
     )?
     .unwrap_or(false))
+}
+
+pub fn task_count() -> CatalogResult<i64> {
+    Ok(select_one::<i64>("SELECT count(*) FROM meili_sync.tasks", &[])?.unwrap_or(0))
+}
+
+/// The resync helper of a task, if one is running.
+pub fn resync_helper(task_id: i64) -> CatalogResult<Option<i64>> {
+    select_one::<i64>(
+        "SELECT id FROM meili_sync.tasks WHERE resync_of = $1",
+        &[task_id.into()],
+    )
+}
+
+/// What a resync helper needs to know of the task it rebuilds before swapping: its state, and
+/// whether a worker still holds its slot and how far that slot is confirmed.
+pub struct HeldTask {
+    pub state: String,
+    pub slot_active: bool,
+    pub confirmed: Option<u64>,
+}
+
+pub fn held_task(task_id: i64) -> CatalogResult<Option<HeldTask>> {
+    Spi::connect(|client| {
+        let mut rows = client.select(
+            &format!(
+                "SELECT t.state, coalesce(s.active, false),
+                        pg_catalog.pg_wal_lsn_diff(s.confirmed_flush_lsn, '0/0')::bigint
+                   FROM meili_sync.tasks t
+                   LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = {OBJECT_NAME_SQL}
+                  WHERE t.id = $1"
+            ),
+            Some(1),
+            &[task_id.into()],
+        )?;
+        let Some(row) = rows.next() else {
+            return Ok(None);
+        };
+        Ok(Some(HeldTask {
+            state: row.get(1)?.unwrap_or_default(),
+            slot_active: row.get(2)?.unwrap_or(false),
+            confirmed: row.get::<i64>(3)?.map(|lsn| lsn as u64),
+        }))
+    })
+}
+
+/// Holds a streaming task for the swap of its index: the launcher stops its worker.
+pub fn hold_for_swap(task_id: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET state = 'swapping', generation = generation + 1
+          WHERE id = $1 AND state = 'streaming'",
+        &[task_id.into()],
+    )?;
+    Ok(())
+}
+
+/// The helper is about to swap: where it stopped, and its index's createdAt before the swap.
+pub fn record_swap(
+    helper_id: i64,
+    lsn: Option<u64>,
+    created_at: Option<&str>,
+) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks
+            SET resync_phase = CASE WHEN $2::text IS NULL THEN NULL ELSE 'swapping' END,
+                swap_lsn = $2::text::pg_lsn, swap_created_at = $3
+          WHERE id = $1",
+        &[
+            helper_id.into(),
+            lsn.map(format_lsn).into(),
+            created_at.into(),
+        ],
+    )?;
+    Ok(())
+}
+
+/// After the swap: the held task's slot moves to where the helper stopped (everything before is
+/// in the new index), and the task streams on from there.
+pub fn finish_swap(helper_id: i64, task_id: i64, slot_name: &str, lsn: u64) -> CatalogResult<()> {
+    let position = format_lsn(lsn);
+    select_one::<String>(
+        "SELECT pg_catalog.pg_replication_slot_advance(slot_name, $2::text::pg_lsn)::text
+           FROM pg_catalog.pg_replication_slots
+          WHERE slot_name = $1 AND confirmed_flush_lsn < $2::text::pg_lsn",
+        &[slot_name.into(), position.into()],
+    )?;
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET state = 'streaming', generation = generation + 1
+          WHERE id = $1 AND state = 'swapping'",
+        &[task_id.into()],
+    )?;
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET resync_phase = 'swapped' WHERE id = $1",
+        &[helper_id.into()],
+    )?;
+    Ok(())
+}
+
+/// Tasks held for a swap whose helper is gone or no longer running (dropped, stopped, failed)
+/// stream on; returns their ids.
+pub fn release_held_tasks() -> CatalogResult<Vec<i64>> {
+    const ORPHANED: &str = "m.state = 'swapping'
+        AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks r
+                         WHERE r.resync_of = m.id AND r.state IN ('snapshot', 'streaming'))";
+    // Read-only first: the launcher asks every round and must not burn an xid each time.
+    let any = select_one::<bool>(
+        &format!("SELECT EXISTS (SELECT 1 FROM meili_sync.tasks m WHERE {ORPHANED})"),
+        &[],
+    )?;
+    if any != Some(true) {
+        return Ok(Vec::new());
+    }
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            &format!(
+                "UPDATE meili_sync.tasks m SET state = 'streaming', generation = generation + 1
+                  WHERE {ORPHANED} RETURNING m.id"
+            ),
+            None,
+            &[],
+        )?;
+        let mut ids = Vec::new();
+        for row in rows {
+            if let Some(id) = row.get::<i64>(1)? {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    })
 }
 
 pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {

@@ -16,6 +16,7 @@ pub enum ErrorKind {
     DuplicateTask,
     Prerequisite,
     Privilege,
+    Limit,
     Meilisearch,
     Internal,
 }
@@ -60,6 +61,7 @@ impl SyncError {
             ErrorKind::DuplicateTask => PgSqlErrorCode::ERRCODE_DUPLICATE_OBJECT,
             ErrorKind::Prerequisite => PgSqlErrorCode::ERRCODE_OBJECT_NOT_IN_PREREQUISITE_STATE,
             ErrorKind::Privilege => PgSqlErrorCode::ERRCODE_INSUFFICIENT_PRIVILEGE,
+            ErrorKind::Limit => PgSqlErrorCode::ERRCODE_CONFIGURATION_LIMIT_EXCEEDED,
             ErrorKind::Meilisearch => PgSqlErrorCode::ERRCODE_CONNECTION_FAILURE,
             ErrorKind::Internal => PgSqlErrorCode::ERRCODE_INTERNAL_ERROR,
         }

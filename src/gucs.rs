@@ -13,6 +13,7 @@ static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static INDEX_CHECK_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
 static MAX_RETAINED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static LAG_WARNING_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
+static MAX_TASKS: GucSetting<i32> = GucSetting::<i32>::new(64);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -90,6 +91,16 @@ pub fn init() {
         GucContext::Sighup,
         GucFlags::UNIT_MS,
     );
+    GucRegistry::define_int_guc(
+        c"meili_sync.max_tasks",
+        c"How many tasks (resync helpers included) may exist; each running one uses a background worker.",
+        c"Shared memory holds room for 256; raise max_worker_processes to match.",
+        &MAX_TASKS,
+        1,
+        crate::shmem::TASK_SLOTS as i32,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
     // SAFETY: called from _PG_init after our settings are defined; warns about misspelled ones.
     #[cfg(not(any(feature = "pg13", feature = "pg14")))]
     unsafe {
@@ -131,6 +142,12 @@ pub fn naptime() -> std::time::Duration {
 
 pub fn index_check_interval() -> std::time::Duration {
     std::time::Duration::from_millis(INDEX_CHECK_INTERVAL_MS.get().max(100) as u64)
+}
+
+pub fn max_tasks() -> usize {
+    usize::try_from(MAX_TASKS.get())
+        .unwrap_or(1)
+        .clamp(1, crate::shmem::TASK_SLOTS)
 }
 
 /// None when the warning is off (0).

@@ -8,8 +8,9 @@ use crate::meter::RateWindow;
 use pgrx::prelude::*;
 use pgrx::shmem::PGRXSharedMemory;
 
-/// Tasks that can run at once; a fixed array keeps shared memory a constant size.
-pub const MAX_TASKS: usize = 64;
+/// Room for this many tasks; `meili_sync.max_tasks` says how many may be used. A fixed array keeps
+/// shared memory a constant size (about 700 bytes a task).
+pub const TASK_SLOTS: usize = 256;
 const ERROR_BYTES: usize = 512;
 
 /// What a task worker is doing right now, as shown in `meili_sync_status.state`.
@@ -22,6 +23,7 @@ pub enum Phase {
     Retrying = 4,
     Error = 5,
     Exited = 6,
+    Swapping = 7,
 }
 
 impl Phase {
@@ -33,6 +35,7 @@ impl Phase {
             4 => Phase::Retrying,
             5 => Phase::Error,
             6 => Phase::Exited,
+            7 => Phase::Swapping,
             _ => return None,
         })
     }
@@ -45,6 +48,7 @@ impl Phase {
             Phase::Retrying => "retrying",
             Phase::Error => "error",
             Phase::Exited => "exited",
+            Phase::Swapping => "swapping",
         }
     }
 }
@@ -55,6 +59,10 @@ pub struct Counters {
     pub documents: i64,
     /// Of `documents`, ids deleted.
     pub deletes: i64,
+    /// Of `documents`, partial updates.
+    pub updates: i64,
+    /// Delete-all tasks (TRUNCATE).
+    pub truncates: i64,
     pub batches: i64,
     pub bytes_before_gzip: i64,
     pub bytes_sent: i64,
@@ -66,6 +74,8 @@ impl Counters {
     const ZERO: Counters = Counters {
         documents: 0,
         deletes: 0,
+        updates: 0,
+        truncates: 0,
         batches: 0,
         bytes_before_gzip: 0,
         bytes_sent: 0,
@@ -77,6 +87,8 @@ impl Counters {
         Counters {
             documents: self.documents + other.documents,
             deletes: self.deletes + other.deletes,
+            updates: self.updates + other.updates,
+            truncates: self.truncates + other.truncates,
             batches: self.batches + other.batches,
             bytes_before_gzip: self.bytes_before_gzip + other.bytes_before_gzip,
             bytes_sent: self.bytes_sent + other.bytes_sent,
@@ -89,6 +101,8 @@ impl Counters {
         self.plus(Counters {
             documents: -other.documents,
             deletes: -other.deletes,
+            updates: -other.updates,
+            truncates: -other.truncates,
             batches: -other.batches,
             bytes_before_gzip: -other.bytes_before_gzip,
             bytes_sent: -other.bytes_sent,
@@ -108,6 +122,8 @@ pub struct TaskSlot {
     rows_copied: i64,
     docs_confirmed: i64,
     deletes_confirmed: i64,
+    updates_confirmed: i64,
+    truncates_confirmed: i64,
     batches_inflight: i32,
     retries: i64,
     bytes_uncompressed: i64,
@@ -139,6 +155,8 @@ impl TaskSlot {
         Counters {
             documents: self.docs_confirmed,
             deletes: self.deletes_confirmed,
+            updates: self.updates_confirmed,
+            truncates: self.truncates_confirmed,
             batches: self.batches_confirmed,
             bytes_before_gzip: self.bytes_uncompressed,
             bytes_sent: self.bytes_sent,
@@ -155,6 +173,8 @@ impl TaskSlot {
         rows_copied: 0,
         docs_confirmed: 0,
         deletes_confirmed: 0,
+        updates_confirmed: 0,
+        truncates_confirmed: 0,
         batches_inflight: 0,
         retries: 0,
         bytes_uncompressed: 0,
@@ -179,14 +199,14 @@ impl TaskSlot {
 #[derive(Clone, Copy)]
 pub struct SharedState {
     launcher_latch: usize,
-    slots: [TaskSlot; MAX_TASKS],
+    slots: [TaskSlot; TASK_SLOTS],
 }
 
 impl Default for SharedState {
     fn default() -> Self {
         SharedState {
             launcher_latch: 0,
-            slots: [TaskSlot::EMPTY; MAX_TASKS],
+            slots: [TaskSlot::EMPTY; TASK_SLOTS],
         }
     }
 }
@@ -286,11 +306,11 @@ pub fn wake_launcher() {
 /// Claims the task's slot (or a free one) for the calling worker; None when all slots are taken.
 pub fn attach(task_id: i64, pid: i32) -> Option<usize> {
     let mut state = STATE.exclusive();
-    let index = state
-        .slots
+    let usable = &state.slots[..crate::gucs::max_tasks()];
+    let index = usable
         .iter()
         .position(|slot| slot.task_id == task_id)
-        .or_else(|| state.slots.iter().position(|slot| slot.task_id == 0))?;
+        .or_else(|| usable.iter().position(|slot| slot.task_id == 0))?;
     let slot = &mut state.slots[index];
     let keep_error = slot.task_id == task_id;
     let (error_len, error, error_at) = (slot.error_len, slot.error, slot.error_at);
@@ -382,6 +402,8 @@ impl SlotHandle {
             slot.rows_copied = rows_copied;
             slot.docs_confirmed = counter(&writer.docs_confirmed);
             slot.deletes_confirmed = counter(&writer.deletes_confirmed);
+            slot.updates_confirmed = counter(&writer.updates_confirmed);
+            slot.truncates_confirmed = counter(&writer.clears_confirmed);
             slot.bytes_uncompressed = counter(&writer.bytes_uncompressed);
             slot.bytes_sent = counter(&writer.bytes_sent);
             slot.batches_confirmed = counter(&writer.batches_confirmed);

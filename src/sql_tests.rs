@@ -193,6 +193,101 @@ mod tests {
     }
 
     #[pg_test]
+    fn resync_creates_a_helper_and_guards_the_held_task() {
+        products();
+        // The error without its hint.
+        let message = |sql: &str| {
+            outcome(sql)
+                .split(" | ")
+                .next()
+                .unwrap_or_default()
+                .to_owned()
+        };
+        let id = Spi::get_one::<i64>("SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\", \"batch_size\": 100}')")
+            .expect("start")
+            .expect("id");
+        // Still copying: nothing to rebuild yet.
+        assert_eq!(
+            message(&format!("SELECT meili_sync_resync({id})")),
+            format!(
+                "55000: task {id} is in state \"snapshot\"; only a streaming task can be resynced"
+            )
+        );
+        Spi::run_with_args(
+            "UPDATE meili_sync.tasks SET state = 'streaming', snapshot_finished_at = now() WHERE id = $1",
+            &[id.into()],
+        )
+        .expect("streaming");
+        let helper = Spi::get_one_with_args::<i64>("SELECT meili_sync_resync($1)", &[id.into()])
+            .expect("resync")
+            .expect("helper id");
+        let row = Spi::get_one_with_args::<String>(
+            "SELECT concat_ws(',', index_uid, state, resync_of, url, options->>'batch_size', primary_key::text)
+               FROM meili_sync.tasks WHERE id = $1",
+            &[helper.into()],
+        )
+        .expect("helper row")
+        .unwrap_or_default();
+        assert_eq!(
+            row,
+            format!("products__resync,snapshot,{id},http://127.0.0.1:7700,100,{{id}}")
+        );
+        let publications = Spi::get_one::<i64>(
+            "SELECT count(*) FROM pg_catalog.pg_publication WHERE pubname LIKE 'meili\\_sync\\_%'",
+        )
+        .expect("count")
+        .unwrap_or_default();
+        assert_eq!(publications, 2);
+        assert_eq!(
+            message(&format!("SELECT meili_sync_resync({id})")),
+            format!("42710: task {id} is already being resynced by helper task {helper}")
+        );
+        assert_eq!(
+            message(&format!("SELECT meili_sync_resync({helper})")),
+            format!("22023: task {helper} is the resync helper of task {id}")
+        );
+        // Held for the swap, the task refuses changes until the helper lets it go.
+        Spi::run_with_args(
+            "UPDATE meili_sync.tasks SET state = 'swapping' WHERE id = $1",
+            &[id.into()],
+        )
+        .expect("hold");
+        for call in [
+            "meili_sync_pause",
+            "meili_sync_resume",
+            "meili_sync_snapshot",
+        ] {
+            assert_eq!(
+                message(&format!("SELECT {call}({id})")),
+                format!("55000: task {id} is held while its resync swaps in the new index")
+            );
+        }
+        // Dropping the task drops its helper too.
+        Spi::run_with_args("SELECT meili_sync_drop($1)", &[id.into()]).expect("drop");
+        let left = Spi::get_one::<i64>("SELECT count(*) FROM meili_sync.tasks")
+            .expect("count")
+            .unwrap_or_default();
+        assert_eq!(left, 0);
+    }
+
+    #[pg_test]
+    fn max_tasks_is_enforced() {
+        products();
+        Spi::run(
+            "SELECT meili_sync_start('products', 'p' || i, '{\"url\": \"http://127.0.0.1:7700\"}')
+               FROM generate_series(1, current_setting('meili_sync.max_tasks')::int) AS i",
+        )
+        .expect("as many tasks as allowed");
+        let refused = outcome(
+            "SELECT meili_sync_start('products', 'one_more', '{\"url\": \"http://127.0.0.1:7700\"}')",
+        );
+        assert!(
+            refused.starts_with("53400: there are already 64 meili_sync tasks"),
+            "{refused}"
+        );
+    }
+
+    #[pg_test]
     fn alter_changes_options_url_and_key_in_place() {
         products();
         let id = Spi::get_one::<i64>(

@@ -325,6 +325,41 @@ impl Client {
         task_uid(&answer)
     }
 
+    /// `GET /indexes/{uid}/settings`: every setting of the index.
+    pub fn get_settings(&self, uid: &str) -> Result<Value, MeiliError> {
+        self.request(
+            Method::GET,
+            &index_path(uid, "/settings"),
+            &[],
+            Payload::Empty,
+        )
+    }
+
+    /// `POST /swap-indexes` for one pair; returns the task uid.
+    pub fn swap_indexes(&self, first: &str, second: &str) -> Result<u64, MeiliError> {
+        let body = json!([{ "indexes": [first, second] }]);
+        let answer = self.request(
+            Method::POST,
+            "/swap-indexes",
+            &[],
+            Payload::Json(body.to_string().into_bytes()),
+        )?;
+        task_uid(&answer)
+    }
+
+    /// Whether any task matching the filters (`GET /tasks` parameters such as `indexUids` or
+    /// `types`) is still enqueued or processing.
+    pub fn has_unfinished_tasks(&self, filters: &[(&str, &str)]) -> Result<bool, MeiliError> {
+        let mut query = vec![("statuses", "enqueued,processing"), ("limit", "1")];
+        query.extend_from_slice(filters);
+        let answer = self.request(Method::GET, "/tasks", &query, Payload::Empty)?;
+        answer
+            .get("results")
+            .and_then(Value::as_array)
+            .map(|results| !results.is_empty())
+            .ok_or_else(|| MeiliError::Protocol(format!("task list without results: {answer}")))
+    }
+
     /// `DELETE /indexes/{uid}`; returns the task uid.
     pub fn delete_index(&self, uid: &str) -> Result<u64, MeiliError> {
         let answer = self.request(Method::DELETE, &index_path(uid, ""), &[], Payload::Empty)?;

@@ -121,6 +121,10 @@ pub struct WriterStats {
     pub docs_confirmed: AtomicU64,
     /// Of those, document ids deleted (DELETE, key changes).
     pub deletes_confirmed: AtomicU64,
+    /// Of those, documents partially updated (`write_mode` upsert, unchanged TOAST columns).
+    pub updates_confirmed: AtomicU64,
+    /// Delete-all tasks (TRUNCATE) confirmed.
+    pub clears_confirmed: AtomicU64,
     pub batches_failed: AtomicU64,
     /// Requests retried, by the sender or the poller.
     pub retries: AtomicU64,
@@ -131,7 +135,7 @@ struct Enqueued {
     seq: u64,
     task_uid: u64,
     docs: usize,
-    deletes: bool,
+    op: Operation,
 }
 
 /// What both threads share.
@@ -369,7 +373,7 @@ impl SenderThread {
                         seq: batch.seq,
                         task_uid,
                         docs: batch.docs,
-                        deletes: batch.op == Operation::Delete,
+                        op: batch.op,
                     });
                     return true;
                 }
@@ -506,10 +510,14 @@ impl PollerThread {
                     stats
                         .docs_confirmed
                         .fetch_add(task.docs as u64, Ordering::Relaxed);
-                    if task.deletes {
-                        stats
-                            .deletes_confirmed
-                            .fetch_add(task.docs as u64, Ordering::Relaxed);
+                    let by_operation = match task.op {
+                        Operation::Delete => Some((&stats.deletes_confirmed, task.docs)),
+                        Operation::Update => Some((&stats.updates_confirmed, task.docs)),
+                        Operation::DeleteAll => Some((&stats.clears_confirmed, 1)),
+                        Operation::Replace => None,
+                    };
+                    if let Some((counter, count)) = by_operation {
+                        counter.fetch_add(count as u64, Ordering::Relaxed);
                     }
                     WriterEvent::Confirmed {
                         seq: task.seq,

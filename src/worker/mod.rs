@@ -1,5 +1,6 @@
 //! The two kinds of background worker: one launcher, and one worker per active task.
 
 pub mod launcher;
+pub mod resync;
 pub mod stream;
 pub mod task;

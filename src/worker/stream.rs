@@ -269,18 +269,29 @@ impl IndexWatch {
     }
 }
 
-/// Streams until SIGTERM or a permanent failure (returned as Err).
+/// Decides when a resync helper stops streaming so that its index can be swapped in.
+pub trait SwapGate {
+    /// Called with the position read so far, and whether the last read found the end of the WAL;
+    /// true to stop reading, drain, and end the stream at that position.
+    fn ready_to_drain(&mut self, read_position: u64, caught_up: bool) -> Result<bool, String>;
+}
+
+/// Streams until SIGTERM or a permanent failure (returned as Err). With a `gate`, also until it
+/// asks to drain: then reading stops, everything read is confirmed, and the position where the
+/// stream ended is returned.
 pub fn run(
     streamer: &mut Streamer<'_>,
     task: &catalog::TaskRecord,
     watch: &mut IndexWatch,
-) -> Result<(), String> {
+    mut gate: Option<&mut dyn SwapGate>,
+) -> Result<Option<u64>, String> {
     let mut session = DecodingSession::open(&task.slot_name, &task.publication_name)?;
     streamer.slot.set_phase(Phase::Streaming);
     let mut caught_up = false;
+    let mut draining = false;
     let result = loop {
         if should_stop() {
-            break Ok(());
+            break Ok(None);
         }
         streamer.pump(None);
         // Dead letters are stored before the slot moves past them.
@@ -307,6 +318,27 @@ pub fn run(
             session.confirm(session.read_position());
             streamer.ages.confirmed(session.read_position());
         }
+        if let Some(gate) = gate.as_deref_mut() {
+            if draining && streamer.is_idle() {
+                // Every record read is applied and confirmed: the stream ends exactly here.
+                session.confirm(session.read_position());
+                break Ok(Some(session.read_position()));
+            }
+            if !draining {
+                match gate.ready_to_drain(session.read_position(), caught_up) {
+                    Ok(ready) => draining = ready,
+                    Err(error) => break Err(error),
+                }
+            }
+        }
+        if draining {
+            streamer.mapper.flush();
+            streamer.send_ready(false);
+            if !BackgroundWorker::wait_latch(Some(Duration::from_millis(5))) {
+                break Ok(None);
+            }
+            continue;
+        }
         let records = session.read(streamer, RECORDS_PER_ROUND)?;
         caught_up = records == 0;
         if caught_up {
@@ -322,7 +354,7 @@ pub fn run(
                 Duration::from_millis(5)
             };
             if !BackgroundWorker::wait_latch(Some(nap)) {
-                break Ok(());
+                break Ok(None);
             }
         } else {
             streamer.mapper.flush_due(Instant::now());

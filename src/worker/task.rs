@@ -17,7 +17,8 @@ use crate::meili::writer::{Writer, WriterConfig};
 use crate::options::TaskOptions;
 use crate::shmem::{self, Phase, SlotHandle};
 use crate::snapshot::{self, SnapshotOutcome, SnapshotPlan};
-use crate::worker::stream::{self, ColumnRules, IndexWatch, Streamer};
+use crate::worker::resync::{self, ResyncGate};
+use crate::worker::stream::{self, ColumnRules, IndexWatch, Streamer, SwapGate};
 
 const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
@@ -31,18 +32,18 @@ pub fn should_stop() -> bool {
 }
 
 /// Why the worker ended without finishing: a permanent error stops the task, anything else is retried.
-enum Stop {
+pub enum Stop {
     Terminated,
     Permanent(String),
 }
 
-fn permanent(message: impl Into<String>) -> Stop {
+pub fn permanent(message: impl Into<String>) -> Stop {
     Stop::Permanent(message.into())
 }
 
 /// Shows a transient failure in the status view and waits `delay` before the next attempt,
 /// unless the worker is asked to stop.
-fn retry_pause(slot: SlotHandle, error: &str, delay: Duration) -> Result<(), Stop> {
+pub fn retry_pause(slot: SlotHandle, error: &str, delay: Duration) -> Result<(), Stop> {
     slot.add_retry();
     slot.set_error(error);
     slot.set_phase(Phase::Retrying);
@@ -58,7 +59,7 @@ fn retry_pause(slot: SlotHandle, error: &str, delay: Duration) -> Result<(), Sto
 
 /// Runs a Meilisearch call, retrying transient failures with backoff until it succeeds, fails
 /// for good, or the worker is asked to stop.
-fn with_retry<T>(
+pub fn with_retry<T>(
     slot: SlotHandle,
     what: &str,
     mut call: impl FnMut() -> Result<T, MeiliError>,
@@ -78,7 +79,12 @@ fn with_retry<T>(
 }
 
 /// Waits for a Meilisearch task and turns its failure into a permanent error.
-fn await_meili_task(slot: SlotHandle, client: &Client, uid: u64, what: &str) -> Result<(), Stop> {
+pub fn await_meili_task(
+    slot: SlotHandle,
+    client: &Client,
+    uid: u64,
+    what: &str,
+) -> Result<(), Stop> {
     let state = with_retry(slot, what, || client.wait_task(uid, SETUP_TIMEOUT))?;
     match state.status {
         TaskStatus::Succeeded => Ok(()),
@@ -251,18 +257,43 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
         return Err(Stop::Terminated);
     };
     let options = TaskOptions::parse(&task.options).map_err(|error| permanent(error.message))?;
+    let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
+        .map_err(|error| permanent(error.to_string()))?;
+    let held = match task.resync_of {
+        Some(held_id) => {
+            let held = BackgroundWorker::transaction(|| catalog::load_task(held_id))
+                .map_err(|error| permanent(error.message))?
+                .ok_or(Stop::Terminated)?;
+            if resync::recover(&mut task, &held, &client, slot)? {
+                return Err(Stop::Terminated);
+            }
+            Some(held)
+        }
+        None => None,
+    };
     let plan = BackgroundWorker::transaction(|| build_plan(&task, &options))
         .map_err(|error| permanent(error.message))?;
     ensure_slot(&mut task)?;
 
-    let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
-        .map_err(|error| permanent(error.to_string()))?;
     let key_attribute = plan.shape.primary_key_attribute().to_owned();
+    let mut fresh_index = false;
+    if let Some(held) = &held {
+        if task.state == "snapshot" && task.snapshot_key.is_none() {
+            resync::prepare_fresh_index(
+                slot,
+                &client,
+                &held.index_uid,
+                &task.index_uid,
+                &key_attribute,
+            )?;
+            fresh_index = true;
+        }
+    }
     let index = prepare_index(slot, &client, &task, &options, &key_attribute)?;
     let watch = IndexWatch::new(client.clone(), &task.index_uid, index.created_at);
 
     let writer = Writer::start(WriterConfig {
-        client,
+        client: client.clone(),
         index_uid: task.index_uid.clone(),
         primary_key: key_attribute.clone(),
         gzip: options.gzip,
@@ -273,6 +304,7 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
         retry_cap: Duration::from_secs(30),
     });
     let mut dispatcher = Dispatcher::new(writer, &key_attribute, options.max_inflight);
+    let mut gate = held.as_ref().map(|held| ResyncGate::new(held.id));
     let result = copy_then_stream(
         &task,
         &plan,
@@ -280,12 +312,19 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
         &mut dispatcher,
         slot,
         watch,
-        !index.created,
+        !index.created && !fresh_index,
+        gate.as_mut().map(|gate| gate as &mut dyn SwapGate),
     );
     dispatcher.shutdown();
-    result
+    match (result?, &held) {
+        (Some(position), Some(held)) => resync::swap(&task, held, &client, slot, position),
+        _ => Err(Stop::Terminated),
+    }
 }
 
+/// Copies the table unless that is done, then streams; returns where a resync helper's stream
+/// ended for its swap (None for every other end).
+#[allow(clippy::too_many_arguments)]
 fn copy_then_stream(
     task: &TaskRecord,
     plan: &SnapshotPlan,
@@ -294,7 +333,8 @@ fn copy_then_stream(
     slot: SlotHandle,
     mut watch: IndexWatch,
     index_had_documents: bool,
-) -> Result<(), Stop> {
+    gate: Option<&mut dyn SwapGate>,
+) -> Result<Option<u64>, Stop> {
     if task.state == "snapshot" {
         match snapshot::run(task, plan, dispatcher, slot)
             .map_err(|error| permanent(error.message))?
@@ -317,8 +357,7 @@ fn copy_then_stream(
     }
     let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
     let mut streamer = Streamer::new(task.id, slot, dispatcher, rules, plan.limits, options);
-    stream::run(&mut streamer, task, &mut watch).map_err(permanent)?;
-    Err(Stop::Terminated)
+    stream::run(&mut streamer, task, &mut watch, gate).map_err(permanent)
 }
 
 /// Deletes the documents of rows that no longer exist (see `verify::prune`), retrying while
@@ -393,8 +432,8 @@ pub extern "C-unwind" fn meili_sync_task_main(arg: pg_sys::Datum) {
     let pid = unsafe { pg_sys::MyProcPid };
     let Some(index) = shmem::attach(task_id, pid) else {
         warning!(
-            "pg_meili_sync: no free task slot for task {task_id} ({} tasks at most)",
-            shmem::MAX_TASKS
+            "pg_meili_sync: no free task slot for task {task_id} (meili_sync.max_tasks is {})",
+            crate::gucs::max_tasks()
         );
         return;
     };

@@ -69,21 +69,34 @@ fn inserts_updates_deletes_and_key_changes() {
 
 #[test]
 fn unchanged_toast_columns_keep_their_value() {
-    let (cluster, meili, index, _) = streaming_task(10, json!({}));
+    let (cluster, meili, index, task) = streaming_task(10, json!({}));
     cluster.psql("ALTER TABLE products ALTER COLUMN description SET STORAGE EXTERNAL");
     cluster.psql("UPDATE products SET description = repeat('long text ✓ ', 1000) WHERE id <= 5");
     converge(&cluster, &meili, &index);
     // Only `version` changes: pgoutput sends the TOASTed description as "unchanged".
     cluster.psql("UPDATE products SET version = version + 10 WHERE id <= 5");
     converge(&cluster, &meili, &index);
+    // Those 5 went as partial updates, counted apart.
+    wait_for("the update counter", CONVERGE, || {
+        let updates = cluster.psql(&format!(
+            "SELECT updates FROM pg_stat_meili_sync WHERE task = {task}"
+        ));
+        (updates == "5").then_some(())
+    });
 }
 
 #[test]
 fn truncate_empties_the_index_and_later_rows_arrive() {
-    let (cluster, meili, index, _) = streaming_task(500, json!({}));
+    let (cluster, meili, index, task) = streaming_task(500, json!({}));
     cluster.psql("TRUNCATE products");
     cluster.psql(&products::insert_sql(2000, 2010));
     converge(&cluster, &meili, &index);
+    wait_for("the truncate counter", CONVERGE, || {
+        let counted = cluster.psql(&format!(
+            "SELECT truncates || ',' || deletes FROM pg_stat_meili_sync WHERE task = {task}"
+        ));
+        (counted == "1,0").then_some(())
+    });
 }
 
 #[test]
@@ -353,6 +366,107 @@ fn verify_finds_a_damaged_index_and_repair_fixes_exactly_that() {
     assert_eq!(repaired, "4,3");
     cluster.psql("UPDATE products SET version = 3 WHERE id % 50 = 0");
     converge(&cluster, &meili, &index);
+    let clean = cluster.psql(&format!(
+        "SELECT missing + extra + different FROM meili_sync_verify({task})"
+    ));
+    assert_eq!(clean, "0");
+}
+
+#[test]
+fn resync_rebuilds_the_index_while_writes_continue() {
+    use pg_meili_sync_e2e::meili::Method;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (cluster, meili, index, task) = streaming_task(
+        20_000,
+        json!({"batch_size": 2000, "settings": {"filterableAttributes": ["category"]}}),
+    );
+    // A setting changed in Meilisearch directly must survive the rebuild; the damage must not.
+    let (_, answer) = meili.request(
+        Method::PATCH,
+        &format!("/indexes/{index}/settings"),
+        Some(json!({"sortableAttributes": ["price"]})),
+    );
+    meili.wait_task(answer["taskUid"].as_u64().expect("task uid"), CONVERGE);
+    meili.request(
+        Method::POST,
+        &format!("/indexes/{index}/documents/delete-batch"),
+        Some(json!([5, 6])),
+    );
+    meili.request(
+        Method::POST,
+        &format!("/indexes/{index}/documents"),
+        Some(json!([{"id": 900001, "name": "stray"}])),
+    );
+    meili.wait_idle(&index, CONVERGE);
+    assert_eq!(meili.document_count(&index), Some(19_999));
+
+    let writing = AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| {
+            let mut round = 0_i64;
+            while writing.load(Ordering::Relaxed) {
+                let first = 30_000 + round * 20;
+                cluster.psql_script(&format!(
+                    "BEGIN;\n{};\nUPDATE products SET version = version + 1, name = 'during resync {round}' WHERE id % 997 = {};\nDELETE FROM products WHERE id = {};\nCOMMIT;\n",
+                    products::insert_sql(first, first + 19).trim_end_matches(';'),
+                    round % 997,
+                    100 + round,
+                ));
+                round += 1;
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            round
+        });
+        // A failed assertion below must stop the writer, or the scope would wait for it forever.
+        struct StopWriter<'a>(&'a AtomicBool);
+        impl Drop for StopWriter<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Relaxed);
+            }
+        }
+        let stop_writer = StopWriter(&writing);
+        let helper: i64 = cluster
+            .psql(&format!("SELECT meili_sync_resync({task})"))
+            .parse()
+            .expect("helper task id");
+        let shown = cluster.psql(&format!(
+            "SELECT index_uid || ',' || resync_of FROM meili_sync_status WHERE task = {helper}"
+        ));
+        assert_eq!(shown, format!("{index}__resync,{task}"));
+        // The live index answers searches, with its documents, all along the rebuild.
+        wait_for("the resync to swap and finish", CONVERGE, || {
+            let count = meili.document_count(&index).unwrap_or(0);
+            assert!(
+                count >= 19_000,
+                "the live index held {count} documents during the resync"
+            );
+            let (status, _) = meili.request(
+                Method::POST,
+                &format!("/indexes/{index}/search"),
+                Some(json!({"q": "product", "limit": 1})),
+            );
+            assert_eq!(status, 200, "search during the resync");
+            let left = cluster.psql(&format!(
+                "SELECT count(*) FROM meili_sync.tasks WHERE id = {helper}"
+            ));
+            (left == "0").then_some(())
+        });
+        // Writes go on after the swap, into the new index.
+        std::thread::sleep(Duration::from_millis(500));
+        drop(stop_writer);
+        let rounds = writer.join().expect("writer thread");
+        assert!(rounds > 0, "no writes during the resync");
+    });
+    cluster.psql("UPDATE products SET price = 1.5 WHERE id = 7");
+    converge(&cluster, &meili, &index);
+    assert_eq!(meili.index(&format!("{index}__resync")), None);
+    let (_, settings) = meili.request(Method::GET, &format!("/indexes/{index}/settings"), None);
+    assert_eq!(settings["sortableAttributes"], json!(["price"]));
+    assert_eq!(settings["filterableAttributes"], json!(["category"]));
+    let state = cluster.psql(&format!(
+        "SELECT state || ',' || (SELECT count(*) FROM meili_sync_status) FROM meili_sync_status WHERE task = {task}"
+    ));
+    assert_eq!(state, "streaming,1");
     let clean = cluster.psql(&format!(
         "SELECT missing + extra + different FROM meili_sync_verify({task})"
     ));

@@ -1,5 +1,6 @@
 //! Routing, authentication and request handlers.
 
+use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, RwLock};
 
 use serde_json::{Map, Value};
@@ -12,7 +13,7 @@ use crate::index::Index;
 use crate::json::{array, describe, Obj};
 use crate::search;
 use crate::settings;
-use crate::tasks::{self, read, Kind, Op, Status};
+use crate::tasks::{self, read, Kind, Op, Queue, Status, Swap};
 use crate::{lock, Shared};
 
 enum Route {
@@ -42,6 +43,7 @@ enum Route {
     Search(String),
     SearchGet(String),
     MultiSearch,
+    SwapIndexes,
     ListTasks,
     GetTask(String),
     ListBatches,
@@ -65,6 +67,7 @@ fn route(method: &str, segs: &[&str]) -> std::result::Result<Route, u16> {
         ["version"] => pick(vec![("GET", Route::Version)]),
         ["stats"] => pick(vec![("GET", Route::Stats)]),
         ["multi-search"] => pick(vec![("POST", Route::MultiSearch)]),
+        ["swap-indexes"] => pick(vec![("POST", Route::SwapIndexes)]),
         ["tasks"] => pick(vec![("GET", Route::ListTasks)]),
         ["tasks", _] => pick(vec![("GET", Route::GetTask(s(1)))]),
         ["batches"] => pick(vec![("GET", Route::ListBatches)]),
@@ -306,6 +309,10 @@ fn dispatch(shared: &Shared, req: &Request, route: Route) -> Result<Response> {
             search_one(shared, &uid, &body)
         }
         Route::MultiSearch => multi_search(shared, req),
+        Route::SwapIndexes => {
+            let swaps = parse_swaps(&json_body(req)?)?;
+            Ok(submit(shared, |queue| queue.register_swap(swaps)))
+        }
         Route::ListTasks => list_tasks(shared, &params),
         Route::GetTask(id) => {
             let uid = id.parse::<u32>().map_err(|_| {
@@ -342,7 +349,12 @@ fn dispatch(shared: &Shared, req: &Request, route: Route) -> Result<Response> {
 }
 
 fn enqueue(shared: &Shared, uid: &str, op: Op) -> Response {
-    let summary = lock(&shared.queue).register(uid, op);
+    submit(shared, |queue| queue.register(uid, op))
+}
+
+/// Registers a task, wakes the processor and answers 202 with the summarized task.
+fn submit(shared: &Shared, register: impl FnOnce(&mut Queue) -> String) -> Response {
+    let summary = register(&mut lock(&shared.queue));
     shared.cond.notify_all();
     Response::json(202, summary)
 }
@@ -874,6 +886,126 @@ fn multi_search(shared: &Shared, req: &Request) -> Result<Response> {
     }
 }
 
+/// `"Invalid value type at `{at}`: expected {expected}, but found {value}"` (no location at
+/// the root), as Meilisearch's deserializer words a wrong JSON type.
+fn type_error(code: &str, at: &str, expected: &str, v: &Value) -> ApiError {
+    let at = if at.is_empty() {
+        String::new()
+    } else {
+        format!(" at `{at}`")
+    };
+    ApiError::new(
+        code,
+        format!(
+            "Invalid value type{at}: expected {expected}, but found {}",
+            describe(v)
+        ),
+    )
+}
+
+/// The body of `POST /swap-indexes`, checked in Meilisearch's order: the whole body's shape
+/// and uids, then that each swap names two indexes, then that no index is named twice.
+fn parse_swaps(body: &Value) -> Result<Vec<Swap>> {
+    let Value::Array(items) = body else {
+        return Err(type_error("bad_request", "", "an array", body));
+    };
+    let mut requested = Vec::with_capacity(items.len());
+    for (i, item) in items.iter().enumerate() {
+        let at = format!("[{i}]");
+        let Value::Object(obj) = item else {
+            return Err(type_error("bad_request", &at, "an object", item));
+        };
+        let (mut indexes, mut rename) = (None, false);
+        for (key, v) in obj {
+            match key.as_str() {
+                "indexes" => indexes = Some(swap_uids(v, &format!("{at}.indexes"))?),
+                "rename" => {
+                    rename = v.as_bool().ok_or_else(|| {
+                        type_error(
+                            "invalid_swap_rename",
+                            &format!("{at}.rename"),
+                            "a boolean",
+                            v,
+                        )
+                    })?
+                }
+                _ => {
+                    let message = format!(
+                        "Unknown field `{key}` inside `{at}`: expected one of `indexes`, `rename`"
+                    );
+                    return Err(ApiError::new("bad_request", message));
+                }
+            }
+        }
+        let indexes = indexes.ok_or_else(|| {
+            ApiError::new(
+                "missing_swap_indexes",
+                format!("Missing field `indexes` inside `{at}`"),
+            )
+        })?;
+        requested.push((indexes, rename));
+    }
+    let mut swaps = Vec::with_capacity(requested.len());
+    for (indexes, rename) in requested {
+        match <[String; 2]>::try_from(indexes) {
+            Ok(indexes) => swaps.push(Swap { indexes, rename }),
+            Err(list) => {
+                let quoted: Vec<String> = list.iter().map(|u| format!("\"{u}\"")).collect();
+                return Err(ApiError::new(
+                    "invalid_swap_indexes",
+                    format!(
+                        "Two indexes must be given for each swap. The list `[{}]` contains {} indexes.",
+                        quoted.join(", "),
+                        list.len()
+                    ),
+                ));
+            }
+        }
+    }
+    let mut seen = HashSet::new();
+    let twice: BTreeSet<&str> = swaps
+        .iter()
+        .flat_map(|s| &s.indexes)
+        .map(String::as_str)
+        .filter(|uid| !seen.insert(*uid))
+        .collect();
+    let verb = match twice.len() {
+        0 => return Ok(swaps),
+        1 => "was",
+        _ => "were",
+    };
+    Err(ApiError::new(
+        "invalid_swap_duplicate_index_found",
+        format!(
+            "Indexes must be declared only once during a swap. {} {verb} specified several times.",
+            quoted_list(&Vec::from_iter(twice))
+        ),
+    ))
+}
+
+/// The uids of one swap; a bad one is reported under the `indexes` field's error code.
+fn swap_uids(v: &Value, at: &str) -> Result<Vec<String>> {
+    let Value::Array(uids) = v else {
+        return Err(type_error("invalid_swap_indexes", at, "an array", v));
+    };
+    uids.iter()
+        .enumerate()
+        .map(|(i, uid)| match uid {
+            Value::String(s) if valid_uid(s) => Ok(s.clone()),
+            Value::String(s) => Err(ApiError::new(
+                "invalid_swap_indexes",
+                format!("Invalid value at `{at}[{i}]`: {}", uid_message(s)),
+            )),
+            _ => Err(type_error(
+                "invalid_swap_indexes",
+                &format!("{at}[{i}]"),
+                "a string",
+                uid,
+            )),
+        })
+        .collect()
+}
+
 /// Filters shared by `GET /tasks` and `GET /batches`.
 struct TaskFilter {
     uids: Option<Vec<u32>>,
@@ -988,19 +1120,26 @@ fn matches_task(f: &TaskFilter, t: &tasks::Task) -> bool {
             .is_none_or(|k| k.iter().any(|k| k == t.kind.name()))
         && f.index_uids
             .as_ref()
-            .is_none_or(|i| i.contains(&t.index_uid))
+            .is_none_or(|i| i.iter().any(|uid| t.concerns(uid)))
+}
+
+/// Whether a matching task is listed. Meilisearch counts the swaps of the indexes asked for
+/// in `total`, yet leaves tasks without an `indexUid` out of an `indexUids` query's results.
+fn listed(f: &TaskFilter, t: &tasks::Task) -> bool {
+    f.index_uids.is_none() || t.index_uid().is_some()
 }
 
 fn list_tasks(shared: &Shared, params: &[(String, String)]) -> Result<Response> {
     let f = task_filter(params, "invalid_task_uids")?;
     let queue = lock(&shared.queue);
-    let items: Vec<(u32, &tasks::Task)> = queue
-        .tasks
-        .iter()
-        .filter(|t| matches_task(&f, t))
+    let matching: Vec<&tasks::Task> = queue.tasks.iter().filter(|t| matches_task(&f, t)).collect();
+    let total = matching.len();
+    let items: Vec<(u32, &tasks::Task)> = matching
+        .into_iter()
+        .filter(|t| listed(&f, t))
         .map(|t| (t.uid, t))
         .collect();
-    ok(tasks::page(items, f.limit, f.from, f.reverse, |t| {
+    ok(tasks::page(items, total, f.limit, f.from, f.reverse, |t| {
         t.to_json()
     }))
 }
@@ -1013,22 +1152,29 @@ fn list_batches(shared: &Shared, params: &[(String, String)]) -> Result<Response
         batch_uids: None,
         ..f
     };
-    let items: Vec<(u32, &tasks::Batch)> = queue
+    let matching_tasks = |b: &tasks::Batch| {
+        b.task_uids
+            .iter()
+            .filter_map(|t| queue.tasks.get(*t as usize))
+            .filter(|t| matches_task(&task_filter, t))
+            .collect::<Vec<_>>()
+    };
+    let matching: Vec<(&tasks::Batch, Vec<&tasks::Task>)> = queue
         .batches
         .iter()
         .filter(|b| f.uids.as_ref().is_none_or(|u| u.contains(&b.uid)))
-        .filter(|b| {
-            b.task_uids.iter().any(|t| {
-                queue
-                    .tasks
-                    .get(*t as usize)
-                    .is_some_and(|t| matches_task(&task_filter, t))
-            })
-        })
-        .map(|b| (b.uid, b))
+        .map(|b| (b, matching_tasks(b)))
+        .filter(|(_, tasks)| !tasks.is_empty())
+        .collect();
+    let total = matching.len();
+    let items: Vec<(u32, &tasks::Batch)> = matching
+        .into_iter()
+        .filter(|(_, tasks)| tasks.iter().any(|t| listed(&task_filter, t)))
+        .map(|(b, _)| (b.uid, b))
         .collect();
     ok(tasks::page(
         items,
+        total,
         task_filter.limit,
         task_filter.from,
         task_filter.reverse,

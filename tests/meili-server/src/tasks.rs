@@ -45,6 +45,7 @@ pub(crate) enum Kind {
     IndexCreation,
     IndexUpdate,
     IndexDeletion,
+    IndexSwap,
 }
 
 impl Kind {
@@ -75,6 +76,7 @@ impl Kind {
             Kind::IndexCreation => "indexCreation",
             Kind::IndexUpdate => "indexUpdate",
             Kind::IndexDeletion => "indexDeletion",
+            Kind::IndexSwap => "indexSwap",
         }
     }
 }
@@ -148,10 +150,37 @@ impl Op {
     }
 }
 
+/// One pair of an index swap; with `rename`, the first index takes the second uid instead.
+#[derive(Clone, Debug)]
+pub(crate) struct Swap {
+    pub(crate) indexes: [String; 2],
+    pub(crate) rename: bool,
+}
+
+fn swap_details(swaps: &[Swap]) -> Vec<(String, Value)> {
+    let list = swaps
+        .iter()
+        .map(|s| json!({"indexes": s.indexes, "rename": s.rename}))
+        .collect();
+    pairs(&[("swaps", Value::Array(list))])
+}
+
+/// What a task works on: one index, or the indexes of a swap (which has no `indexUid`).
+enum Target {
+    Index(String),
+    Swaps(Vec<Swap>),
+}
+
+/// A task taken off the queue for processing.
+enum Work {
+    Index(String, Op),
+    Swap(Vec<Swap>),
+}
+
 pub(crate) struct Task {
     pub(crate) uid: u32,
     pub(crate) batch_uid: Option<u32>,
-    pub(crate) index_uid: String,
+    target: Target,
     pub(crate) status: Status,
     pub(crate) kind: Kind,
     details: Vec<(String, Value)>,
@@ -163,6 +192,43 @@ pub(crate) struct Task {
 }
 
 impl Task {
+    pub(crate) fn index_uid(&self) -> Option<&str> {
+        match &self.target {
+            Target::Index(uid) => Some(uid),
+            Target::Swaps(_) => None,
+        }
+    }
+
+    /// Whether the task belongs to index `uid`; Meilisearch files a swap under each of its
+    /// indexes.
+    pub(crate) fn concerns(&self, uid: &str) -> bool {
+        match &self.target {
+            Target::Index(own) => own == uid,
+            Target::Swaps(swaps) => swaps.iter().any(|s| s.indexes.iter().any(|i| i == uid)),
+        }
+    }
+
+    /// Puts `b` where the task names `a` and the other way round (task history after a swap).
+    fn exchange(&mut self, a: &str, b: &str) {
+        let exchange = |uid: &mut String| {
+            if uid == a {
+                *uid = b.to_string();
+            } else if uid == b {
+                *uid = a.to_string();
+            }
+        };
+        match &mut self.target {
+            Target::Index(uid) => exchange(uid),
+            Target::Swaps(swaps) => {
+                swaps
+                    .iter_mut()
+                    .flat_map(|s| s.indexes.iter_mut())
+                    .for_each(exchange);
+                self.details = swap_details(swaps);
+            }
+        }
+    }
+
     pub(crate) fn to_json(&self) -> String {
         let duration = self
             .started_at
@@ -171,7 +237,7 @@ impl Task {
         Obj::new()
             .num("uid", self.uid)
             .opt_num("batchUid", self.batch_uid.map(u64::from))
-            .str("indexUid", &self.index_uid)
+            .opt_str("indexUid", self.index_uid())
             .str("status", self.status.name())
             .str("type", self.kind.name())
             .raw("canceledBy", "null")
@@ -191,7 +257,7 @@ impl Task {
     fn summary_json(&self) -> String {
         Obj::new()
             .num("taskUid", self.uid)
-            .str("indexUid", &self.index_uid)
+            .opt_str("indexUid", self.index_uid())
             .str("status", self.status.name())
             .str("type", self.kind.name())
             .str("enqueuedAt", &rfc3339(self.enqueued_at))
@@ -231,7 +297,9 @@ impl Batch {
             }
             *statuses.entry(t.status.name()).or_insert(0u64) += 1;
             *types.entry(t.kind.name()).or_insert(0u64) += 1;
-            *indexes.entry(t.index_uid.as_str()).or_insert(0u64) += 1;
+            if let Some(uid) = t.index_uid() {
+                *indexes.entry(uid).or_insert(0u64) += 1;
+            }
         }
         let count_map = |m: BTreeMap<&str, u64>| {
             m.into_iter()
@@ -301,28 +369,50 @@ pub(crate) struct Queue {
     pub(crate) last_update: Option<SystemTime>,
 }
 
-/// One batch taken off the queue: the uid and each task's uid, index and operation.
-type Taken = (u32, Vec<(u32, String, Op)>);
+/// One batch taken off the queue: the uid and each task's uid and work.
+type Taken = (u32, Vec<(u32, Work)>);
 
 /// Outcome of one task: uid, final details and error.
 type Done = (u32, Vec<(String, Value)>, Option<ApiError>);
 
 impl Queue {
-    /// Enqueues a task and returns its summarized view.
+    /// Enqueues a task on one index and returns its summarized view.
     pub(crate) fn register(&mut self, index_uid: &str, op: Op) -> String {
+        let (kind, details) = (op.kind(), op.details());
+        self.push(
+            Target::Index(index_uid.to_string()),
+            kind,
+            details,
+            Some(op),
+        )
+    }
+
+    /// Enqueues an index swap and returns its summarized view.
+    pub(crate) fn register_swap(&mut self, swaps: Vec<Swap>) -> String {
+        let details = swap_details(&swaps);
+        self.push(Target::Swaps(swaps), Kind::IndexSwap, details, None)
+    }
+
+    fn push(
+        &mut self,
+        target: Target,
+        kind: Kind,
+        details: Vec<(String, Value)>,
+        op: Option<Op>,
+    ) -> String {
         let uid = self.tasks.len() as u32;
         let task = Task {
             uid,
             batch_uid: None,
-            index_uid: index_uid.to_string(),
+            target,
             status: Status::Enqueued,
-            kind: op.kind(),
-            details: op.details(),
+            kind,
+            details,
             error: None,
             enqueued_at: SystemTime::now(),
             started_at: None,
             finished_at: None,
-            op: Some(op),
+            op,
         };
         let summary = task.summary_json();
         self.tasks.push(task);
@@ -332,19 +422,19 @@ impl Queue {
     }
 
     /// The oldest enqueued task plus, for document additions, the following compatible
-    /// additions to the same index (auto-batching); marks them processing.
+    /// additions to the same index (auto-batching); marks them processing. Any other task of
+    /// that index, a swap naming it included, ends the batch, so every task runs after all the
+    /// tasks of its indexes enqueued before it.
     fn take_batch(&mut self) -> Option<Taken> {
         let first = *self.enqueued.first()?;
-        let index_uid = self.tasks[first as usize].index_uid.clone();
-        let key = self.tasks[first as usize]
-            .op
-            .as_ref()
-            .and_then(Op::batch_key);
+        let head = &self.tasks[first as usize];
+        let index_uid = head.index_uid().map(String::from);
+        let key = head.op.as_ref().and_then(Op::batch_key);
         let mut uids = vec![first];
-        if let Some(key) = key {
+        if let (Some(key), Some(index_uid)) = (key, &index_uid) {
             for uid in self.enqueued.iter().skip(1) {
                 let t = &self.tasks[*uid as usize];
-                if t.index_uid != index_uid {
+                if !t.concerns(index_uid) {
                     continue;
                 }
                 if t.op.as_ref().and_then(Op::batch_key) != Some(key) || uids.len() >= 1000 {
@@ -362,9 +452,11 @@ impl Queue {
             t.status = Status::Processing;
             t.batch_uid = Some(batch_uid);
             t.started_at = Some(now);
-            if let Some(op) = t.op.take() {
-                work.push((*uid, t.index_uid.clone(), op));
-            }
+            let job = match &t.target {
+                Target::Swaps(swaps) => Some(Work::Swap(swaps.clone())),
+                Target::Index(index) => t.op.take().map(|op| Work::Index(index.clone(), op)),
+            };
+            work.extend(job.map(|job| (*uid, job)));
         }
         self.batches.push(Batch {
             uid: batch_uid,
@@ -372,29 +464,48 @@ impl Queue {
             started_at: now,
             finished_at: None,
         });
-        self.processing_index = Some(index_uid);
+        self.processing_index = index_uid;
         Some((batch_uid, work))
     }
 
     fn finish(&mut self, batch_uid: u32, results: Vec<Done>) {
         let now = SystemTime::now();
         for (uid, details, error) in results {
+            let succeeded = error.is_none();
             let t = &mut self.tasks[uid as usize];
-            t.status = if error.is_some() {
-                Status::Failed
-            } else {
+            t.status = if succeeded {
                 Status::Succeeded
+            } else {
+                Status::Failed
             };
             t.details = details;
             t.error = error;
             t.finished_at = Some(now);
             self.pending -= 1;
+            if succeeded {
+                self.rewrite_history(uid);
+            }
         }
         if let Some(b) = self.batches.get_mut(batch_uid as usize) {
             b.finished_at = Some(now);
         }
         self.processing_index = None;
         self.last_update = Some(now);
+    }
+
+    /// After swap `swap_uid`, the tasks before it name each swapped index by its new uid, as
+    /// Meilisearch rewrites its task history. Those tasks are all finished (tasks run in
+    /// order); the later ones, still enqueued, keep the uids they were sent with.
+    fn rewrite_history(&mut self, swap_uid: u32) {
+        let Target::Swaps(swaps) = &self.tasks[swap_uid as usize].target else {
+            return;
+        };
+        let swaps = swaps.clone();
+        for t in &mut self.tasks[..swap_uid as usize] {
+            for s in &swaps {
+                t.exchange(&s.indexes[0], &s.indexes[1]);
+            }
+        }
     }
 }
 
@@ -447,11 +558,19 @@ fn get_or_create(shared: &Shared, uid: &str) -> Arc<RwLock<Index>> {
 
 /// Runs the tasks of a batch. Its document additions (auto-batched: same index, same method
 /// and primary key) run together in [`add_documents`], the other kinds hold one task.
-fn apply_batch(shared: &Shared, work: Vec<(u32, String, Op)>) -> Vec<Done> {
+fn apply_batch(shared: &Shared, work: Vec<(u32, Work)>) -> Vec<Done> {
     let mut results = Vec::new();
     let mut additions = Vec::new();
     let mut index_uid = String::new();
-    for (uid, index, op) in work {
+    for (uid, job) in work {
+        let (index, op) = match job {
+            Work::Index(index, op) => (index, op),
+            Work::Swap(swaps) => {
+                let error = swap_indexes(shared, &swaps).err();
+                results.push((uid, swap_details(&swaps), error));
+                continue;
+            }
+        };
         if let Some((details, error)) = injected_failure(shared, &op) {
             results.push((uid, details, Some(error)));
             continue;
@@ -631,6 +750,77 @@ fn apply(shared: &Shared, uid: &str, op: Op) -> Outcome {
             }
         }
     }
+}
+
+/// Applies every pair of a swap, or none of them: a missing index, or for a rename an existing
+/// target, fails the task with Meilisearch's errors (every culprit named) and changes nothing.
+/// Each index keeps its documents, settings, primary key and dates; only its uid changes.
+fn swap_indexes(shared: &Shared, swaps: &[Swap]) -> Result<(), ApiError> {
+    let mut indexes = lock(&shared.indexes);
+    let mut missing = BTreeSet::new();
+    let mut taken = BTreeSet::new();
+    for Swap {
+        indexes: [lhs, rhs],
+        rename,
+    } in swaps
+    {
+        if !indexes.contains_key(lhs) {
+            missing.insert(lhs.as_str());
+        }
+        match (indexes.contains_key(rhs), *rename) {
+            (true, true) => {
+                taken.insert((lhs.as_str(), rhs.as_str()));
+            }
+            (false, false) => {
+                missing.insert(rhs.as_str());
+            }
+            _ => {}
+        }
+    }
+    let quoted = |uids: &[&str]| {
+        let list: Vec<String> = uids.iter().map(|u| format!("`{u}`")).collect();
+        list.join(", ")
+    };
+    let missing: Vec<&str> = missing.into_iter().collect();
+    match missing.as_slice() {
+        [] => {}
+        [uid] => return Err(ApiError::index_not_found(uid)),
+        _ => {
+            let message = format!("Indexes {} not found.", quoted(&missing));
+            return Err(ApiError::new("index_not_found", message));
+        }
+    }
+    let taken: Vec<(&str, &str)> = taken.into_iter().collect();
+    match taken.as_slice() {
+        [] => {}
+        [(lhs, rhs)] => {
+            return Err(ApiError::new(
+                "index_already_exists",
+                format!("Cannot rename `{lhs}` to `{rhs}` as the index already exists. Hint: You can remove `{rhs}` first and then do your remove."),
+            ));
+        }
+        _ => {
+            let targets: Vec<&str> = taken.iter().map(|(_, rhs)| *rhs).collect();
+            return Err(ApiError::new(
+                "index_already_exists",
+                format!("The following indexes are being renamed but cannot because their new name conflicts with an already existing index: {}. Renaming doesn't overwrite the other index name.", quoted(&targets)),
+            ));
+        }
+    }
+    for Swap {
+        indexes: [lhs, rhs],
+        ..
+    } in swaps
+    {
+        let moves = [(indexes.remove(lhs), rhs), (indexes.remove(rhs), lhs)];
+        for (index, uid) in moves {
+            if let Some(index) = index {
+                write(&index).uid = uid.clone();
+                indexes.insert(uid.clone(), index);
+            }
+        }
+    }
+    Ok(())
 }
 
 fn pk_already_exists(pk: &str) -> ApiError {
@@ -835,15 +1025,16 @@ pub(crate) fn write(index: &RwLock<Index>) -> std::sync::RwLockWriteGuard<'_, In
     index.write().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `GET /tasks` and `GET /batches` listing: newest first unless `reverse`, from `from`.
+/// `GET /tasks` and `GET /batches` listing: newest first unless `reverse`, from `from`;
+/// `total` is the number of matches, which can exceed the items listed.
 pub(crate) fn page<T>(
     mut items: Vec<(u32, T)>,
+    total: usize,
     limit: usize,
     from: Option<u32>,
     reverse: bool,
     render: impl Fn(&T) -> String,
 ) -> String {
-    let total = items.len();
     if reverse {
         items.sort_by_key(|(uid, _)| *uid);
     } else {

@@ -7,38 +7,16 @@ use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use common::{read_response, send, write_request, Resp};
+use common::{read_response, send, write_request, Api, Resp};
 use meili_test_server::{Config, TestServer};
 use serde_json::{json, Value};
 
 const KEY: &str = "MASTER_KEY";
 const AUTH: (&str, &str) = ("Authorization", "Bearer MASTER_KEY");
 
-struct Api {
-    url: String,
-}
-
 impl Api {
     fn new(server: &TestServer) -> Self {
         Api { url: server.url() }
-    }
-
-    fn json(&self, method: &str, path: &str, body: Option<Value>) -> Resp {
-        let body = body.map(|b| b.to_string().into_bytes());
-        send(
-            &self.url,
-            method,
-            path,
-            &[AUTH, ("Content-Type", "application/json")],
-            body.as_deref(),
-        )
-        .expect("request")
-    }
-
-    fn get(&self, path: &str) -> Value {
-        send(&self.url, "GET", path, &[AUTH], None)
-            .expect("request")
-            .json()
     }
 
     fn ndjson(&self, method: &str, path: &str, body: &str) -> Resp {
@@ -61,21 +39,6 @@ impl Api {
         );
         assert_eq!(resp.status, 202, "{}", String::from_utf8_lossy(&resp.body));
         resp.json()["taskUid"].as_u64().expect("taskUid")
-    }
-
-    fn wait_task(&self, uid: u64) -> Value {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            let task = self.get(&format!("/tasks/{uid}"));
-            if task["status"] == "succeeded" || task["status"] == "failed" {
-                return task;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "task {uid} did not finish: {task}"
-            );
-            std::thread::sleep(Duration::from_millis(5));
-        }
     }
 }
 

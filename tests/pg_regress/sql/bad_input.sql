@@ -29,6 +29,8 @@ SELECT * FROM meili_sync_verify(NULL);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT * FROM meili_sync_repair(NULL);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_resync(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
 
 -- Tables: missing, hostile names, no key, not a table.
 SELECT meili_sync_start('missing', 'x', '{}');
@@ -123,6 +125,8 @@ SELECT meili_sync_discard_dead_letters(42, ARRAY['1']);
 SELECT * FROM meili_sync_verify(42);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT * FROM meili_sync_repair(42);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_resync(42);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 
 -- A table whose name is itself an injection attempt syncs like any other: every identifier the

@@ -25,6 +25,51 @@ impl Resp {
     }
 }
 
+/// The test server's API with the tests' master key; each test binary adds its own helpers.
+pub struct Api {
+    pub url: String,
+}
+
+// Not every test binary that includes this module uses every helper.
+#[allow(dead_code)]
+impl Api {
+    /// A request with a JSON body (if any).
+    pub fn json(&self, method: &str, path: &str, body: Option<Value>) -> Resp {
+        let body = body.map(|b| b.to_string().into_bytes());
+        send(
+            &self.url,
+            method,
+            path,
+            &[
+                ("Authorization", "Bearer MASTER_KEY"),
+                ("Content-Type", "application/json"),
+            ],
+            body.as_deref(),
+        )
+        .expect("request")
+    }
+
+    pub fn get(&self, path: &str) -> Value {
+        self.json("GET", path, None).json()
+    }
+
+    /// Polls a task until it has succeeded or failed (at most a minute).
+    pub fn wait_task(&self, uid: u64) -> Value {
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let task = self.get(&format!("/tasks/{uid}"));
+            if task["status"] == "succeeded" || task["status"] == "failed" {
+                return task;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "task {uid} did not finish: {task}"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+}
+
 /// `base` is the server URL (`http://127.0.0.1:PORT`); `headers` are sent as given.
 pub fn send(
     base: &str,

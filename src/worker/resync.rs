@@ -1,0 +1,261 @@
+//! The resync helper: a hidden task that copies the table into a fresh index (`<index>__resync`)
+//! and streams into it through a slot of its own while the task it rebuilds keeps serving and
+//! streaming. Once caught up it swaps the two indexes:
+//!
+//! 1. It holds the task (state `swapping`: the launcher stops its worker) and streams on until it
+//!    has applied at least everything the task's slot confirmed.
+//! 2. It stops reading at a position P, drains, and waits until Meilisearch has no unfinished task
+//!    on the live index, so every write the task made lands before the swap.
+//! 3. `POST /swap-indexes`; then the task's slot is advanced to P (what the new index already
+//!    holds) and the task streams on from there; the old index, now under the helper's uid, is
+//!    deleted, and so is the helper.
+//!
+//! Nothing is lost: the new index holds every change up to P, and the task sends every change
+//! after P. A crash between the steps is resumed from `resync_phase`: the index's `createdAt`
+//! moves with its content, so it tells whether the swap happened.
+
+use std::time::{Duration, Instant};
+
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::prelude::*;
+use serde_json::Value;
+
+use crate::catalog::{self, TaskRecord};
+use crate::meili::client::Client;
+use crate::shmem::{self, Phase, SlotHandle};
+use crate::worker::stream::SwapGate;
+use crate::worker::task::{await_meili_task, permanent, should_stop, with_retry, Stop};
+
+/// How often the helper looks at the task it waits for.
+const GATE_INTERVAL: Duration = Duration::from_millis(200);
+
+/// The uid of the index a resync builds for `index_uid`.
+pub fn helper_index_uid(index_uid: &str) -> String {
+    format!("{index_uid}__resync")
+}
+
+fn created_at(index: Option<Value>) -> Option<String> {
+    index?.get("createdAt")?.as_str().map(str::to_owned)
+}
+
+fn fail(error: crate::error::SyncError) -> Stop {
+    permanent(error.message)
+}
+
+/// Before the copy: a new, empty index with the live index's key and settings. A leftover of an
+/// earlier resync is deleted first.
+pub fn prepare_fresh_index(
+    slot: SlotHandle,
+    client: &Client,
+    live_uid: &str,
+    fresh_uid: &str,
+    key_attribute: &str,
+) -> Result<(), Stop> {
+    if with_retry(slot, "reading the resync index", || {
+        client.get_index(fresh_uid)
+    })?
+    .is_some()
+    {
+        let uid = with_retry(slot, "deleting an old resync index", || {
+            client.delete_index(fresh_uid)
+        })?;
+        await_meili_task(slot, client, uid, "deleting an old resync index")?;
+    }
+    let uid = with_retry(slot, "creating the resync index", || {
+        client.create_index(fresh_uid, key_attribute)
+    })?;
+    await_meili_task(slot, client, uid, "creating the resync index")?;
+    let settings = with_retry(slot, "reading the live index's settings", || {
+        client.get_settings(live_uid)
+    })?;
+    // Unset settings read back as null; sending them back would be refused by some versions.
+    let settings: serde_json::Map<String, Value> = settings
+        .as_object()
+        .into_iter()
+        .flatten()
+        .filter(|(_, value)| !value.is_null())
+        .map(|(name, value)| (name.clone(), value.clone()))
+        .collect();
+    if !settings.is_empty() {
+        let settings = Value::Object(settings);
+        let uid = with_retry(slot, "copying the live index's settings", || {
+            client.update_settings(fresh_uid, &settings)
+        })?;
+        await_meili_task(slot, client, uid, "copying the live index's settings")?;
+    }
+    Ok(())
+}
+
+/// Holds the rebuilt task once the helper has caught up with the WAL, and opens the gate when the
+/// helper has applied everything the held task's slot confirmed and no worker holds that slot.
+pub struct ResyncGate {
+    held_task: i64,
+    last_check: Option<Instant>,
+}
+
+impl ResyncGate {
+    pub fn new(held_task: i64) -> Self {
+        ResyncGate {
+            held_task,
+            last_check: None,
+        }
+    }
+}
+
+impl SwapGate for ResyncGate {
+    fn ready_to_drain(&mut self, read_position: u64, caught_up: bool) -> Result<bool, String> {
+        if self
+            .last_check
+            .is_some_and(|at| at.elapsed() < GATE_INTERVAL)
+        {
+            return Ok(false);
+        }
+        self.last_check = Some(Instant::now());
+        let held = BackgroundWorker::transaction(|| catalog::held_task(self.held_task))
+            .map_err(|error| error.message)?
+            .ok_or_else(|| format!("task {} no longer exists", self.held_task))?;
+        match held.state.as_str() {
+            // Held only once the helper has caught up, so that the task pauses for a moment, not
+            // for the helper's catch-up after its copy.
+            "streaming" if caught_up => {
+                BackgroundWorker::transaction(|| catalog::hold_for_swap(self.held_task))
+                    .map_err(|error| error.message)?;
+                shmem::wake_launcher();
+                Ok(false)
+            }
+            "swapping" => Ok(!held.slot_active
+                && held
+                    .confirmed
+                    .is_some_and(|confirmed| confirmed <= read_position)),
+            // Paused, stopped or failed: the swap waits until it streams again.
+            _ => Ok(false),
+        }
+    }
+}
+
+/// Waits until Meilisearch has finished every task matching `filters`.
+fn await_quiet(slot: SlotHandle, client: &Client, filters: &[(&str, &str)]) -> Result<(), Stop> {
+    while with_retry(slot, "reading Meilisearch's task queue", || {
+        client.has_unfinished_tasks(filters)
+    })? {
+        if should_stop() {
+            return Err(Stop::Terminated);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
+}
+
+/// The stream stopped at `position`: swap the helper's index with the live one and hand over.
+pub fn swap(
+    helper: &TaskRecord,
+    held: &TaskRecord,
+    client: &Client,
+    slot: SlotHandle,
+    position: u64,
+) -> Result<(), Stop> {
+    slot.set_phase(Phase::Swapping);
+    await_quiet(slot, client, &[("indexUids", &held.index_uid)])?;
+    let fresh = with_retry(slot, "reading the resync index", || {
+        client.get_index(&helper.index_uid)
+    })?;
+    let Some(fresh_created_at) = created_at(fresh) else {
+        return Err(permanent(format!(
+            "resync index \"{}\" no longer exists",
+            helper.index_uid
+        )));
+    };
+    BackgroundWorker::transaction(|| {
+        catalog::record_swap(helper.id, Some(position), Some(&fresh_created_at))
+    })
+    .map_err(fail)?;
+    let uid = with_retry(slot, "swapping the indexes", || {
+        client.swap_indexes(&held.index_uid, &helper.index_uid)
+    })?;
+    if let Err(stop) = await_meili_task(slot, client, uid, "swapping the indexes") {
+        let _ = BackgroundWorker::transaction(|| catalog::record_swap(helper.id, None, None));
+        return Err(stop);
+    }
+    hand_over(helper, held, client, slot, position)
+}
+
+/// A helper that restarts in phase `swapping` finds out whether its swap happened; if not, it
+/// streams on and tries again.
+pub fn recover(
+    helper: &mut TaskRecord,
+    held: &TaskRecord,
+    client: &Client,
+    slot: SlotHandle,
+) -> Result<bool, Stop> {
+    match helper.resync_phase.as_deref() {
+        Some("swapped") => {
+            clean_up(helper, client, slot)?;
+            Ok(true)
+        }
+        Some("swapping") => {
+            await_quiet(slot, client, &[("types", "indexSwap")])?;
+            let live = with_retry(slot, "reading the index", || {
+                client.get_index(&held.index_uid)
+            })?;
+            match (helper.swap_lsn, created_at(live)) {
+                (Some(position), Some(live)) if Some(&live) == helper.swap_created_at.as_ref() => {
+                    hand_over(helper, held, client, slot, position)?;
+                    Ok(true)
+                }
+                _ => {
+                    BackgroundWorker::transaction(|| catalog::record_swap(helper.id, None, None))
+                        .map_err(fail)?;
+                    helper.resync_phase = None;
+                    Ok(false)
+                }
+            }
+        }
+        _ => Ok(false),
+    }
+}
+
+/// After the swap: the held task streams on from `position`, and the old index and the helper go.
+fn hand_over(
+    helper: &TaskRecord,
+    held: &TaskRecord,
+    client: &Client,
+    slot: SlotHandle,
+    position: u64,
+) -> Result<(), Stop> {
+    BackgroundWorker::transaction(|| {
+        catalog::finish_swap(helper.id, held.id, &held.slot_name, position)
+    })
+    .map_err(fail)?;
+    shmem::wake_launcher();
+    log!(
+        "pg_meili_sync task {}: resync swapped in the new index \"{}\"; streaming goes on from {}",
+        held.id,
+        held.index_uid,
+        catalog::format_lsn(position)
+    );
+    clean_up(helper, client, slot)
+}
+
+/// Deletes the old index (now under the helper's uid), then the helper with its slot.
+fn clean_up(helper: &TaskRecord, client: &Client, slot: SlotHandle) -> Result<(), Stop> {
+    while with_retry(slot, "reading the old index", || {
+        client.get_index(&helper.index_uid)
+    })?
+    .is_some()
+    {
+        let uid = with_retry(slot, "deleting the old index", || {
+            client.delete_index(&helper.index_uid)
+        })?;
+        await_meili_task(slot, client, uid, "deleting the old index")?;
+    }
+    BackgroundWorker::transaction(|| {
+        catalog::delete_task(helper)?;
+        if catalog::slot_wal_status(&helper.slot_name)?.is_some() {
+            catalog::drop_slot(&helper.slot_name)?;
+        }
+        Ok(())
+    })
+    .map_err(fail)?;
+    shmem::wake_launcher();
+    Ok(())
+}
