@@ -199,10 +199,18 @@ pub fn recover(
             })?;
             match (helper.swap_lsn, created_at(live)) {
                 (Some(position), Some(live)) if Some(&live) == helper.swap_created_at.as_ref() => {
+                    log!(
+                        "pg_meili_sync task {}: the swap of the interrupted resync happened; handing over",
+                        helper.id
+                    );
                     hand_over(helper, held, client, slot, position)?;
                     Ok(true)
                 }
                 _ => {
+                    log!(
+                        "pg_meili_sync task {}: the swap of the interrupted resync did not happen; it will be tried again",
+                        helper.id
+                    );
                     BackgroundWorker::transaction(|| catalog::record_swap(helper.id, None, None))
                         .map_err(fail)?;
                     helper.resync_phase = None;

@@ -375,3 +375,55 @@ fn lag_is_reported_while_meilisearch_stalls() {
         .unwrap_or(0.0);
     assert!(rate > 0.0, "{status:?}");
 }
+
+#[test]
+fn a_resync_helper_killed_during_the_swap_finishes_it_after_the_restart() {
+    let Some((cluster, meili)) = with_test_server() else {
+        return;
+    };
+    cluster.psql(&products::insert_sql(1, 5000));
+    let (index, task) = start(&cluster, &meili, json!({"batch_size": 1000}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    converge(&cluster, &meili, &index);
+    // A stray document: if the old index came back (a second swap), the check below would see it.
+    use pg_meili_sync_e2e::meili::Method;
+    meili.request(
+        Method::POST,
+        &format!("/indexes/{index}/documents"),
+        Some(json!([{"id": 900001, "name": "stray"}])),
+    );
+    meili.wait_idle(&index, CONVERGE);
+    // Slow tasks keep the swap task waiting long enough to kill the helper while it awaits it.
+    faults(&meili).set_task_delay(Duration::from_millis(300));
+    let helper: i64 = cluster
+        .psql(&format!("SELECT meili_sync_resync({task})"))
+        .parse()
+        .expect("helper task id");
+    let pid: i64 = wait_for("the helper to start its swap", CONVERGE, || {
+        let phase = cluster.psql(&format!(
+            "SELECT coalesce(resync_phase, '') FROM meili_sync.tasks WHERE id = {helper}"
+        ));
+        if phase != "swapping" {
+            return None;
+        }
+        cluster.status(helper).get("worker_pid")?.parse().ok()
+    });
+    cluster.kill_worker(helper, pid);
+    faults(&meili).set_task_delay(Duration::ZERO);
+    wait_for("the helper to finish", CONVERGE, || {
+        (cluster.psql(&format!(
+            "SELECT count(*) FROM meili_sync.tasks WHERE id = {helper}"
+        )) == "0")
+            .then_some(())
+    });
+    cluster.psql("UPDATE products SET version = 9 WHERE id % 100 = 0");
+    converge(&cluster, &meili, &index);
+    assert_eq!(meili.index(&format!("{index}__resync")), None);
+    let log = cluster.server_log();
+    assert!(
+        log.contains("the swap of the interrupted resync"),
+        "the kill did not interrupt the swap"
+    );
+    let swaps = log.matches("resync swapped in the new index").count();
+    assert_eq!(swaps, 1, "the swap was handed over {swaps} times");
+}

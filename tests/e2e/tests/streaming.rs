@@ -472,3 +472,44 @@ fn resync_rebuilds_the_index_while_writes_continue() {
     ));
     assert_eq!(clean, "0");
 }
+
+#[test]
+fn a_resync_waits_for_a_paused_task_and_can_be_cancelled() {
+    let (cluster, meili, index, task) = streaming_task(2000, json!({}));
+    // Paused in the same transaction, so the helper can never hold the task for its swap.
+    cluster.psql(&format!(
+        "SELECT meili_sync_resync({task}); SELECT meili_sync_pause({task})"
+    ));
+    let helper: i64 = cluster
+        .psql(&format!(
+            "SELECT id FROM meili_sync.tasks WHERE resync_of = {task}"
+        ))
+        .parse()
+        .expect("helper task id");
+    let fresh = format!("{index}__resync");
+    wait_for("the helper to copy and stream", CONVERGE, || {
+        let state = cluster.status(helper).get("state").cloned();
+        (state.as_deref() == Some("streaming") && meili.document_count(&fresh) == Some(2000))
+            .then_some(())
+    });
+    // The helper waits: the task stays paused and the live index keeps its uid and documents.
+    std::thread::sleep(Duration::from_secs(2));
+    let state = cluster.psql(&format!(
+        "SELECT state FROM meili_sync_status WHERE task = {task}"
+    ));
+    assert_eq!(state, "paused");
+    cluster.psql(&format!(
+        "SELECT meili_sync_drop({helper}, drop_index => true)"
+    ));
+    wait_for("the helper's slot to go", CONVERGE, || {
+        (cluster.psql("SELECT count(*) FROM pg_replication_slots") == "1").then_some(())
+    });
+    assert_eq!(meili.index(&fresh), None);
+    cluster.psql(&products::insert_sql(3000, 3100));
+    cluster.psql(&format!("SELECT meili_sync_resume({task})"));
+    converge(&cluster, &meili, &index);
+    let state = cluster.psql(&format!(
+        "SELECT state FROM meili_sync_status WHERE task = {task}"
+    ));
+    assert_eq!(state, "streaming");
+}
