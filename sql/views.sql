@@ -41,6 +41,8 @@ SELECT t.id AS task,
        coalesce(pg_catalog.clock_timestamp() - w.oldest_unconfirmed_commit
                 > nullif(pg_catalog.current_setting('meili_sync.lag_warning', true), '0')::interval,
                 false) AS lag_warning,
+       w.last_sent_at,
+       w.last_confirmed_at,
        -- A stopped task's catalog error (e.g. the crash-loop verdict) outranks the last worker's.
        CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error ELSE w.last_error END AS last_error,
        CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error_at ELSE w.last_error_at END AS last_error_at,

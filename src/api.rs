@@ -764,6 +764,8 @@ fn meili_sync_worker_state() -> TableIterator<
         name!(received_lsn, Option<String>),
         name!(confirmed_lsn, Option<String>),
         name!(oldest_unconfirmed_commit, Option<TimestampWithTimeZone>),
+        name!(last_sent_at, Option<TimestampWithTimeZone>),
+        name!(last_confirmed_at, Option<TimestampWithTimeZone>),
         name!(last_error, Option<String>),
         name!(last_error_at, Option<TimestampWithTimeZone>),
     ),
@@ -791,6 +793,10 @@ fn meili_sync_worker_state() -> TableIterator<
             live.received_lsn.map(catalog::format_lsn),
             live.confirmed_lsn.map(catalog::format_lsn),
             live.oldest_unconfirmed_at
+                .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),
+            live.last_sent_at
+                .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),
+            live.last_confirmed_at
                 .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),
             live.last_error,
             live.last_error_at

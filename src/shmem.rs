@@ -131,6 +131,8 @@ pub struct TaskSlot {
     batches_confirmed: i64,
     dead_letters: i64,
     last_confirmed_at: pg_sys::TimestampTz,
+    /// When the worker last handed Meilisearch a batch (0: never).
+    last_sent_at: pg_sys::TimestampTz,
     docs_sent: i64,
     failed_tasks: i64,
     /// Documents confirmed per second over the last minute.
@@ -182,6 +184,7 @@ impl TaskSlot {
         batches_confirmed: 0,
         dead_letters: 0,
         last_confirmed_at: 0,
+        last_sent_at: 0,
         docs_sent: 0,
         failed_tasks: 0,
         docs_per_second: 0.0,
@@ -278,6 +281,8 @@ pub struct TaskLive {
     pub received_lsn: Option<u64>,
     pub confirmed_lsn: Option<u64>,
     pub oldest_unconfirmed_at: Option<pg_sys::TimestampTz>,
+    pub last_sent_at: Option<pg_sys::TimestampTz>,
+    pub last_confirmed_at: Option<pg_sys::TimestampTz>,
     pub last_error: Option<String>,
     pub last_error_at: Option<pg_sys::TimestampTz>,
 }
@@ -314,20 +319,22 @@ pub fn attach(task_id: i64, pid: i32) -> Option<usize> {
     let slot = &mut state.slots[index];
     let keep_error = slot.task_id == task_id;
     let (error_len, error, error_at) = (slot.error_len, slot.error, slot.error_at);
-    let (base, stats_reset, last_confirmed_at) = if keep_error {
+    let (base, stats_reset, last_confirmed_at, last_sent_at) = if keep_error {
         (
             slot.base.plus(slot.worker_counters()),
             slot.stats_reset,
             slot.last_confirmed_at,
+            slot.last_sent_at,
         )
     } else {
         // SAFETY: reads the transaction-independent wall clock.
-        (Counters::ZERO, unsafe { pg_sys::GetCurrentTimestamp() }, 0)
+        (Counters::ZERO, unsafe { pg_sys::GetCurrentTimestamp() }, 0, 0)
     };
     *slot = TaskSlot::EMPTY;
     slot.base = base;
     slot.stats_reset = stats_reset;
     slot.last_confirmed_at = last_confirmed_at;
+    slot.last_sent_at = last_sent_at;
     slot.task_id = task_id;
     slot.pid = pid;
     // SAFETY: MyProc is this worker's PGPROC, in shared memory at the same address in every backend.
@@ -395,8 +402,14 @@ impl SlotHandle {
             rate.sample(std::time::Instant::now(), confirmed);
             rate.per_second()
         });
+        // SAFETY: reads the transaction-independent wall clock.
+        let now = unsafe { pg_sys::GetCurrentTimestamp() };
         self.update(|slot| {
-            slot.docs_sent = counter(&writer.docs_enqueued);
+            let docs_sent = counter(&writer.docs_enqueued);
+            if docs_sent > slot.docs_sent {
+                slot.last_sent_at = now;
+            }
+            slot.docs_sent = docs_sent;
             slot.failed_tasks = counter(&writer.batches_failed);
             slot.docs_per_second = docs_per_second;
             slot.rows_copied = rows_copied;
@@ -490,6 +503,8 @@ pub fn live_tasks() -> Vec<TaskLive> {
             confirmed_lsn: (slot.confirmed_lsn != 0).then_some(slot.confirmed_lsn),
             oldest_unconfirmed_at: (slot.oldest_unconfirmed_at != 0)
                 .then_some(slot.oldest_unconfirmed_at),
+            last_sent_at: (slot.last_sent_at != 0).then_some(slot.last_sent_at),
+            last_confirmed_at: (slot.last_confirmed_at != 0).then_some(slot.last_confirmed_at),
             last_error: (slot.error_len > 0).then(|| {
                 String::from_utf8_lossy(&slot.error[..slot.error_len as usize]).into_owned()
             }),

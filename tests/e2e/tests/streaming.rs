@@ -65,6 +65,10 @@ fn inserts_updates_deletes_and_key_changes() {
         ));
         (counted == "316,316").then_some(())
     });
+    let times = cluster.psql(&format!(
+        "SELECT last_sent_at <= now() AND last_confirmed_at >= last_sent_at - interval '1 minute' FROM meili_sync_status WHERE task = {task}"
+    ));
+    assert_eq!(times, "t");
 }
 
 #[test]
