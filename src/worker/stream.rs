@@ -347,19 +347,11 @@ pub fn run(
             }
             // Nothing else is coming to fill the open batch, so send it now.
             streamer.mapper.flush();
-            streamer.send_ready(false);
-            let nap = if streamer.dispatcher.is_idle() {
-                Duration::from_secs(1)
-            } else {
-                Duration::from_millis(5)
-            };
-            if !BackgroundWorker::wait_latch(Some(nap)) {
-                break Ok(None);
-            }
         } else {
             streamer.mapper.flush_due(Instant::now());
-            streamer.send_ready(false);
         }
+        streamer.send_ready(false);
+        // Published before any nap, so that the status view shows a confirmation at once.
         streamer.slot.set_progress(
             task.rows_copied,
             streamer.dispatcher.backlog(),
@@ -370,6 +362,16 @@ pub fn run(
             session.confirmed(),
             streamer.ages.oldest(),
         );
+        if caught_up {
+            let nap = if streamer.dispatcher.is_idle() {
+                Duration::from_secs(1)
+            } else {
+                Duration::from_millis(5)
+            };
+            if !BackgroundWorker::wait_latch(Some(nap)) {
+                break Ok(None);
+            }
+        }
     };
     session.close();
     result
