@@ -328,7 +328,12 @@ pub fn attach(task_id: i64, pid: i32) -> Option<usize> {
         )
     } else {
         // SAFETY: reads the transaction-independent wall clock.
-        (Counters::ZERO, unsafe { pg_sys::GetCurrentTimestamp() }, 0, 0)
+        (
+            Counters::ZERO,
+            unsafe { pg_sys::GetCurrentTimestamp() },
+            0,
+            0,
+        )
     };
     *slot = TaskSlot::EMPTY;
     slot.base = base;

@@ -21,10 +21,12 @@ use pgrx::prelude::*;
 use serde_json::Value;
 
 use crate::catalog::{self, TaskRecord};
-use crate::meili::client::Client;
+use crate::meili::client::{Client, TaskStatus};
 use crate::shmem::{self, Phase, SlotHandle};
 use crate::worker::stream::SwapGate;
-use crate::worker::task::{await_meili_task, permanent, should_stop, with_retry, Stop};
+use crate::worker::task::{
+    await_meili_task, permanent, should_stop, with_retry, Stop, SETUP_TIMEOUT,
+};
 
 /// How often the helper looks at the task it waits for.
 const GATE_INTERVAL: Duration = Duration::from_millis(200);
@@ -45,6 +47,7 @@ fn fail(error: crate::error::SyncError) -> Stop {
 /// Before the copy: a new, empty index with the live index's key and settings. A leftover of an
 /// earlier resync is deleted first.
 pub fn prepare_fresh_index(
+    task_id: i64,
     slot: SlotHandle,
     client: &Client,
     live_uid: &str,
@@ -76,14 +79,47 @@ pub fn prepare_fresh_index(
         .filter(|(_, value)| !value.is_null())
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
-    if !settings.is_empty() {
-        let settings = Value::Object(settings);
-        let uid = with_retry(slot, "copying the live index's settings", || {
-            client.update_settings(fresh_uid, &settings)
-        })?;
-        await_meili_task(slot, client, uid, "copying the live index's settings")?;
+    if settings.is_empty()
+        || try_settings(slot, client, fresh_uid, Value::Object(settings.clone()))?
+    {
+        return Ok(());
     }
+    // Some setting read back cannot be written as it is (say, one of an experimental feature
+    // that is off): copy them one by one and name those refused.
+    let mut refused = Vec::new();
+    for (name, value) in settings {
+        let single = Value::Object([(name.clone(), value)].into_iter().collect());
+        if !try_settings(slot, client, fresh_uid, single)? {
+            refused.push(name);
+        }
+    }
+    warning!(
+        "pg_meili_sync task {task_id}: Meilisearch refused to copy these settings of index \"{live_uid}\" to the new index \"{fresh_uid}\": {}; set them on the new index before the swap, or in the task's settings option",
+        refused.join(", ")
+    );
     Ok(())
+}
+
+/// Applies settings to an index; false when Meilisearch refuses them (a 4xx, or a failed task).
+fn try_settings(
+    slot: SlotHandle,
+    client: &Client,
+    uid: &str,
+    settings: Value,
+) -> Result<bool, Stop> {
+    let what = "copying the live index's settings";
+    let enqueued = with_retry(slot, what, || {
+        match client.update_settings(uid, &settings) {
+            Ok(task_uid) => Ok(Some(task_uid)),
+            Err(error) if error.is_retryable() || error.is_auth() => Err(error),
+            Err(_) => Ok(None),
+        }
+    })?;
+    let Some(task_uid) = enqueued else {
+        return Ok(false);
+    };
+    let state = with_retry(slot, what, || client.wait_task(task_uid, SETUP_TIMEOUT))?;
+    Ok(state.status == TaskStatus::Succeeded)
 }
 
 /// Holds the rebuilt task once the helper has caught up with the WAL, and opens the gate when the

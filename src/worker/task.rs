@@ -21,7 +21,7 @@ use crate::worker::resync::{self, ResyncGate};
 use crate::worker::stream::{self, ColumnRules, IndexWatch, Streamer, SwapGate};
 
 const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
-const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// True once SIGTERM arrived or the postmaster died; checked between units of work.
 pub fn should_stop() -> bool {
@@ -280,6 +280,7 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
     if let Some(held) = &held {
         if task.state == "snapshot" && task.snapshot_key.is_none() {
             resync::prepare_fresh_index(
+                task.id,
                 slot,
                 &client,
                 &held.index_uid,
