@@ -157,6 +157,10 @@ impl SwapGate for ResyncGate {
                 BackgroundWorker::transaction(|| catalog::hold_for_swap(self.held_task))
                     .map_err(|error| error.message)?;
                 shmem::wake_launcher();
+                log!(
+                    "pg_meili_sync task {}: resync caught up; the task is held for the swap",
+                    self.held_task
+                );
                 Ok(false)
             }
             "swapping" => Ok(!held.slot_active
