@@ -38,9 +38,11 @@ impl CommitAges {
     }
 }
 
-/// A running total sampled about once a second; the rate is taken over the last minute.
+/// A running total sampled about once a second; the rate is taken over the last minute, up to
+/// the newest value (so that a burst shows at once, not at the next whole-second sample).
 pub struct RateWindow {
     samples: VecDeque<(Instant, u64)>,
+    latest: Option<(Instant, u64)>,
     window: Duration,
 }
 
@@ -48,6 +50,7 @@ impl Default for RateWindow {
     fn default() -> Self {
         RateWindow {
             samples: VecDeque::new(),
+            latest: None,
             window: Duration::from_secs(60),
         }
     }
@@ -55,6 +58,7 @@ impl Default for RateWindow {
 
 impl RateWindow {
     pub fn sample(&mut self, now: Instant, total: u64) {
+        self.latest = Some((now, total));
         if self
             .samples
             .back()
@@ -74,10 +78,13 @@ impl RateWindow {
         }
     }
 
-    /// Units per second between the oldest and newest samples; 0 before two samples exist.
+    /// Units per second from the oldest sample to the newest value; 0 until they are a second
+    /// apart (a shorter span would give wild figures).
     pub fn per_second(&self) -> f64 {
-        match (self.samples.front(), self.samples.back()) {
-            (Some((first_at, first)), Some((last_at, last))) if last_at > first_at => {
+        match (self.samples.front(), self.latest) {
+            (Some((first_at, first)), Some((last_at, last)))
+                if last_at.duration_since(*first_at) >= Duration::from_secs(1) =>
+            {
                 last.saturating_sub(*first) as f64 / last_at.duration_since(*first_at).as_secs_f64()
             }
             _ => 0.0,
@@ -162,5 +169,21 @@ mod tests {
         assert_eq!(rate.per_second(), 0.0);
         rate.sample(start + Duration::from_secs(2), 200);
         assert!((rate.per_second() - 100.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn a_burst_between_samples_shows_at_once() {
+        let start = Instant::now();
+        let mut rate = RateWindow::default();
+        rate.sample(start, 1000);
+        rate.sample(start + Duration::from_secs(4), 1000);
+        assert_eq!(rate.per_second(), 0.0);
+        // 400 confirmed 100 ms after the last whole-second sample.
+        rate.sample(start + Duration::from_millis(4100), 1400);
+        assert!(
+            (rate.per_second() - 400.0 / 4.1).abs() < 1e-9,
+            "{}",
+            rate.per_second()
+        );
     }
 }
