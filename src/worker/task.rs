@@ -293,7 +293,7 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
     let index = prepare_index(slot, &client, &task, &options, &key_attribute)?;
     let watch = IndexWatch::new(client.clone(), &task.index_uid, index.created_at);
 
-    let writer = Writer::start(WriterConfig {
+    let writer = start_writer(WriterConfig {
         client: client.clone(),
         index_uid: task.index_uid.clone(),
         primary_key: key_attribute.clone(),
@@ -321,6 +321,21 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
         (Some(position), Some(held)) => resync::swap(&task, held, &client, slot, position),
         _ => Err(Stop::Terminated),
     }
+}
+
+/// Starts the writer's HTTP threads with every signal blocked, so that the kernel delivers
+/// SIGTERM and SIGHUP to the main thread: pgrx's handlers call Postgres (SetLatch), which from
+/// another thread is a panic, and a panic in a signal handler aborts the process, which makes the
+/// postmaster restart the whole server. The threads inherit the mask at creation.
+fn start_writer(config: WriterConfig) -> Writer {
+    // SAFETY: sets this (the main) thread's signal mask to Postgres's BlockSig; signals that
+    // arrive meanwhile stay pending until the mask is restored just below.
+    unsafe { pg_sys::BackgroundWorkerBlockSignals() };
+    let writer = Writer::start(config);
+    // SAFETY: restores the mask a background worker runs with (UnBlockSig), as pgrx set it in
+    // attach_signal_handlers.
+    unsafe { pg_sys::BackgroundWorkerUnblockSignals() };
+    writer
 }
 
 /// Copies the table unless that is done, then streams; returns where a resync helper's stream

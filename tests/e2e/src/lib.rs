@@ -45,11 +45,30 @@ pub fn wait_index_matches_table(
         let expected = products::table_documents(cluster, table);
         let documents = meili.all_documents(index);
         let Some(problem) = products::diff_documents(&documents, &expected) else {
+            assert_no_crash(cluster);
             return;
         };
         if Instant::now() >= deadline {
             panic!("index {index} does not match table {table} after {timeout:?}: {problem}\n--- server log tail ---\n{}", cluster.tail_log());
         }
         std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Fails if a server process died of anything but the SIGKILLs tests send on purpose (an abort or
+/// a segfault makes the postmaster restart every connection: an outage for the user).
+pub fn assert_no_crash(cluster: &cluster::Cluster) {
+    let log = cluster.server_log();
+    for sign in [
+        "terminated by signal 6",
+        "terminated by signal 7",
+        "terminated by signal 11",
+        "PANIC:",
+    ] {
+        assert!(
+            !log.contains(sign),
+            "the server log shows a crash ({sign}):\n{}",
+            cluster.tail_log()
+        );
     }
 }

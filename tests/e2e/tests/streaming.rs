@@ -517,3 +517,46 @@ fn a_resync_waits_for_a_paused_task_and_can_be_cancelled() {
     ));
     assert_eq!(state, "streaming");
 }
+
+#[test]
+fn stopping_a_busy_worker_never_takes_the_server_down() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let (cluster, meili, index, task) = streaming_task(1000, json!({}));
+    let writing = AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        // Small commits back to back: each wakes the worker with a signal, the moment a SIGTERM
+        // could land on one of its HTTP threads if those did not block signals.
+        let writer = scope.spawn(|| {
+            let mut id = 100_000_i64;
+            while writing.load(Ordering::Relaxed) {
+                let _ = cluster.try_psql(&products::insert_sql(id, id + 4));
+                id += 5;
+            }
+        });
+        for _ in 0..20 {
+            cluster.psql(&format!("SELECT meili_sync_pause({task})"));
+            wait_for("the worker to stop", CONVERGE, || {
+                let pid = cluster.status(task).get("worker_pid").cloned();
+                (pid.as_deref() == Some("null")).then_some(())
+            });
+            cluster.psql(&format!("SELECT meili_sync_resume({task})"));
+            wait_for("the worker to stream again", CONVERGE, || {
+                let state = cluster.status(task).get("state").cloned();
+                (state.as_deref() == Some("streaming")).then_some(())
+            });
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        writing.store(false, Ordering::Relaxed);
+        writer.join().expect("writer thread");
+    });
+    // The check at the end of converge: no process aborted (the postmaster would have restarted
+    // the server). The test sends no SIGKILL, so any crash recovery is a failure too.
+    assert!(
+        !cluster
+            .server_log()
+            .contains("all server processes terminated"),
+        "a worker took the server down:\n{}",
+        cluster.tail_log()
+    );
+    converge(&cluster, &meili, &index);
+}
