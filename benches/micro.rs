@@ -24,6 +24,7 @@ use pg_meili_sync::bench::{
     encode_document, gzip, parse, write_value, Batch, BatchLimits, Batcher, ChangeMapper, Column,
     ColumnValue, DocumentShape, Message, Operation, Relation, RelationShape, ValueKind,
 };
+use pg_meili_sync_e2e::products;
 
 /// Documents per batch: the `batch_size` default.
 const BATCH_DOCS: usize = 10_000;
@@ -150,20 +151,12 @@ impl ProductRow {
     }
 }
 
-/// `timestamptz '2024-01-01 00:00:00+00' + minutes * interval '1 minute'` under `TimeZone 'UTC'`.
+/// `timestamptz '2024-01-01 00:00:00+00' + minutes * interval '1 minute'` as Postgres prints it
+/// under `TimeZone 'UTC'` (the data generator's date, in Postgres's text form).
 fn timestamptz_after_2024(minutes: i64) -> String {
-    // Howard Hinnant's civil_from_days; 19,723 days from 1970-01-01 to 2024-01-01.
-    let z = 19_723 + minutes / 1440 + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    let (hour, minute) = ((minutes % 1440) / 60, minutes % 60);
-    format!("{year:04}-{month:02}-{day:02} {hour:02}:{minute:02}:00+00")
+    products::timestamp_after_2024(minutes)
+        .replacen('T', " ", 1)
+        .replace('Z', "+00")
 }
 
 fn products_document_shape() -> DocumentShape {

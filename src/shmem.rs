@@ -407,12 +407,11 @@ impl SlotHandle {
             rate.sample(std::time::Instant::now(), confirmed);
             rate.per_second()
         });
-        // SAFETY: reads the transaction-independent wall clock.
-        let now = unsafe { pg_sys::GetCurrentTimestamp() };
         self.update(|slot| {
             let docs_sent = counter(&writer.docs_enqueued);
             if docs_sent > slot.docs_sent {
-                slot.last_sent_at = now;
+                // SAFETY: reads the transaction-independent wall clock.
+                slot.last_sent_at = unsafe { pg_sys::GetCurrentTimestamp() };
             }
             slot.docs_sent = docs_sent;
             slot.failed_tasks = counter(&writer.batches_failed);

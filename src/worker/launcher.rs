@@ -294,21 +294,6 @@ fn start_worker(task_id: i64, database: &str) -> Result<DynamicBackgroundWorker,
         .map_err(|_| ())
 }
 
-/// A task held for the swap of a resync whose helper was dropped, stopped or failed streams on
-/// (it re-sends from its own slot whatever the abandoned swap may have skipped).
-fn release_held_tasks() {
-    let released = BackgroundWorker::transaction(|| {
-        if catalog::extension_installed().unwrap_or(false) {
-            catalog::release_held_tasks().unwrap_or_default()
-        } else {
-            Vec::new()
-        }
-    });
-    for task_id in released {
-        log!("pg_meili_sync task {task_id}: its resync ended without a swap; streaming resumes");
-    }
-}
-
 /// A slot or publication of a task that no longer exists: ("slot" | "publication", name).
 type Orphan = (String, String);
 
@@ -316,6 +301,13 @@ fn read_catalog() -> Option<(Vec<TaskSummary>, Vec<Orphan>)> {
     BackgroundWorker::transaction(|| {
         if !catalog::extension_installed().ok()? {
             return None;
+        }
+        // A task held for the swap of a resync whose helper was dropped, stopped or failed
+        // streams on (it re-sends from its own slot whatever the abandoned swap may have skipped).
+        for task_id in catalog::release_held_tasks().unwrap_or_default() {
+            log!(
+                "pg_meili_sync task {task_id}: its resync ended without a swap; streaming resumes"
+            );
         }
         let tasks = catalog::list_tasks().ok()?;
         let orphans = catalog::orphans().ok()?;
@@ -344,7 +336,6 @@ pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
             // SAFETY: reloading the configuration files in the main thread, outside a transaction.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        release_held_tasks();
         let Some((tasks, orphans)) = read_catalog() else {
             wait = gucs::naptime();
             continue;

@@ -69,7 +69,7 @@ pub fn expected_document(id: i64, version: i64) -> Value {
 }
 
 /// 2024-01-01T00:00:00Z plus `minutes`, in the encoder's ISO 8601 form.
-fn timestamp_after_2024(minutes: i64) -> String {
+pub fn timestamp_after_2024(minutes: i64) -> String {
     let days = minutes / 1440;
     let (hour, minute) = ((minutes % 1440) / 60, minutes % 60);
     let (year, month, day) = civil_from_days(days_from_civil(2024, 1, 1) + days);
