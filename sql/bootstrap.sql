@@ -1,4 +1,6 @@
--- Catalog of pg_meili_sync: tasks, their keys (privileged), and the admin role.
+-- Catalog of pg_meili_sync: tasks, their keys (privileged), and the admin role. Only the
+-- extension's functions write it (they check the caller's privileges first); meili_sync_admin
+-- reads it.
 DO $$
 BEGIN
     CREATE ROLE meili_sync_admin NOLOGIN;
@@ -16,6 +18,9 @@ CREATE TABLE meili_sync.tasks (
     index_uid text NOT NULL,
     url text NOT NULL,
     primary_key text[] NOT NULL,
+    -- The role that created the task: the worker checks again, before each copy, that it may
+    -- still read the table.
+    owner regrole NOT NULL,
     options jsonb NOT NULL DEFAULT '{}',
     state text NOT NULL DEFAULT 'snapshot'
         CHECK (state IN ('snapshot', 'streaming', 'paused', 'stopped', 'error', 'swapping')),
@@ -26,7 +31,7 @@ CREATE TABLE meili_sync.tasks (
     snapshot_finished_at timestamptz,
     last_error text,
     last_error_at timestamptz,
-    created_at timestamptz NOT NULL DEFAULT now(),
+    created_at timestamptz NOT NULL DEFAULT pg_catalog.now(),
     -- A resync helper: copies into a fresh index, then swaps it with its task's index.
     resync_of bigint UNIQUE REFERENCES meili_sync.tasks (id) ON DELETE CASCADE,
     resync_phase text CHECK (resync_phase IN ('swapping', 'swapped')),
@@ -58,18 +63,14 @@ CREATE TABLE meili_sync.dead_letters (
     error_message text,
     meili_task_uid bigint,
     lsn pg_lsn,
-    first_seen timestamptz NOT NULL DEFAULT now(),
-    last_seen timestamptz NOT NULL DEFAULT now(),
+    first_seen timestamptz NOT NULL DEFAULT pg_catalog.now(),
+    last_seen timestamptz NOT NULL DEFAULT pg_catalog.now(),
     attempts integer NOT NULL DEFAULT 1,
     UNIQUE (task_id, document_id)
 );
 
 REVOKE ALL ON meili_sync.tasks, meili_sync.task_secrets, meili_sync.dead_letters FROM PUBLIC;
-GRANT SELECT, INSERT, UPDATE, DELETE ON meili_sync.tasks, meili_sync.task_secrets, meili_sync.dead_letters
-    TO meili_sync_admin;
-GRANT USAGE ON SEQUENCE meili_sync.dead_letters_id_seq TO meili_sync_admin;
-GRANT USAGE ON SEQUENCE meili_sync.tasks_id_seq TO meili_sync_admin;
-GRANT SELECT ON meili_sync.tasks TO pg_monitor;
+GRANT SELECT ON meili_sync.tasks, meili_sync.task_secrets, meili_sync.dead_letters TO meili_sync_admin;
 
 SELECT pg_catalog.pg_extension_config_dump('meili_sync.tasks', '');
 SELECT pg_catalog.pg_extension_config_dump('meili_sync.task_secrets', '');

@@ -1,5 +1,11 @@
 -- Views over the catalog and the workers' shared-memory state. Keys never appear here.
-CREATE VIEW meili_sync_status AS
+--
+-- Operators and functions in a view are bound when it is created: with only pg_catalog on the
+-- path, no operator planted in a user schema (an exact-type match such as ||(text, oid) beats
+-- pg_catalog's) can be bound into a view that superusers read. SET LOCAL ends with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
+CREATE VIEW @extschema@.meili_sync_status AS
 SELECT t.id AS task,
        t.source AS source_table,
        t.index_uid,
@@ -44,7 +50,14 @@ SELECT t.id AS task,
        w.last_sent_at,
        w.last_confirmed_at,
        -- A stopped task's catalog error (e.g. the crash-loop verdict) outranks the last worker's.
-       CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error ELSE w.last_error END AS last_error,
+       -- An error may quote row values (a refused document's id): only roles that may read the
+       -- table see it.
+       CASE WHEN (CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error ELSE w.last_error END) IS NULL
+                 THEN NULL
+            WHEN pg_catalog.has_table_privilege(t.source, 'SELECT')
+                 THEN CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error ELSE w.last_error END
+            ELSE 'hidden: reading this task''s errors needs SELECT on ' || t.source::text
+       END AS last_error,
        CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error_at ELSE w.last_error_at END AS last_error_at,
        t.primary_key,
        t.snapshot_started_at,
@@ -54,15 +67,15 @@ SELECT t.id AS task,
        t.resync_of
   FROM meili_sync.tasks t
   LEFT JOIN pg_catalog.pg_class c ON c.oid = t.source
-  LEFT JOIN meili_sync_worker_state() w ON w.task = t.id
+  LEFT JOIN @extschema@.meili_sync_worker_state() w ON w.task = t.id
   LEFT JOIN pg_catalog.pg_replication_slots s
-         ON s.slot_name = 'meili_sync_' || 'meili_sync.tasks'::regclass::oid || '_' || t.id;
+         ON s.slot_name = pg_catalog.format('meili_sync_%s_%s', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid, t.id);
 
-REVOKE ALL ON meili_sync_status FROM PUBLIC;
-GRANT SELECT ON meili_sync_status TO pg_monitor, meili_sync_admin;
+REVOKE ALL ON @extschema@.meili_sync_status FROM PUBLIC;
+GRANT SELECT ON @extschema@.meili_sync_status TO pg_monitor, meili_sync_admin;
 
 -- Dead letters hold document contents: readable by superusers and meili_sync_admin only.
-CREATE VIEW meili_sync_dead_letters AS
+CREATE VIEW @extschema@.meili_sync_dead_letters AS
 SELECT d.task_id AS task,
        t.source AS source_table,
        t.index_uid,
@@ -79,12 +92,12 @@ SELECT d.task_id AS task,
   FROM meili_sync.dead_letters d
   JOIN meili_sync.tasks t ON t.id = d.task_id;
 
-REVOKE ALL ON meili_sync_dead_letters FROM PUBLIC;
-GRANT SELECT ON meili_sync_dead_letters TO meili_sync_admin;
+REVOKE ALL ON @extschema@.meili_sync_dead_letters FROM PUBLIC;
+GRANT SELECT ON @extschema@.meili_sync_dead_letters TO meili_sync_admin;
 
 -- Cumulative counters per task, like the pg_stat_* views (kept across worker restarts, zeroed by
 -- pg_stat_meili_sync_reset(), lost at a server restart).
-CREATE VIEW pg_stat_meili_sync AS
+CREATE VIEW @extschema@.pg_stat_meili_sync AS
 SELECT t.id AS task,
        t.source AS source_table,
        t.index_uid,
@@ -100,8 +113,32 @@ SELECT t.id AS task,
        c.last_confirmed_at,
        c.stats_reset
   FROM meili_sync.tasks t
-  LEFT JOIN meili_sync_stats() c ON c.task = t.id;
+  LEFT JOIN @extschema@.meili_sync_stats() c ON c.task = t.id;
 
-REVOKE ALL ON pg_stat_meili_sync FROM PUBLIC;
-GRANT SELECT ON pg_stat_meili_sync TO pg_monitor, meili_sync_admin;
-REVOKE ALL ON FUNCTION pg_stat_meili_sync_reset(bigint) FROM PUBLIC;
+REVOKE ALL ON @extschema@.pg_stat_meili_sync FROM PUBLIC;
+GRANT SELECT ON @extschema@.pg_stat_meili_sync TO pg_monitor, meili_sync_admin;
+
+-- Every function of the extension runs with a fixed search_path, so that no schema a user can
+-- write shadows an operator or function its SQL names, and none is executable by PUBLIC: the
+-- management functions are for meili_sync_admin (they check the caller again), the live state
+-- behind the views for the roles that read those views.
+DO $$
+DECLARE
+    function_oid pg_catalog.regprocedure;
+BEGIN
+    FOR function_oid IN
+        SELECT p.oid::pg_catalog.regprocedure
+          FROM pg_catalog.pg_extension e
+          JOIN pg_catalog.pg_depend d
+            ON d.refclassid = 'pg_catalog.pg_extension'::pg_catalog.regclass AND d.refobjid = e.oid
+          JOIN pg_catalog.pg_proc p
+            ON d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass AND p.oid = d.objid
+         WHERE e.extname = 'pg_meili_sync' AND p.pronamespace = e.extnamespace
+    LOOP
+        EXECUTE pg_catalog.format('ALTER FUNCTION %s SET search_path = pg_catalog, pg_temp', function_oid);
+        EXECUTE pg_catalog.format('REVOKE ALL ON FUNCTION %s FROM PUBLIC', function_oid);
+        EXECUTE pg_catalog.format('GRANT EXECUTE ON FUNCTION %s TO meili_sync_admin', function_oid);
+    END LOOP;
+END
+$$;
+GRANT EXECUTE ON FUNCTION @extschema@.meili_sync_worker_state(), @extschema@.meili_sync_stats() TO pg_monitor;

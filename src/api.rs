@@ -8,12 +8,12 @@ use pgrx::prelude::*;
 use pgrx::{register_xact_callback, JsonB, PgRelation, PgXactCallbackEvent};
 
 use crate::catalog::{self, NewTask, RelationInfo};
-use crate::encode::{key_of_id, ValueKind};
+use crate::encode::ValueKind;
 use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::meili::client::{Client, MeiliError};
 use crate::options::{validate_index_uid, TaskOptions};
 use crate::worker::resync;
-use crate::{gucs, shmem};
+use crate::{gucs, security, shmem};
 
 static WAKE_PENDING: AtomicBool = AtomicBool::new(false);
 
@@ -40,6 +40,27 @@ fn require_admin() -> Result<(), SyncError> {
         )
         .hint("Only superusers and members of the meili_sync_admin role can manage tasks."))
     }
+}
+
+/// The caller must be able to read the task's table: these functions copy, compare or re-send
+/// its rows, and a task must not be a way around the table's privileges.
+fn require_select(record: &catalog::TaskRecord) -> Result<(), SyncError> {
+    if catalog::may_select(security::current_role(), record.relid)? {
+        return Ok(());
+    }
+    let role = catalog::role_name(security::current_role())?;
+    Err(SyncError::new(
+        ErrorKind::Privilege,
+        format!("permission denied for table {}", record.relation),
+    )
+    .detail(format!(
+        "Task {} syncs {}, which role {role} may not read.",
+        record.id, record.relation
+    ))
+    .hint(format!(
+        "Ask the table's owner for SELECT: GRANT SELECT ON {} TO {role}.",
+        record.relation
+    )))
 }
 
 /// The functions are not STRICT: a NULL argument is a mistake to report, not a silent NULL result.
@@ -243,28 +264,8 @@ fn start_task(
     crate::options::validate_url(&url)?;
     let url = url.trim_end_matches('/').to_owned();
 
-    let info = catalog::relation_info(source.oid())?;
+    let info = catalog::syncable_source(source.oid(), security::current_role())?;
     let table = &info.qualified_name;
-    if info.relkind != "r" {
-        return Err(SyncError::new(ErrorKind::InvalidParameter, format!("{table} is not an ordinary table"))
-            .hint("Sync an ordinary table; partitioned tables, views and foreign tables are not supported."));
-    }
-    if u32::from(source.oid()) < pg_sys::FirstNormalObjectId {
-        return Err(SyncError::new(
-            ErrorKind::UnsupportedType,
-            format!("{table} is a system catalog"),
-        )
-        .hint("Sync a user table; system catalogs cannot be published for logical decoding."));
-    }
-    if info.persistence != "p" {
-        return Err(SyncError::new(
-            ErrorKind::InvalidParameter,
-            format!("table {table} is temporary or unlogged, so its changes are not in the WAL"),
-        )
-        .hint(format!(
-            "Run ALTER TABLE {table} SET LOGGED, or sync a permanent table."
-        )));
-    }
     if let Some(columns) = &parsed.columns {
         check_column_names(&info, "columns", columns)?;
     }
@@ -293,6 +294,7 @@ fn start_task(
     let id = catalog::insert_task(
         NewTask {
             relid: source.oid(),
+            owner: security::current_role(),
             index_uid,
             url: &url,
             api_key: api_key.as_deref(),
@@ -422,6 +424,23 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             merged.insert(name.clone(), value.clone());
         }
         let parsed = TaskOptions::parse(&serde_json::Value::Object(merged))?;
+        require_select(&record)?;
+        if (changes.contains_key("url") || changes.contains_key("api_key"))
+            && !catalog::acts_as(record.owner)?
+        {
+            let owner = catalog::role_name(record.owner)?;
+            return Err(SyncError::new(
+                ErrorKind::Privilege,
+                format!(
+                    "only the owner of task {} may change its url or api_key",
+                    record.id
+                ),
+            )
+            .detail(format!("Task {} was created by role {owner}.", record.id))
+            .hint(format!(
+                "Ask role {owner} or a superuser to make the change."
+            )));
+        }
         let url = parsed.url.clone().unwrap_or_else(|| record.url.clone());
         crate::options::validate_url(&url)?;
         catalog::alter_task(
@@ -443,6 +462,7 @@ fn meili_sync_snapshot(task: Option<i64>) -> bool {
         require_admin()?;
         let record = require_task(task)?;
         refuse_while_swapping(&record)?;
+        require_select(&record)?;
         catalog::reset_snapshot(record.id)?;
         wake_launcher_at_commit();
         Ok(true)
@@ -459,6 +479,7 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
         require_admin()?;
         require_preloaded()?;
         let record = require_task(task)?;
+        require_select(&record)?;
         if let Some(rebuilt) = record.resync_of {
             return Err(SyncError::new(
                 ErrorKind::InvalidParameter,
@@ -511,6 +532,7 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
         let helper = catalog::insert_task(
             NewTask {
                 relid: record.relid,
+                owner: security::current_role(),
                 index_uid: &fresh_uid,
                 url: &record.url,
                 api_key: record.api_key.as_deref(),
@@ -579,33 +601,21 @@ fn meili_sync_drop(task: Option<i64>, drop_index: default!(Option<bool>, false))
     result.or_raise()
 }
 
-/// Sends dead-lettered documents again from their rows' current state, and clears them (a
-/// document that fails again comes back). Returns how many rows were re-sent.
-///
-/// It rewrites each row with its own key (`UPDATE … SET key = key`), so the row travels through
-/// the WAL in commit order with every other change: row-level UPDATE triggers on the table fire.
-/// Dead letters whose row no longer exists are cleared (its DELETE was streamed).
+/// Sends dead-lettered documents again from their rows' current state, straight to Meilisearch
+/// (the rows are locked meanwhile, so no newer version can be overtaken), and clears them; a
+/// dead letter whose row is gone becomes a delete. Returns how many documents were re-sent or
+/// deleted. Nothing is written to the table, so no trigger of the table fires.
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_sync_retry_dead_letters(task: Option<i64>) -> i64 {
     let result = (|| {
         require_admin()?;
         let record = require_task(task)?;
-        let info = catalog::relation_info(record.relid)?;
-        let key: Vec<(String, String)> = record
-            .primary_key
-            .iter()
-            .map(|name| (name.clone(), info.type_name_of(name)))
-            .collect();
-        let mut resent = 0;
-        for id in catalog::dead_letter_ids(record.id, None)? {
-            let Some(values) = key_of_id(&id, key.len()) else {
-                continue;
-            };
-            if catalog::touch_row(&info.qualified_name, &key, &values)? {
-                resent += 1;
-            }
-        }
-        catalog::delete_dead_letters(record.id, None)?;
+        require_select(&record)?;
+        let ids = catalog::dead_letter_ids(record.id, None)?;
+        let task_id = record.id;
+        let resent = crate::verify::resend_dead_letters(record, &ids)?;
+        // Only those re-sent: one the worker stores meanwhile stays for the next retry.
+        catalog::delete_dead_letters(task_id, Some(&ids))?;
         Ok(resent)
     })();
     result.or_raise()
@@ -620,6 +630,7 @@ fn meili_sync_discard_dead_letters(
     let result = (|| {
         require_admin()?;
         let record = require_task(task)?;
+        require_select(&record)?;
         catalog::delete_dead_letters(record.id, document_ids.as_deref())
     })();
     result.or_raise()
@@ -648,6 +659,7 @@ fn meili_sync_verify(
     let result = (|| {
         require_admin()?;
         let record = require_task(task)?;
+        require_select(&record)?;
         let samples = required(
             samples,
             "samples",
@@ -677,6 +689,7 @@ fn meili_sync_repair(
     let result = (|| {
         require_admin()?;
         let record = require_task(task)?;
+        require_select(&record)?;
         crate::verify::repair(record)
     })();
     let repairs = result.or_raise();

@@ -12,6 +12,7 @@ use pgrx::JsonB;
 use crate::dispatch::DeadLetter;
 use crate::encode::ValueKind;
 use crate::error::{ErrorKind, SyncError};
+use crate::security;
 
 pub type CatalogResult<T> = Result<T, SyncError>;
 
@@ -28,6 +29,8 @@ pub struct ColumnInfo {
 #[derive(Debug, Clone)]
 pub struct RelationInfo {
     pub qualified_name: String,
+    /// The table's owner: work on its rows runs with this role's rights.
+    pub owner: pg_sys::Oid,
     pub relkind: String,
     pub persistence: String,
     pub replica_identity: String,
@@ -48,6 +51,8 @@ pub struct TaskRecord {
     pub api_key: Option<String>,
     pub primary_key: Vec<String>,
     pub options: serde_json::Value,
+    /// The role that created the task.
+    pub owner: pg_sys::Oid,
     pub state: String,
     pub slot_name: String,
     pub publication_name: String,
@@ -107,6 +112,50 @@ pub fn current_role_is_admin() -> CatalogResult<bool> {
     .unwrap_or(false))
 }
 
+/// Runs catalog writes as the catalog's owner: `meili_sync_admin` may only read the catalog, so
+/// that every task comes through a function that checked its caller.
+fn as_catalog_owner<T>(work: impl FnOnce() -> CatalogResult<T>) -> CatalogResult<T> {
+    let owner = select_one::<pg_sys::Oid>(
+        "SELECT c.relowner FROM pg_catalog.pg_class c
+          WHERE c.oid = 'meili_sync.tasks'::pg_catalog.regclass",
+        &[],
+    )?
+    .ok_or_else(|| SyncError::new(ErrorKind::Internal, "meili_sync.tasks has no owner"))?;
+    security::as_catalog_owner(owner, work)
+}
+
+/// Whether `role` may SELECT from the table (false if the role no longer exists).
+pub fn may_select(role: pg_sys::Oid, relid: pg_sys::Oid) -> CatalogResult<bool> {
+    Ok(select_one::<bool>(
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = $1)
+                      AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = $2)
+                     THEN pg_catalog.has_table_privilege($1, $2, 'SELECT') ELSE false END",
+        &[role.into(), relid.into()],
+    )?
+    .unwrap_or(false))
+}
+
+/// Whether the current role has the rights of `role` (is it, a member of it, or a superuser).
+pub fn acts_as(role: pg_sys::Oid) -> CatalogResult<bool> {
+    Ok(select_one::<bool>(
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = $1)
+                     THEN pg_catalog.pg_has_role($1, 'USAGE')
+                     ELSE (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) END",
+        &[role.into()],
+    )?
+    .unwrap_or(false))
+}
+
+/// A role's name, or its OID in brackets once it is gone.
+pub fn role_name(role: pg_sys::Oid) -> CatalogResult<String> {
+    Ok(select_one::<String>(
+        "SELECT coalesce((SELECT r.rolname::text FROM pg_catalog.pg_roles r WHERE r.oid = $1),
+                         pg_catalog.format('(dropped role %s)', $1))",
+        &[role.into()],
+    )?
+    .unwrap_or_default())
+}
+
 pub fn wal_level() -> CatalogResult<String> {
     Ok(
         select_one::<String>("SELECT pg_catalog.current_setting('wal_level')", &[])?
@@ -125,7 +174,7 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
     Spi::connect(|client| {
         let mut header = client.select(
             "SELECT c.relkind::text, c.relpersistence::text, c.relreplident::text,
-                    pg_catalog.format('%I.%I', n.nspname, c.relname)
+                    pg_catalog.format('%I.%I', n.nspname, c.relname), c.relowner
                FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
               WHERE c.oid = $1",
             Some(1),
@@ -141,6 +190,7 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
         let persistence: String = row.get(2)?.unwrap_or_default();
         let replica_identity: String = row.get(3)?.unwrap_or_default();
         let qualified_name: String = row.get(4)?.unwrap_or_default();
+        let owner: pg_sys::Oid = row.get(5)?.unwrap_or(pg_sys::InvalidOid);
 
         let mut columns = Vec::new();
         let rows = client.select(
@@ -168,7 +218,7 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
         let indexes = client.select(
             "SELECT i.indisprimary, i.indisreplident,
                     ARRAY(SELECT a.attname::text
-                            FROM unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
+                            FROM pg_catalog.unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
                             JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
                            ORDER BY k.ord)
                FROM pg_catalog.pg_index i
@@ -193,6 +243,7 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
         }
         Ok(RelationInfo {
             qualified_name,
+            owner,
             relkind,
             persistence,
             replica_identity,
@@ -202,6 +253,44 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
             unique_keys,
         })
     })
+}
+
+/// The table a task syncs, checked as `meili_sync_start` checks it and as the worker checks it
+/// again before each copy: an ordinary, permanent user table that `role` may read.
+pub fn syncable_source(relid: pg_sys::Oid, role: pg_sys::Oid) -> CatalogResult<RelationInfo> {
+    let info = relation_info(relid)?;
+    let table = &info.qualified_name;
+    if info.relkind != "r" {
+        return Err(SyncError::new(ErrorKind::InvalidParameter, format!("{table} is not an ordinary table"))
+            .hint("Sync an ordinary table; partitioned tables, views and foreign tables are not supported."));
+    }
+    if u32::from(relid) < pg_sys::FirstNormalObjectId {
+        return Err(SyncError::new(
+            ErrorKind::UnsupportedType,
+            format!("{table} is a system catalog"),
+        )
+        .hint("Sync a user table; system catalogs cannot be published for logical decoding."));
+    }
+    if info.persistence != "p" {
+        return Err(SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!("table {table} is temporary or unlogged, so its changes are not in the WAL"),
+        )
+        .hint(format!(
+            "Run ALTER TABLE {table} SET LOGGED, or sync a permanent table."
+        )));
+    }
+    if !may_select(role, relid)? {
+        let role = role_name(role)?;
+        return Err(SyncError::new(
+            ErrorKind::Privilege,
+            format!("permission denied for table {table}: role {role} may not read it"),
+        )
+        .hint(format!(
+            "A task copies the table's rows out of the database, so it needs SELECT on it: GRANT SELECT ON {table} TO {role}."
+        )));
+    }
+    Ok(info)
 }
 
 impl RelationInfo {
@@ -277,6 +366,7 @@ pub fn format_lsn(lsn: u64) -> String {
 
 pub struct NewTask<'a> {
     pub relid: pg_sys::Oid,
+    pub owner: pg_sys::Oid,
     pub index_uid: &'a str,
     pub url: &'a str,
     pub api_key: Option<&'a str>,
@@ -285,13 +375,18 @@ pub struct NewTask<'a> {
     pub resync_of: Option<i64>,
 }
 
-/// Inserts the task and its publication; returns the task id.
+/// Inserts the task and its publication; returns the task id. The caller checked that
+/// `task.owner` may read the table.
 pub fn insert_task(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i64> {
+    as_catalog_owner(|| insert_task_row(task, qualified_table))
+}
+
+fn insert_task_row(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i64> {
     Spi::connect_mut(|client| {
         let id: i64 = client
             .update(
-                "INSERT INTO meili_sync.tasks (source, index_uid, url, primary_key, options, resync_of)
-                 VALUES ($1::oid::regclass, $2, $3, $4, $5, $6) RETURNING id",
+                "INSERT INTO meili_sync.tasks (source, index_uid, url, primary_key, options, resync_of, owner)
+                 VALUES ($1::oid::regclass, $2, $3, $4, $5, $6, $7::oid::regrole) RETURNING id",
                 Some(1),
                 &[
                     task.relid.into(),
@@ -300,6 +395,7 @@ pub fn insert_task(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i6
                     task.primary_key.to_vec().into(),
                     JsonB(task.options).into(),
                     task.resync_of.into(),
+                    task.owner.into(),
                 ],
             )?
             .first()
@@ -344,7 +440,8 @@ pub fn object_name(install: pg_sys::Oid, task_id: i64) -> String {
     format!("meili_sync_{}_{task_id}", install.to_u32())
 }
 
-const OBJECT_NAME_SQL: &str = "'meili_sync_' || 'meili_sync.tasks'::regclass::oid || '_' || t.id";
+const OBJECT_NAME_SQL: &str =
+    "pg_catalog.format('meili_sync_%s_%s', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid, t.id)";
 
 pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
     Spi::connect(|client| {
@@ -352,7 +449,7 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
             "SELECT t.id, t.source::oid, t.source::text, t.index_uid, t.url, s.api_key, t.primary_key,
                     t.options, t.state, t.snapshot_key, t.rows_copied, 'meili_sync.tasks'::regclass::oid,
                     t.resync_of, t.resync_phase, pg_catalog.pg_wal_lsn_diff(t.swap_lsn, '0/0')::bigint,
-                    t.swap_created_at
+                    t.swap_created_at, t.owner::oid
                FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id = t.id
               WHERE t.id = $1",
             Some(1),
@@ -383,6 +480,7 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
             resync_phase: row.get(14)?,
             swap_lsn: row.get::<i64>(15)?.map(|lsn| lsn as u64),
             swap_created_at: row.get(16)?,
+            owner: row.get(17)?.unwrap_or(pg_sys::InvalidOid),
         }))
     })
 }
@@ -399,11 +497,13 @@ pub fn require_task(task_id: i64) -> CatalogResult<TaskRecord> {
 }
 
 pub fn set_state(task_id: i64, state: &str) -> CatalogResult<()> {
-    Spi::run_with_args(
-        "UPDATE meili_sync.tasks SET state = $2, generation = generation + 1 WHERE id = $1",
-        &[task_id.into(), state.into()],
-    )?;
-    Ok(())
+    as_catalog_owner(|| {
+        Spi::run_with_args(
+            "UPDATE meili_sync.tasks SET state = $2, generation = generation + 1 WHERE id = $1",
+            &[task_id.into(), state.into()],
+        )?;
+        Ok(())
+    })
 }
 
 /// Stores changed options (and URL, and key when given) and restarts the task's worker.
@@ -413,69 +513,75 @@ pub fn alter_task(
     api_key: Option<&str>,
     options: serde_json::Value,
 ) -> CatalogResult<()> {
-    Spi::connect_mut(|client| {
-        client.update(
+    as_catalog_owner(|| {
+        Spi::connect_mut(|client| {
+            client.update(
             "UPDATE meili_sync.tasks SET url = $2, options = $3, generation = generation + 1 WHERE id = $1",
             None,
             &[task_id.into(), url.trim_end_matches('/').into(), JsonB(options).into()],
         )?;
-        if let Some(key) = api_key {
-            client.update(
-                "INSERT INTO meili_sync.task_secrets (task_id, api_key) VALUES ($1, $2)
+            if let Some(key) = api_key {
+                client.update(
+                    "INSERT INTO meili_sync.task_secrets (task_id, api_key) VALUES ($1, $2)
                  ON CONFLICT (task_id) DO UPDATE SET api_key = EXCLUDED.api_key",
-                None,
-                &[task_id.into(), key.into()],
-            )?;
-        }
-        Ok(())
+                    None,
+                    &[task_id.into(), key.into()],
+                )?;
+            }
+            Ok(())
+        })
     })
 }
 
 pub fn resume(task_id: i64) -> CatalogResult<()> {
-    Spi::run_with_args(
-        "UPDATE meili_sync.tasks
+    as_catalog_owner(|| {
+        Ok(Spi::run_with_args(
+            "UPDATE meili_sync.tasks
             SET state = CASE WHEN snapshot_finished_at IS NULL THEN 'snapshot' ELSE 'streaming' END,
                 generation = generation + 1, last_error = NULL, last_error_at = NULL
           WHERE id = $1",
-        &[task_id.into()],
-    )?;
-    Ok(())
+            &[task_id.into()],
+        )?)
+    })
 }
 
 pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
-    Spi::run_with_args(
+    as_catalog_owner(|| {
+        Ok(Spi::run_with_args(
         "UPDATE meili_sync.tasks
             SET state = 'snapshot', generation = generation + 1, snapshot_key = NULL, rows_copied = 0,
                 snapshot_started_at = NULL, snapshot_finished_at = NULL, last_error = NULL, last_error_at = NULL
           WHERE id = $1",
         &[task_id.into()],
-    )?;
-    Ok(())
+    )?)
+    })
 }
 
 pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
-    Spi::connect_mut(|client| {
-        client.update(
-            &format!(
-                "DROP PUBLICATION IF EXISTS {}",
-                quote_identifier(&task.publication_name)
-            ),
-            None,
-            &[],
-        )?;
-        client.update(
-            "DELETE FROM meili_sync.tasks WHERE id = $1",
-            None,
-            &[task.id.into()],
-        )?;
-        Ok(())
+    as_catalog_owner(|| {
+        Spi::connect_mut(|client| {
+            client.update(
+                &format!(
+                    "DROP PUBLICATION IF EXISTS {}",
+                    quote_identifier(&task.publication_name)
+                ),
+                None,
+                &[],
+            )?;
+            client.update(
+                "DELETE FROM meili_sync.tasks WHERE id = $1",
+                None,
+                &[task.id.into()],
+            )?;
+            Ok(())
+        })
     })
 }
 
 /// The copy begins (a resumed copy keeps its first start).
 pub fn mark_snapshot_started(task_id: i64) -> CatalogResult<()> {
     Spi::run_with_args(
-        "UPDATE meili_sync.tasks SET snapshot_started_at = coalesce(snapshot_started_at, now()) WHERE id = $1",
+        "UPDATE meili_sync.tasks SET snapshot_started_at = coalesce(snapshot_started_at, pg_catalog.now()) WHERE id = $1",
         &[task_id.into()],
     )?;
     Ok(())
@@ -484,7 +590,7 @@ pub fn mark_snapshot_started(task_id: i64) -> CatalogResult<()> {
 pub fn save_snapshot_progress(task_id: i64, key: &[String], rows_copied: i64) -> CatalogResult<()> {
     Spi::run_with_args(
         "UPDATE meili_sync.tasks
-            SET snapshot_key = $2, rows_copied = $3, snapshot_started_at = coalesce(snapshot_started_at, now())
+            SET snapshot_key = $2, rows_copied = $3, snapshot_started_at = coalesce(snapshot_started_at, pg_catalog.now())
           WHERE id = $1",
         &[task_id.into(), key.to_vec().into(), rows_copied.into()],
     )?;
@@ -494,8 +600,8 @@ pub fn save_snapshot_progress(task_id: i64, key: &[String], rows_copied: i64) ->
 pub fn finish_snapshot(task_id: i64, rows_copied: i64) -> CatalogResult<()> {
     Spi::run_with_args(
         "UPDATE meili_sync.tasks
-            SET state = 'streaming', rows_copied = $2, snapshot_started_at = coalesce(snapshot_started_at, now()),
-                snapshot_finished_at = now()
+            SET state = 'streaming', rows_copied = $2, snapshot_started_at = coalesce(snapshot_started_at, pg_catalog.now()),
+                snapshot_finished_at = pg_catalog.now()
           WHERE id = $1 AND state = 'snapshot'",
         &[task_id.into(), rows_copied.into()],
     )?;
@@ -525,7 +631,7 @@ pub fn insert_dead_letters(
                     SET operation = EXCLUDED.operation, document = EXCLUDED.document,
                         error_code = EXCLUDED.error_code, error_message = EXCLUDED.error_message,
                         meili_task_uid = EXCLUDED.meili_task_uid, lsn = EXCLUDED.lsn,
-                        last_seen = now(), attempts = meili_sync.dead_letters.attempts + 1",
+                        last_seen = pg_catalog.now(), attempts = meili_sync.dead_letters.attempts + 1",
                 None,
                 &[
                     task_id.into(),
@@ -564,48 +670,17 @@ pub fn dead_letter_ids(task_id: i64, only: Option<&[String]>) -> CatalogResult<V
 }
 
 pub fn delete_dead_letters(task_id: i64, only: Option<&[String]>) -> CatalogResult<i64> {
-    Spi::connect_mut(|client| {
-        let table = client.update(
+    as_catalog_owner(|| {
+        Spi::connect_mut(|client| {
+            let table = client.update(
             "WITH gone AS (DELETE FROM meili_sync.dead_letters
                             WHERE task_id = $1 AND ($2::text[] IS NULL OR document_id = ANY ($2)) RETURNING 1)
-             SELECT count(*) FROM gone",
+             SELECT pg_catalog.count(*) FROM gone",
             None,
             &[task_id.into(), only.map(<[String]>::to_vec).into()],
         )?;
-        Ok(table.first().get_one::<i64>()?.unwrap_or(0))
-    })
-}
-
-/// Rewrites a row with its own key (`SET k = k`): the no-op UPDATE goes through the WAL, so the
-/// worker sends the row's current state in commit order with every other change. False if the
-/// row no longer exists.
-pub fn touch_row(
-    qualified_table: &str,
-    key: &[(String, String)],
-    values: &[String],
-) -> CatalogResult<bool> {
-    let set = key
-        .iter()
-        .map(|(name, _)| format!("{0} = {0}", quote_identifier(name)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let condition = key
-        .iter()
-        .enumerate()
-        .map(|(index, (name, type_name))| {
-            format!("{} = ${}::{}", quote_identifier(name), index + 1, type_name)
+            Ok(table.first().get_one::<i64>()?.unwrap_or(0))
         })
-        .collect::<Vec<_>>()
-        .join(" AND ");
-    Spi::connect_mut(|client| {
-        let args: Vec<DatumWithOid> = values.iter().map(|value| value.as_str().into()).collect();
-        client.update(
-            &format!("UPDATE ONLY {qualified_table} SET {set} WHERE {condition}"),
-            None,
-            &args,
-        )?;
-        // SAFETY: SPI_processed holds the row count of the UPDATE just run in this connection.
-        Ok(unsafe { pg_sys::SPI_processed } > 0)
     })
 }
 
@@ -718,7 +793,7 @@ pub fn lock_table_against_writes(qualified_table: &str) -> CatalogResult<()> {
 
 pub fn set_error_state(task_id: i64, message: &str) -> CatalogResult<()> {
     Spi::run_with_args(
-        "UPDATE meili_sync.tasks SET state = 'error', last_error = $2, last_error_at = now() WHERE id = $1",
+        "UPDATE meili_sync.tasks SET state = 'error', last_error = $2, last_error_at = pg_catalog.now() WHERE id = $1",
         &[task_id.into(), message.into()],
     )?;
     Ok(())
@@ -733,7 +808,7 @@ pub fn extension_installed() -> CatalogResult<bool> {
 }
 
 pub fn task_count() -> CatalogResult<i64> {
-    Ok(select_one::<i64>("SELECT count(*) FROM meili_sync.tasks", &[])?.unwrap_or(0))
+    Ok(select_one::<i64>("SELECT pg_catalog.count(*) FROM meili_sync.tasks", &[])?.unwrap_or(0))
 }
 
 /// The resync helper of a task, if one is running.
@@ -948,12 +1023,12 @@ pub fn orphans() -> CatalogResult<Vec<(String, String)>> {
         let rows = client.select(
             &format!(
                 "SELECT 'slot', s.slot_name::text FROM pg_catalog.pg_replication_slots s
-                  WHERE s.database = pg_catalog.current_database() AND s.slot_name ~ '^meili_sync_[0-9]+_[0-9]+$'
+                  WHERE s.database = pg_catalog.current_database() AND s.slot_name::text OPERATOR(pg_catalog.~) '^meili_sync_[0-9]+_[0-9]+$'
                     AND NOT s.active
                     AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = s.slot_name)
                  UNION ALL
                  SELECT 'publication', p.pubname::text FROM pg_catalog.pg_publication p
-                  WHERE p.pubname ~ '^meili_sync_[0-9]+_[0-9]+$'
+                  WHERE p.pubname::text OPERATOR(pg_catalog.~) '^meili_sync_[0-9]+_[0-9]+$'
                     AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = p.pubname)"
             ),
             None,

@@ -24,15 +24,23 @@ pub fn init() {
         GucContext::Suset,
         GucFlags::default(),
     );
-    // Superuser-only and hidden from SHOW ALL so the key never reaches ordinary roles.
-    GucRegistry::define_string_guc(
-        c"meili_sync.api_key",
-        c"Default Meilisearch API key for tasks that do not set the api_key option.",
-        c"Readable by superusers only.",
-        &API_KEY,
-        GucContext::Suset,
-        GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
-    );
+    // Set by superusers only, absent from pg_settings and SHOW ALL, and masked in SHOW and
+    // current_setting(): pg_read_all_settings (pg_monitor) would otherwise read it.
+    // SAFETY: neither hook can panic: the check hook looks at the source and fills guc.c's error
+    // strings, the show hook reads this setting and returns a static string.
+    unsafe {
+        GucRegistry::define_string_guc_with_hooks(
+            c"meili_sync.api_key",
+            c"Default Meilisearch API key for tasks that do not set the api_key option.",
+            c"Never shown: SHOW prints ******** when it is set.",
+            &API_KEY,
+            GucContext::Suset,
+            GucFlags::SUPERUSER_ONLY | GucFlags::NO_SHOW_ALL,
+            Some(check_api_key_source),
+            None,
+            Some(show_api_key),
+        );
+    }
     GucRegistry::define_string_guc(
         c"meili_sync.database",
         c"Database whose meili_sync tasks the launcher runs.",
@@ -110,6 +118,52 @@ pub fn init() {
     #[cfg(any(feature = "pg13", feature = "pg14"))]
     unsafe {
         pgrx::pg_sys::EmitWarningsOnPlaceholders(c"meili_sync".as_ptr());
+    }
+}
+
+/// The key may come from the configuration files (postgresql.conf, ALTER SYSTEM) only: `SET`
+/// would show it in pg_stat_activity, and `ALTER DATABASE/ROLE … SET` would store it in
+/// pg_db_role_setting, which every role can read.
+unsafe extern "C-unwind" fn check_api_key_source(
+    _value: *mut *mut std::ffi::c_char,
+    _extra: *mut *mut std::ffi::c_void,
+    source: pgrx::pg_sys::GucSource::Type,
+) -> bool {
+    use pgrx::pg_sys::GucSource as Source;
+    if matches!(
+        source,
+        Source::PGC_S_DEFAULT
+            | Source::PGC_S_DYNAMIC_DEFAULT
+            | Source::PGC_S_ENV_VAR
+            | Source::PGC_S_FILE
+            | Source::PGC_S_ARGV
+    ) {
+        return true;
+    }
+    // SAFETY: the check hook's error channel: set_config_option reports these strings (instead
+    // of its default message, which would print the key) and frees them; pstrdup copies the
+    // static text into the current memory context and cannot fail short of an out-of-memory
+    // ERROR, which guc.c expects from a check hook.
+    unsafe {
+        pgrx::pg_sys::GUC_check_errcode(
+            pgrx::PgSqlErrorCode::ERRCODE_CANT_CHANGE_RUNTIME_PARAM as std::ffi::c_int,
+        );
+        pgrx::pg_sys::GUC_check_errmsg_string = pgrx::pg_sys::pstrdup(
+            c"meili_sync.api_key can be set in the configuration files only".as_ptr(),
+        );
+        pgrx::pg_sys::GUC_check_errhint_string = pgrx::pg_sys::pstrdup(
+            c"Set it in postgresql.conf (or with ALTER SYSTEM) and reload, or pass \"api_key\" in the task's options.".as_ptr(),
+        );
+    }
+    false
+}
+
+/// What SHOW, current_setting() and error messages print for `meili_sync.api_key`.
+unsafe extern "C-unwind" fn show_api_key() -> *const std::ffi::c_char {
+    if default_api_key().is_some() {
+        c"********".as_ptr()
+    } else {
+        c"".as_ptr()
     }
 }
 

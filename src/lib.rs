@@ -18,6 +18,7 @@ mod gucs;
 mod meili;
 mod meter;
 mod options;
+mod security;
 mod shmem;
 mod snapshot;
 #[cfg(test)]

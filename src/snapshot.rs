@@ -8,12 +8,12 @@ use std::time::{Duration, Instant};
 use pgrx::bgworkers::BackgroundWorker;
 
 use crate::batch::{BatchLimits, Batcher, Operation};
-use crate::catalog;
 use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
 use crate::encode::{check_geo, encode_document, ColumnValue, DocumentShape};
 use crate::error::SyncError;
 use crate::shmem::{Phase, SlotHandle};
 use crate::worker::task::{report_progress, should_stop};
+use crate::{catalog, security};
 use serde_json::Value;
 
 /// What the copy reads: the page queries and how rows become documents.
@@ -23,6 +23,8 @@ pub struct SnapshotPlan {
     pub page_rows: usize,
     pub shape: DocumentShape,
     pub limits: BatchLimits,
+    /// The table's owner: pages are read with its rights (see `security::as_table_owner`).
+    pub table_owner: pgrx::pg_sys::Oid,
 }
 
 pub enum SnapshotOutcome {
@@ -114,8 +116,11 @@ pub fn run(
                 None => (&plan.first_page_query, None),
             };
             let column_count = plan.shape.columns().len();
-            let rows =
-                BackgroundWorker::transaction(|| catalog::read_page(query, key, column_count))?;
+            let rows = BackgroundWorker::transaction(|| {
+                security::as_table_owner(plan.table_owner, || {
+                    catalog::read_page(query, key, column_count)
+                })
+            })?;
             for row in &rows {
                 let values = ColumnValue::row(row);
                 document.clear();

@@ -18,6 +18,7 @@ use crate::encode::{encode_document, key_of_id, ColumnValue, ValueKind};
 use crate::error::{ErrorKind, SyncError};
 use crate::meili::client::{Client, MeiliError, TaskStatus};
 use crate::options::{TaskOptions, WriteMode};
+use crate::security;
 use crate::snapshot::SnapshotPlan;
 use crate::worker::task::build_plan;
 
@@ -180,6 +181,22 @@ impl Context {
         self.plan.shape.primary_key_attribute()
     }
 
+    /// Work on the table (reads, key casts, locks) runs with its owner's rights, never as the
+    /// superuser or admin who called.
+    fn as_owner<T>(&self, work: impl FnOnce() -> T) -> T {
+        security::as_table_owner(self.plan.table_owner, work)
+    }
+
+    /// A document id as Meilisearch holds it: a number for an integer key, else the text.
+    fn id_value(&self, id: &str) -> Value {
+        if self.key_kinds.len() == 1 && matches!(self.key_kinds[0], ValueKind::Integer) {
+            if let Ok(number) = id.parse::<i64>() {
+                return Value::from(number);
+            }
+        }
+        Value::String(id.to_owned())
+    }
+
     /// Rows as (id, document, key values); rows that cannot be encoded are dead letters, not
     /// compared.
     fn documents(&self, rows: &[Vec<Option<String>>]) -> Vec<(String, Value, Vec<String>)> {
@@ -216,7 +233,8 @@ impl Context {
                 Some(key) => (&self.plan.next_page_query, Some(key.as_slice())),
                 None => (&self.plan.first_page_query, None),
             };
-            let rows = catalog::read_page(query, key, self.plan.shape.columns().len())?;
+            let rows =
+                self.as_owner(|| catalog::read_page(query, key, self.plan.shape.columns().len()))?;
             findings.rows_checked += rows.len() as i64;
             let documents = self.documents(&rows);
             let ids: Vec<Value> = documents
@@ -290,7 +308,9 @@ impl Context {
         }
         for (group, matching) in [(typed, KeyMatch::Typed), (as_text, KeyMatch::AsText)] {
             let keys: Vec<Vec<String>> = group.iter().map(|(_, values)| values.clone()).collect();
-            for index in catalog::absent_keys(&self.relation, &self.key, &keys, &matching)? {
+            let missing = self
+                .as_owner(|| catalog::absent_keys(&self.relation, &self.key, &keys, &matching))?;
+            for index in missing {
                 if let Some((position, _)) = group.get(index) {
                     absent.push(*position);
                 }
@@ -363,7 +383,9 @@ impl Context {
 
     /// Sends the current version of these rows, locked so that no newer version is overtaken.
     fn resend(&self, keys: Vec<Vec<String>>) -> Result<i64, SyncError> {
-        let rows = catalog::lock_rows(&self.relation, &self.column_names, &self.key, &keys)?;
+        let rows = self.as_owner(|| {
+            catalog::lock_rows(&self.relation, &self.column_names, &self.key, &keys)
+        })?;
         let documents = self.documents(&rows);
         if documents.is_empty() {
             return Ok(0);
@@ -391,7 +413,7 @@ impl Context {
         if candidates.is_empty() {
             return Ok(0);
         }
-        catalog::lock_table_against_writes(&self.relation)?;
+        self.as_owner(|| catalog::lock_table_against_writes(&self.relation))?;
         let mut deleted = 0;
         for chunk in candidates.chunks(PAGE_ROWS) {
             let texts: Vec<String> = chunk.iter().filter_map(id_text).collect();
@@ -433,6 +455,31 @@ pub fn prune(task: TaskRecord) -> Result<i64, SyncError> {
     let context = Context::new(task)?;
     let extra = context.extra_documents(&mut Findings::default(), 0)?;
     context.delete_ids(extra)
+}
+
+/// Re-sends dead-lettered documents from their rows' current state, locked meanwhile, straight to
+/// Meilisearch; the ids whose row is gone are deleted from the index (checked again with writes
+/// to the table blocked). Nothing is written to the table, so none of its triggers fire.
+/// Returns how many documents were re-sent or deleted.
+pub fn resend_dead_letters(task: TaskRecord, ids: &[String]) -> Result<i64, SyncError> {
+    let context = Context::new(task)?;
+    let mut sent = 0;
+    for chunk in ids.chunks(PAGE_ROWS) {
+        let chunk = chunk.to_vec();
+        let mut gone: Vec<Value> = context
+            .absent(&chunk)?
+            .into_iter()
+            .map(|position| context.id_value(&chunk[position]))
+            .collect();
+        let present: Vec<Vec<String>> = chunk
+            .iter()
+            .filter_map(|id| key_of_id(id, context.key.len()))
+            .collect();
+        sent += context.resend(present)?;
+        gone.dedup();
+        sent += context.delete_extra(gone)?;
+    }
+    Ok(sent)
 }
 
 pub fn verify(task: TaskRecord, sample_limit: usize) -> Result<Findings, SyncError> {

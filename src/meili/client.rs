@@ -8,8 +8,12 @@ use std::fmt;
 use std::thread;
 use std::time::{Duration, Instant};
 
+use std::net::ToSocketAddrs;
+
 use serde_json::{json, Value};
 use ureq::http::{Method, Request, Uri};
+use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
+use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
 use ureq::Agent;
 
 use crate::batch::Operation;
@@ -588,12 +592,46 @@ impl Client {
 }
 
 fn new_agent(timeout: Duration) -> Agent {
-    Agent::config_builder()
+    let config = Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(timeout))
         .max_idle_age(MAX_IDLE_AGE)
-        .build()
-        .into()
+        .build();
+    Agent::with_parts(config, DefaultConnector::default(), CallingThreadResolver)
+}
+
+/// Resolves host names on the thread that makes the request. ureq's default resolver starts a
+/// thread per lookup when a timeout is set, and a thread started from a Postgres process's main
+/// thread has signals unblocked: a SIGTERM delivered to it runs Postgres's handler off the main
+/// thread, which aborts the process and restarts the whole server. The lookup's own time is
+/// bounded by the system resolver (resolv.conf's timeout and attempts).
+#[derive(Debug)]
+struct CallingThreadResolver;
+
+impl Resolver for CallingThreadResolver {
+    fn resolve(
+        &self,
+        uri: &Uri,
+        _config: &ureq::config::Config,
+        _timeout: NextTimeout,
+    ) -> Result<ResolvedSocketAddrs, ureq::Error> {
+        let (Some(scheme), Some(authority)) = (uri.scheme(), uri.authority()) else {
+            return Err(ureq::Error::HostNotFound);
+        };
+        let address =
+            DefaultResolver::host_and_port(scheme, authority).ok_or(ureq::Error::HostNotFound)?;
+        let mut resolved = self.empty();
+        for socket_address in address.to_socket_addrs()? {
+            if resolved.try_push(socket_address).is_err() {
+                break;
+            }
+        }
+        if resolved.is_empty() {
+            Err(ureq::Error::HostNotFound)
+        } else {
+            Ok(resolved)
+        }
+    }
 }
 
 /// `/indexes/{uid}{rest}`, with the uid percent-encoded: Meilisearch only

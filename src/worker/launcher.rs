@@ -321,6 +321,7 @@ pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     let database = gucs::database();
     BackgroundWorker::connect_worker_to_spi(Some(&database), None);
+    crate::security::pin_search_path();
     shmem::register_launcher();
     log!("pg_meili_sync launcher started in database \"{database}\"");
 

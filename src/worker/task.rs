@@ -207,6 +207,7 @@ pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPl
             max_bytes: options.batch_bytes,
             max_age: Duration::from_millis(options.flush_interval_ms),
         },
+        table_owner: info.owner,
     })
 }
 
@@ -256,6 +257,16 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
     let Some(mut task) = task else {
         return Err(Stop::Terminated);
     };
+    // What meili_sync_start checked may have changed since: the table, or its owner's grants.
+    BackgroundWorker::transaction(|| catalog::syncable_source(task.relid, task.owner)).map_err(
+        |error| match error.hint {
+            Some(hint) => permanent(format!(
+                "{}; {hint} Then run SELECT meili_sync_resume({task_id}).",
+                error.message
+            )),
+            None => permanent(error.message),
+        },
+    )?;
     let options = TaskOptions::parse(&task.options).map_err(|error| permanent(error.message))?;
     let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
         .map_err(|error| permanent(error.to_string()))?;
@@ -444,6 +455,7 @@ pub extern "C-unwind" fn meili_sync_task_main(arg: pg_sys::Datum) {
     let task_id = arg.value() as i64;
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(Some(BackgroundWorker::get_extra()), None);
+    crate::security::pin_search_path();
     // SAFETY: reading this process's own pid.
     let pid = unsafe { pg_sys::MyProcPid };
     let Some(index) = shmem::attach(task_id, pid) else {

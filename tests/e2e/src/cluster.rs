@@ -292,6 +292,18 @@ impl Cluster {
         });
     }
 
+    /// Waits for a task to stop in state `error`; returns its status row.
+    pub fn wait_error(
+        &self,
+        task: i64,
+        timeout: Duration,
+    ) -> std::collections::HashMap<String, String> {
+        crate::wait_for("the task to stop with an error", timeout, || {
+            let status = self.status(task);
+            (status.get("state").map(String::as_str) == Some("error")).then_some(status)
+        })
+    }
+
     pub fn tail_log(&self) -> String {
         let log = self.server_log();
         let lines: Vec<&str> = log.lines().collect();

@@ -228,10 +228,7 @@ fn an_index_deleted_by_someone_else_stops_the_task_with_an_error() {
     let (index, task) = start(&cluster, &meili, json!({}));
     cluster.wait_snapshot_done(task, CONVERGE);
     meili.delete_index(&index);
-    let status = wait_for("the task to stop with an error", CONVERGE, || {
-        let status = cluster.status(task);
-        (status.get("state").map(String::as_str) == Some("error")).then_some(status)
-    });
+    let status = cluster.wait_error(task, CONVERGE);
     let error = status.get("last_error").cloned().unwrap_or_default();
     assert!(
         error.contains("was deleted") && error.contains("meili_sync_snapshot"),

@@ -120,10 +120,7 @@ fn a_dropped_key_column_stops_the_task_with_an_error() {
     let (cluster, _meili, _index, task) = streaming_task(10, json!({}));
     cluster.psql("ALTER TABLE products RENAME COLUMN id TO product_id");
     cluster.psql("UPDATE products SET version = 2 WHERE product_id = 1");
-    let status = wait_for("the task to stop with an error", CONVERGE, || {
-        let status = cluster.status(task);
-        (status.get("state").map(String::as_str) == Some("error")).then_some(status)
-    });
+    let status = cluster.wait_error(task, CONVERGE);
     let error = status.get("last_error").cloned().unwrap_or_default();
     assert!(
         error.contains("key column \"id\"") && error.contains("dropped or renamed"),
@@ -305,10 +302,7 @@ fn an_invalidated_slot_stops_the_task_until_a_new_snapshot() {
     );
     // Resuming cannot stream what is gone: the task stops and says what to do.
     cluster.psql(&format!("SELECT meili_sync_resume({task})"));
-    let status = wait_for("the task to stop with an error", CONVERGE, || {
-        let status = cluster.status(task);
-        (status.get("state").map(String::as_str) == Some("error")).then_some(status)
-    });
+    let status = cluster.wait_error(task, CONVERGE);
     let error = status.get("last_error").cloned().unwrap_or_default();
     assert!(
         error.contains("was invalidated")

@@ -1,0 +1,459 @@
+//! End to end: attacks on the trust boundary, each run against real workers. Every test plants
+//! something a role that is not superuser controls, drives the extension through it, and asserts
+//! both that the attack got nowhere and that syncing still works.
+
+use std::time::Duration;
+
+use pg_meili_sync_e2e::cluster::Cluster;
+use pg_meili_sync_e2e::meili::Meili;
+use pg_meili_sync_e2e::{assert_no_crash, products, wait_for, wait_index_matches_table};
+use serde_json::json;
+
+const CONVERGE: Duration = Duration::from_secs(300);
+
+/// A log every trap writes to: what ran, as whom, whether that role is a superuser, and from
+/// which client (`psql` is the test's own harness; our workers have no application name, and
+/// the test calls the extension's functions as `attack`).
+const TRAP_LOG: &str = r#"
+CREATE TABLE public.trap_log (what text, who name, superuser boolean, app text, backend_type text);
+GRANT SELECT, INSERT ON public.trap_log TO PUBLIC;
+CREATE FUNCTION public.trap(what text) RETURNS boolean LANGUAGE sql AS $$
+    INSERT INTO public.trap_log (what, who, superuser, app, backend_type)
+    SELECT what, current_user, r.rolsuper, pg_catalog.current_setting('application_name'),
+           (SELECT a.backend_type FROM pg_catalog.pg_stat_activity a
+             WHERE a.pid OPERATOR(pg_catalog.=) pg_catalog.pg_backend_pid())
+      FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user;
+    SELECT true
+$$;
+"#;
+
+/// Look-alikes of every pg_catalog object the extension's SQL used unqualified, each an exact
+/// type match (which beats pg_catalog's own candidate wherever the schema is on the path) or the
+/// same signature (which wins once the schema comes before pg_catalog). Each logs, then does
+/// what the original does, so nothing breaks and only the log tells.
+const TRAPS: &str = r#"
+CREATE FUNCTION public.trap_regex(name, name) RETURNS boolean LANGUAGE sql AS
+    $$ SELECT public.trap('~(name,name)') AND $1::text OPERATOR(pg_catalog.~) $2::text $$;
+CREATE OPERATOR public.~ (LEFTARG = name, RIGHTARG = name, FUNCTION = public.trap_regex);
+CREATE FUNCTION public.trap_concat_oid(text, oid) RETURNS text LANGUAGE sql AS
+    $$ SELECT CASE WHEN public.trap('||(text,oid)') THEN pg_catalog.textcat($1, $2::text) END $$;
+CREATE OPERATOR public.|| (LEFTARG = text, RIGHTARG = oid, FUNCTION = public.trap_concat_oid);
+CREATE FUNCTION public.trap_concat_oids(oid, oid) RETURNS text LANGUAGE sql AS
+    $$ SELECT CASE WHEN public.trap('||(oid,oid)') THEN pg_catalog.textcat($1::text, $2::text) END $$;
+CREATE OPERATOR public.|| (LEFTARG = oid, RIGHTARG = oid, FUNCTION = public.trap_concat_oids);
+CREATE FUNCTION public.trap_concat_bigint(text, bigint) RETURNS text LANGUAGE sql AS
+    $$ SELECT CASE WHEN public.trap('||(text,bigint)') THEN pg_catalog.textcat($1, $2::text) END $$;
+CREATE OPERATOR public.|| (LEFTARG = text, RIGHTARG = bigint, FUNCTION = public.trap_concat_bigint);
+CREATE FUNCTION public.unnest(int2vector) RETURNS SETOF smallint LANGUAGE sql AS
+    $$ SELECT u FROM pg_catalog.unnest($1) u WHERE public.trap('unnest(int2vector)') $$;
+CREATE FUNCTION public.now() RETURNS timestamptz LANGUAGE sql AS
+    $$ SELECT CASE WHEN public.trap('now()') THEN pg_catalog.now() END $$;
+CREATE FUNCTION public.trap_count(bigint) RETURNS bigint LANGUAGE sql AS
+    $$ SELECT CASE WHEN public.trap('count(*)') THEN $1 + 1 END $$;
+CREATE AGGREGATE public.count(*) (SFUNC = public.trap_count, STYPE = bigint, INITCOND = '0');
+CREATE FUNCTION public.trap_eq(bigint, bigint) RETURNS boolean LANGUAGE sql AS
+    $$ SELECT public.trap('=(bigint,bigint)') AND $1 OPERATOR(pg_catalog.=) $2 $$;
+CREATE OPERATOR public.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = public.trap_eq);
+"#;
+
+fn start_task(
+    cluster: &Cluster,
+    meili: &Meili,
+    table: &str,
+    extra: serde_json::Value,
+) -> (String, i64) {
+    let index = meili.unique_index("security");
+    let options = meili.options(extra);
+    let task = cluster
+        .psql(&format!(
+            "SELECT meili_sync_start('{table}', '{index}', '{options}')"
+        ))
+        .parse()
+        .expect("task id");
+    (index, task)
+}
+
+/// Runs SQL as a client named `attack` (see `TRAP_LOG`).
+fn as_attack_client(cluster: &Cluster, sql: &str) -> String {
+    cluster.psql(&format!("SET application_name = 'attack'; {sql}"))
+}
+
+/// Trap log lines written with superuser rights, except by the client named `except_app`.
+fn superuser_traps(cluster: &Cluster, except_app: Option<&str>) -> String {
+    let except = except_app.unwrap_or_default();
+    cluster.psql(&format!(
+        "SELECT coalesce(pg_catalog.string_agg(DISTINCT what || ' in ' || coalesce(backend_type, '?') || ' (' || app || ')', '; '), '')
+           FROM public.trap_log WHERE superuser AND ({} OR app OPERATOR(pg_catalog.<>) '{except}')",
+        except_app.is_none()
+    ))
+}
+
+#[test]
+fn a_trap_schema_never_runs_as_superuser() {
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&[]);
+    // The database's owner, not a superuser, owns schema public (PostgreSQL 15) and plants the
+    // traps there, then puts public before pg_catalog for every new session.
+    cluster.psql("CREATE ROLE db_owner LOGIN");
+    cluster.psql("ALTER DATABASE postgres OWNER TO db_owner");
+    cluster.psql(&format!("SET ROLE db_owner; {TRAP_LOG}"));
+    cluster.psql(&format!("SET ROLE db_owner; {TRAPS}"));
+    cluster.psql("SET ROLE db_owner; ALTER DATABASE postgres SET search_path = public, pg_catalog");
+    // Control: an unprotected superuser query in a new session does fall into the traps (so
+    // this test can fail).
+    cluster.psql("SELECT 'x'::text || 'pg_class'::regclass::oid, now()");
+    let caught = cluster.psql(
+        "SELECT pg_catalog.string_agg(DISTINCT what, ',' ORDER BY what) FROM public.trap_log WHERE superuser",
+    );
+    assert_eq!(
+        caught, "now(),||(text,oid)",
+        "the traps must catch an unqualified query"
+    );
+    cluster.psql("TRUNCATE public.trap_log");
+
+    // From here on every session, our workers included, starts with public first.
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 3000));
+    let index = meili.unique_index("trap");
+    let options = meili.options(json!({"batch_size": 500}));
+    let task: i64 = as_attack_client(
+        &cluster,
+        &format!("SELECT meili_sync_start('products', '{index}', '{options}')"),
+    )
+    .lines()
+    .last()
+    .and_then(|line| line.parse().ok())
+    .expect("task id");
+    cluster.wait_snapshot_done(task, CONVERGE);
+    cluster.psql(&products::insert_sql(3001, 3500));
+    cluster.psql("UPDATE products SET version = version + 1 WHERE id OPERATOR(pg_catalog.<=) 100");
+    cluster.psql("DELETE FROM products WHERE id OPERATOR(pg_catalog.>) 3400");
+    wait_index_matches_table(&cluster, &meili, &index, "products", CONVERGE);
+
+    // Every function and view, called by a superuser whose session puts public first.
+    for sql in [
+        format!("SELECT meili_sync_pause({task})"),
+        format!("SELECT meili_sync_resume({task})"),
+        format!("SELECT meili_sync_alter({task}, '{{\"batch_size\": 400}}')"),
+        format!("SELECT * FROM meili_sync_verify({task})"),
+        format!("SELECT * FROM meili_sync_repair({task})"),
+        format!("SELECT meili_sync_retry_dead_letters({task})"),
+        format!("SELECT meili_sync_discard_dead_letters({task})"),
+        format!("SELECT pg_stat_meili_sync_reset({task})"),
+        "SELECT * FROM meili_sync_status".to_owned(),
+        "SELECT * FROM pg_stat_meili_sync".to_owned(),
+        "SELECT * FROM meili_sync_dead_letters".to_owned(),
+        format!("SELECT meili_sync_snapshot({task})"),
+    ] {
+        as_attack_client(&cluster, &sql);
+    }
+    cluster.wait_snapshot_done(task, CONVERGE);
+    cluster.psql(&products::insert_sql(5001, 5100));
+    wait_index_matches_table(&cluster, &meili, &index, "products", CONVERGE);
+
+    // A launcher that connects again meets the database's search_path anew; let it run rounds.
+    let launcher = cluster.psql(
+        "SELECT pid FROM pg_stat_activity WHERE backend_type OPERATOR(pg_catalog.=) 'pg_meili_sync launcher'",
+    );
+    cluster.psql(&format!("SELECT pg_terminate_backend({launcher})"));
+    wait_for("a new launcher", CONVERGE, || {
+        let now = cluster.psql(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type OPERATOR(pg_catalog.=) 'pg_meili_sync launcher'",
+        );
+        (!now.is_empty() && now != launcher).then_some(())
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    as_attack_client(
+        &cluster,
+        &format!("SELECT meili_sync_drop({task}, drop_index => true)"),
+    );
+    std::thread::sleep(Duration::from_secs(1));
+
+    // The test's own psql sessions (the control above) are the only exception.
+    assert_eq!(
+        superuser_traps(&cluster, Some("psql")),
+        "",
+        "a trap ran as superuser"
+    );
+    assert_no_crash(&cluster);
+}
+
+#[test]
+fn a_table_owners_code_runs_as_the_owner_never_as_superuser() {
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(TRAP_LOG);
+    // pg_read_all_stats only so that the log can name the backend type of a superuser's process.
+    cluster.psql(
+        "CREATE ROLE shop LOGIN IN ROLE pg_read_all_stats; GRANT CREATE ON SCHEMA public TO shop",
+    );
+    // The owner's key type is a domain whose CHECK calls the owner's function, and the table has
+    // the owner's UPDATE trigger: both log whoever runs them.
+    cluster.psql(
+        r#"SET ROLE shop;
+        CREATE FUNCTION public.item_id_ok(bigint) RETURNS boolean LANGUAGE sql AS
+            $$ SELECT public.trap('domain check') AND $1 > 0 $$;
+        CREATE DOMAIN public.item_id AS bigint CHECK (public.item_id_ok(VALUE));
+        CREATE TABLE public.items (id public.item_id PRIMARY KEY, name text NOT NULL, _geo jsonb);
+        CREATE FUNCTION public.items_touched() RETURNS trigger LANGUAGE plpgsql AS
+            $$ BEGIN PERFORM public.trap('update trigger'); RETURN NEW; END $$;
+        CREATE TRIGGER items_touched AFTER UPDATE ON public.items FOR EACH ROW EXECUTE FUNCTION public.items_touched();
+        INSERT INTO public.items SELECT g, 'item ' || g, '{"lat": 1, "lng": 2}' FROM generate_series(1, 2000) g;"#,
+    );
+    let (index, task) = start_task(
+        &cluster,
+        &meili,
+        "items",
+        json!({"batch_size": 300, "settings": {"filterableAttributes": ["_geo"]}}),
+    );
+    cluster.wait_snapshot_done(task, CONVERGE);
+    wait_index_matches_table(&cluster, &meili, &index, "items", CONVERGE);
+    // Verify and repair cast document ids to the key type, in the caller's backend.
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT missing, extra, different FROM meili_sync_verify({task})"
+        )),
+        "0|0|0"
+    );
+    assert_eq!(
+        cluster.psql(&format!("SELECT * FROM meili_sync_repair({task})")),
+        "0|0"
+    );
+    // Bad updates of rows 17 and 18 are streamed and dead-lettered.
+    cluster
+        .psql(r#"SET ROLE shop; UPDATE public.items SET _geo = '"nowhere"' WHERE id IN (17, 18)"#);
+    wait_for("rows 17 and 18 as dead letters", CONVERGE, || {
+        let ids = cluster.psql(
+            "SELECT string_agg(document_id, ',' ORDER BY document_id) FROM meili_sync_dead_letters",
+        );
+        (ids == "17,18").then_some(())
+    });
+
+    // With the stream paused, the owner fixes row 17 and deletes row 18; a superuser retries the
+    // dead letters, which go straight to Meilisearch without touching the table.
+    cluster.psql(&format!("SELECT meili_sync_pause({task})"));
+    cluster.psql(
+        r#"SET ROLE shop; UPDATE public.items SET _geo = '{"lat": 3, "lng": 4}' WHERE id = 17;
+           DELETE FROM public.items WHERE id = 18;"#,
+    );
+    let triggers_before =
+        cluster.psql("SELECT count(*) FROM public.trap_log WHERE what = 'update trigger'");
+    let retried = cluster.psql(&format!("SELECT meili_sync_retry_dead_letters({task})"));
+    assert_eq!(retried, "2", "row 17 re-sent and row 18 deleted");
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM public.trap_log WHERE what = 'update trigger'"),
+        triggers_before,
+        "retrying dead letters must not fire the table's triggers"
+    );
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM meili_sync_dead_letters"),
+        "0"
+    );
+    let (_, seventeen) = meili.request(
+        pg_meili_sync_e2e::meili::Method::GET,
+        &format!("/indexes/{index}/documents/17"),
+        None,
+    );
+    assert_eq!(
+        seventeen["_geo"],
+        json!({"lat": 3, "lng": 4}),
+        "row 17's current state"
+    );
+    let (status, _) = meili.request(
+        pg_meili_sync_e2e::meili::Method::GET,
+        &format!("/indexes/{index}/documents/18"),
+        None,
+    );
+    assert_eq!(status, 404, "the deleted row's document is gone");
+    cluster.psql(&format!("SELECT meili_sync_resume({task})"));
+    cluster.psql("SET ROLE shop; INSERT INTO public.items VALUES (5000, 'late', NULL)");
+    wait_index_matches_table(&cluster, &meili, &index, "items", CONVERGE);
+
+    assert_eq!(
+        superuser_traps(&cluster, None),
+        "",
+        "the owner's code ran as superuser"
+    );
+    // The worker itself ran the owner's CHECK (its page and key casts), as the owner.
+    assert_eq!(
+        cluster.psql(
+            "SELECT string_agg(DISTINCT who, ',') FROM public.trap_log
+              WHERE what = 'domain check' AND backend_type = 'pg_meili_sync task'"
+        ),
+        "shop"
+    );
+    assert_no_crash(&cluster);
+}
+
+#[test]
+fn the_worker_checks_again_that_the_tasks_owner_may_read_the_table() {
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 500));
+    cluster.psql("CREATE ROLE ops IN ROLE meili_sync_admin; GRANT SELECT ON products TO ops");
+    let index = meili.unique_index("owner");
+    let options = meili.options(json!({}));
+    let task: i64 = cluster
+        .psql(&format!(
+            "SET ROLE ops; SELECT meili_sync_start('products', '{index}', '{options}')"
+        ))
+        .lines()
+        .last()
+        .and_then(|line| line.parse().ok())
+        .expect("task id");
+    cluster.wait_snapshot_done(task, CONVERGE);
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT owner FROM meili_sync.tasks WHERE id = {task}"
+        )),
+        "ops"
+    );
+    // The grant goes; a superuser asks for a new copy: the worker refuses to read as ops.
+    cluster.psql("REVOKE SELECT ON products FROM ops");
+    cluster.psql(&products::insert_sql(501, 600));
+    cluster.psql(&format!("SELECT meili_sync_snapshot({task})"));
+    let status = cluster.wait_error(task, CONVERGE);
+    let error = status.get("last_error").cloned().unwrap_or_default();
+    assert!(
+        error.contains("permission denied for table public.products: role ops may not read it")
+            && error.contains("GRANT SELECT ON public.products TO ops"),
+        "{error}"
+    );
+    // Granted again, the task resumes and catches up.
+    cluster.psql("GRANT SELECT ON products TO ops");
+    cluster.psql(&format!("SELECT meili_sync_resume({task})"));
+    wait_index_matches_table(&cluster, &meili, &index, "products", CONVERGE);
+}
+
+#[test]
+fn the_default_api_key_is_never_shown() {
+    let key = "e2e-default-k3y";
+    let cluster = Cluster::start(&[&format!("meili_sync.api_key='{key}'")]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql("CREATE ROLE watcher IN ROLE pg_monitor");
+    for sql in [
+        "SHOW meili_sync.api_key",
+        "SELECT current_setting('meili_sync.api_key')",
+    ] {
+        assert_eq!(
+            cluster.psql(&format!("SET ROLE watcher; {sql}")),
+            "********"
+        );
+        assert_eq!(cluster.psql(sql), "********", "{sql} as superuser");
+    }
+    assert_eq!(
+        cluster.psql(
+            "SET ROLE watcher; SELECT count(*) FROM pg_settings WHERE name LIKE 'meili_sync.%' AND (setting LIKE '%k3y%' OR reset_val LIKE '%k3y%' OR boot_val LIKE '%k3y%')"
+        ),
+        "0"
+    );
+    assert_eq!(
+        cluster.psql(
+            "SET ROLE watcher; SELECT count(*) FROM pg_settings WHERE name = 'meili_sync.api_key'"
+        ),
+        "0"
+    );
+    let refused = cluster
+        .try_psql("SET ROLE watcher; SELECT count(*) FROM pg_file_settings")
+        .expect_err("pg_file_settings is for superusers");
+    assert!(refused.contains("permission denied"), "{refused}");
+    // Session and per-database settings would show the key (pg_stat_activity,
+    // pg_db_role_setting): refused, without echoing the value.
+    for sql in [
+        "SET meili_sync.api_key = 'leaked-k3y'",
+        "ALTER DATABASE postgres SET meili_sync.api_key = 'leaked-k3y'",
+        "ALTER ROLE watcher SET meili_sync.api_key = 'leaked-k3y'",
+    ] {
+        let error = cluster.try_psql(sql).expect_err(sql);
+        assert!(
+            error.contains("meili_sync.api_key can be set in the configuration files only")
+                && !error.contains("leaked"),
+            "{sql}: {error}"
+        );
+    }
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM pg_db_role_setting WHERE array_to_string(setconfig, ',') LIKE '%k3y%'"),
+        "0"
+    );
+}
+
+#[cfg(target_os = "linux")]
+#[test]
+fn sigterm_to_each_thread_of_a_busy_worker_never_restarts_the_server() {
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 2000));
+    let (index, task) = start_task(&cluster, &meili, "products", json!({"batch_size": 200}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    let postmaster_start = cluster.psql("SELECT pg_postmaster_start_time()");
+    let worker: i32 = cluster.status(task)["worker_pid"]
+        .parse()
+        .expect("worker pid");
+    // Keep the worker busy while its threads are signalled.
+    let writer = {
+        let script: String = (0..200)
+            .map(|round| {
+                format!(
+                    "UPDATE products SET version = version + 1 WHERE id % 200 = {};\n",
+                    round % 200
+                )
+            })
+            .collect();
+        let cluster_psql = cluster.psql_command();
+        std::thread::spawn(move || {
+            let mut command = cluster_psql;
+            let _ = command.args(["-c", &script]).output();
+        })
+    };
+    let threads: Vec<i32> = std::fs::read_dir(format!("/proc/{worker}/task"))
+        .expect("the worker's threads")
+        .filter_map(|entry| entry.ok()?.file_name().to_str()?.parse().ok())
+        .filter(|thread| *thread != worker)
+        .collect();
+    assert!(!threads.is_empty(), "a busy worker has HTTP threads");
+    for thread in &threads {
+        // SAFETY: tgkill sends a signal to one thread of a process; arguments are plain integers.
+        let sent = unsafe { libc::syscall(libc::SYS_tgkill, worker, *thread, libc::SIGTERM) };
+        assert!(
+            sent == 0 || !std::path::Path::new(&format!("/proc/{worker}/task/{thread}")).exists()
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(
+            cluster.status(task).get("worker_pid").map(String::as_str),
+            Some(worker.to_string().as_str()),
+            "SIGTERM to thread {thread} (not the main one) must not end the worker"
+        );
+    }
+    // The main thread takes SIGTERM as a request to stop: the launcher starts a new worker.
+    // SAFETY: as above, for the worker's main thread.
+    unsafe { libc::syscall(libc::SYS_tgkill, worker, worker, libc::SIGTERM) };
+    wait_for("a new worker", CONVERGE, || {
+        let pid = cluster
+            .status(task)
+            .get("worker_pid")
+            .cloned()
+            .unwrap_or_default();
+        (!pid.is_empty() && pid != "null" && pid != worker.to_string()).then_some(())
+    });
+    let _ = writer.join();
+    wait_index_matches_table(&cluster, &meili, &index, "products", CONVERGE);
+    assert_eq!(
+        cluster.psql("SELECT pg_postmaster_start_time()"),
+        postmaster_start,
+        "the server must not restart"
+    );
+    assert!(
+        !cluster
+            .server_log()
+            .contains("terminating any other active server processes"),
+        "the postmaster restarted the server:\n{}",
+        cluster.tail_log()
+    );
+    assert_no_crash(&cluster);
+}
