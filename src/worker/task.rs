@@ -211,8 +211,9 @@ pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPl
     })
 }
 
-/// Creates the task's slot if missing. A slot that `max_slot_wal_keep_size` invalidated lost
-/// changes: a copy starts over on a new slot; a stream stops with an error asking for one.
+/// Creates the task's slot before its copy. A slot that `max_slot_wal_keep_size` invalidated, or
+/// one that is gone, lost changes: a copy starts over on a new slot; a stream stops with an error
+/// asking for a new copy.
 fn ensure_slot(task: &mut TaskRecord) -> Result<(), Stop> {
     let fail = |error: SyncError| permanent(error.message);
     match BackgroundWorker::transaction(|| catalog::slot_wal_status(&task.slot_name))
@@ -236,6 +237,25 @@ fn ensure_slot(task: &mut TaskRecord) -> Result<(), Stop> {
             );
         }
         Some(_) => return Ok(()),
+        // A failover to a standby, a restore, pg_upgrade or a manual drop: the changes the slot
+        // kept since Meilisearch last confirmed are gone, and a new slot would silently skip them.
+        None if task.state != "snapshot" => {
+            return Err(permanent(format!(
+                "replication slot \"{}\" is missing (dropped, or lost in a failover, restore or upgrade), so the changes it kept since the last confirmation are lost; run SELECT meili_sync_snapshot({}) to copy the table again",
+                task.slot_name, task.id
+            )));
+        }
+        // Mid-copy, the pages already copied may have changed since: the copy starts over.
+        None if task.snapshot_key.is_some() => {
+            BackgroundWorker::transaction(|| catalog::restart_copy(task.id)).map_err(fail)?;
+            task.snapshot_key = None;
+            task.rows_copied = 0;
+            warning!(
+                "pg_meili_sync task {}: replication slot \"{}\" is missing; the copy starts over on a new slot",
+                task.id,
+                task.slot_name
+            );
+        }
         None => {}
     }
     // Slot creation must come first in its transaction; changes after its LSN will be streamed.

@@ -321,6 +321,35 @@ fn an_invalidated_slot_stops_the_task_until_a_new_snapshot() {
 }
 
 #[test]
+fn a_vanished_slot_stops_the_task_instead_of_starting_afresh() {
+    // A failover, a restore, pg_upgrade or a manual drop: the slot and the changes it kept are gone.
+    let (cluster, meili, index, task) = streaming_task(1000, json!({}));
+    cluster.psql(&format!("SELECT meili_sync_stop({task})"));
+    wait_for("the worker to let go of its slot", CONVERGE, || {
+        let active = cluster.psql(&format!(
+            "SELECT count(*) FROM pg_replication_slots WHERE active AND slot_name LIKE 'meili\\_sync\\_%\\_{task}'"
+        ));
+        (active == "0").then_some(())
+    });
+    cluster.psql("UPDATE products SET version = 9 WHERE id % 2 = 0");
+    cluster.psql("DELETE FROM products WHERE id % 7 = 0");
+    cluster.psql(&format!(
+        "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots WHERE slot_name LIKE 'meili\\_sync\\_%\\_{task}'"
+    ));
+    cluster.psql(&format!("SELECT meili_sync_resume({task})"));
+    let status = cluster.wait_error(task, CONVERGE);
+    let error = status.get("last_error").cloned().unwrap_or_default();
+    assert!(
+        error.contains("is missing") && error.contains(&format!("meili_sync_snapshot({task})")),
+        "{status:?}"
+    );
+    // Before this was an error, a new slot at the current position skipped those changes for good.
+    cluster.psql(&format!("SELECT meili_sync_snapshot({task})"));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
 fn verify_finds_a_damaged_index_and_repair_fixes_exactly_that() {
     let (cluster, meili, index, task) = streaming_task(2000, json!({}));
     converge(&cluster, &meili, &index);
