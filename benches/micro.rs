@@ -98,6 +98,7 @@ fn products_shape(relation: &Relation) -> Result<RelationShape, String> {
     let source_columns = (0..columns.len()).collect();
     let shape = DocumentShape::new(columns, vec![key]).map_err(|error| error.to_string())?;
     Ok(RelationShape {
+        table: "public.products".to_owned(),
         shape,
         source_columns,
     })

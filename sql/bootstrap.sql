@@ -39,7 +39,8 @@ CREATE TABLE meili_sync.tasks (
     -- index's content and so tells after a crash whether the swap happened.
     swap_lsn pg_lsn,
     swap_created_at text,
-    UNIQUE (source, url, index_uid)
+    -- One index, one task: two tables in one index would delete each other's documents.
+    UNIQUE (url, index_uid)
 );
 COMMENT ON TABLE meili_sync.tasks IS 'One row per sync task; state is what the task should be doing.';
 -- Task workers update this table while they hold a decoding context; as a user catalog table its

@@ -283,13 +283,7 @@ fn start_task(
         .hint("The key columns identify each document and are always sent."));
     }
     require_task_room()?;
-    if let Some(existing) = catalog::task_exists(source.oid(), &url, index_uid)? {
-        return Err(SyncError::new(
-            ErrorKind::DuplicateTask,
-            format!("task {existing} already syncs {table} into index \"{index_uid}\" at {url}"),
-        )
-        .hint(format!("Use meili_sync_snapshot({existing}) to copy the table again, or meili_sync_drop({existing}) first.")));
-    }
+    refuse_index_in_use(&url, index_uid, None)?;
     let api_key = parsed.api_key.clone().or_else(gucs::default_api_key);
     let id = catalog::insert_task(
         NewTask {
@@ -306,6 +300,27 @@ fn start_task(
     )?;
     wake_launcher_at_commit();
     Ok(id)
+}
+
+/// One index, one task: a second task writing into an index at the same URL would mix two
+/// tables' documents, and a TRUNCATE of either would delete the other's.
+fn refuse_index_in_use(
+    url: &str,
+    index_uid: &str,
+    this_task: Option<i64>,
+) -> Result<(), SyncError> {
+    let Some((existing, table)) = catalog::index_owner_task(url, index_uid)? else {
+        return Ok(());
+    };
+    if Some(existing) == this_task {
+        return Ok(());
+    }
+    Err(SyncError::new(
+        ErrorKind::DuplicateTask,
+        format!("task {existing} already syncs {table} into index \"{index_uid}\" at {url}"),
+    )
+    .detail("An index holds the documents of one task: a TRUNCATE of either table would delete the other's documents.")
+    .hint(format!("Pick another index uid; to copy {table} again use meili_sync_snapshot({existing}), or meili_sync_drop({existing}) first.")))
 }
 
 /// A task held for the swap of its resync changes only through the helper, for a moment.
@@ -423,6 +438,19 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
         for (name, value) in changes {
             merged.insert(name.clone(), value.clone());
         }
+        // A payload limit lowered below the stored batch size takes it down too (unless both
+        // change, when parsing checks them).
+        if !changes.contains_key("batch_bytes") {
+            let limit = changes
+                .get("max_payload_bytes")
+                .and_then(|limit| limit.as_u64());
+            let stored = merged.get("batch_bytes").and_then(|bytes| bytes.as_u64());
+            if let (Some(limit), Some(stored)) = (limit, stored) {
+                if stored > limit {
+                    merged.insert("batch_bytes".into(), limit.into());
+                }
+            }
+        }
         let parsed = TaskOptions::parse(&serde_json::Value::Object(merged))?;
         require_select(&record)?;
         if (changes.contains_key("url") || changes.contains_key("api_key"))
@@ -443,6 +471,11 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
         }
         let url = parsed.url.clone().unwrap_or_else(|| record.url.clone());
         crate::options::validate_url(&url)?;
+        refuse_index_in_use(
+            url.trim_end_matches('/'),
+            &record.index_uid,
+            Some(record.id),
+        )?;
         catalog::alter_task(
             record.id,
             &url,
@@ -520,7 +553,7 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
             )
             .hint("Index uids of tasks to resync must be at most 392 characters long.")
         })?;
-        if let Some(existing) = catalog::task_exists(record.relid, &record.url, &fresh_uid)? {
+        if let Some((existing, _)) = catalog::index_owner_task(&record.url, &fresh_uid)? {
             return Err(SyncError::new(
                 ErrorKind::DuplicateTask,
                 format!("task {existing} already syncs into index \"{fresh_uid}\", the index a resync would build"),

@@ -54,6 +54,8 @@ pub struct TaskRecord {
     /// The role that created the task.
     pub owner: pg_sys::Oid,
     pub state: String,
+    /// Bumped by every change that must restart the task's worker.
+    pub generation: i32,
     pub slot_name: String,
     pub publication_name: String,
     pub snapshot_key: Option<Vec<String>>,
@@ -352,11 +354,22 @@ fn builtin_kind(oid: pg_sys::Oid) -> ValueKind {
     }
 }
 
-pub fn task_exists(relid: pg_sys::Oid, url: &str, index_uid: &str) -> CatalogResult<Option<i64>> {
-    select_one::<i64>(
-        "SELECT (SELECT id FROM meili_sync.tasks WHERE source = $1::oid::regclass AND url = $2 AND index_uid = $3)",
-        &[relid.into(), url.into(), index_uid.into()],
-    )
+/// The task that writes into this index at this URL, if any, and the table it syncs: one index
+/// holds one table's documents (a TRUNCATE of one table would otherwise delete the other's).
+pub fn index_owner_task(url: &str, index_uid: &str) -> CatalogResult<Option<(i64, String)>> {
+    Spi::connect(|client| {
+        let mut rows = client.select(
+            "SELECT t.id, t.source::text FROM meili_sync.tasks t WHERE t.url = $1 AND t.index_uid = $2",
+            Some(1),
+            &[url.into(), index_uid.into()],
+        )?;
+        let Some(row) = rows.next() else {
+            return Ok(None);
+        };
+        Ok(row
+            .get::<i64>(1)?
+            .map(|id| (id, row.get::<String>(2).ok().flatten().unwrap_or_default())))
+    })
 }
 
 /// An LSN in Postgres's text form, `X/X`.
@@ -449,7 +462,7 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
             "SELECT t.id, t.source::oid, t.source::text, t.index_uid, t.url, s.api_key, t.primary_key,
                     t.options, t.state, t.snapshot_key, t.rows_copied, 'meili_sync.tasks'::regclass::oid,
                     t.resync_of, t.resync_phase, pg_catalog.pg_wal_lsn_diff(t.swap_lsn, '0/0')::bigint,
-                    t.swap_created_at, t.owner::oid
+                    t.swap_created_at, t.owner::oid, t.generation
                FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id = t.id
               WHERE t.id = $1",
             Some(1),
@@ -481,6 +494,7 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
             swap_lsn: row.get::<i64>(15)?.map(|lsn| lsn as u64),
             swap_created_at: row.get(16)?,
             owner: row.get(17)?.unwrap_or(pg_sys::InvalidOid),
+            generation: row.get(18)?.unwrap_or(0),
         }))
     })
 }
@@ -1016,26 +1030,41 @@ pub fn create_slot(name: &str) -> CatalogResult<()> {
     Ok(())
 }
 
+/// What names the extension's slots and publications (`meili_sync_<install>_<task>`).
+const OBJECT_NAME_PATTERN: &str = "'^meili_sync_[0-9]+_[0-9]+$'";
+
 /// Slots and publications this extension created in this database whose task is gone (dropped,
 /// or from an earlier install of the extension) and which nobody holds: (kind, name).
 pub fn orphans() -> CatalogResult<Vec<(String, String)>> {
+    slots_and_publications(&format!(
+        "SELECT 'slot', s.slot_name::text FROM pg_catalog.pg_replication_slots s
+          WHERE s.database OPERATOR(pg_catalog.=) pg_catalog.current_database() AND NOT s.active
+            AND s.slot_name::text OPERATOR(pg_catalog.~) {OBJECT_NAME_PATTERN}
+            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = s.slot_name)
+         UNION ALL
+         SELECT 'publication', p.pubname::text FROM pg_catalog.pg_publication p
+          WHERE p.pubname::text OPERATOR(pg_catalog.~) {OBJECT_NAME_PATTERN}
+            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = p.pubname)"
+    ))
+}
+
+/// After DROP EXTENSION: every slot (once no worker holds it) and publication its tasks left.
+pub fn leftovers_without_extension() -> CatalogResult<Vec<(String, String)>> {
+    slots_and_publications(&format!(
+        "SELECT 'slot', s.slot_name::text FROM pg_catalog.pg_replication_slots s
+          WHERE s.database OPERATOR(pg_catalog.=) pg_catalog.current_database() AND NOT s.active
+            AND s.slot_name::text OPERATOR(pg_catalog.~) {OBJECT_NAME_PATTERN}
+         UNION ALL
+         SELECT 'publication', p.pubname::text FROM pg_catalog.pg_publication p
+          WHERE p.pubname::text OPERATOR(pg_catalog.~) {OBJECT_NAME_PATTERN}"
+    ))
+}
+
+/// Runs a query of (kind, name) rows.
+fn slots_and_publications(query: &str) -> CatalogResult<Vec<(String, String)>> {
     Spi::connect(|client| {
-        let rows = client.select(
-            &format!(
-                "SELECT 'slot', s.slot_name::text FROM pg_catalog.pg_replication_slots s
-                  WHERE s.database = pg_catalog.current_database() AND s.slot_name::text OPERATOR(pg_catalog.~) '^meili_sync_[0-9]+_[0-9]+$'
-                    AND NOT s.active
-                    AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = s.slot_name)
-                 UNION ALL
-                 SELECT 'publication', p.pubname::text FROM pg_catalog.pg_publication p
-                  WHERE p.pubname::text OPERATOR(pg_catalog.~) '^meili_sync_[0-9]+_[0-9]+$'
-                    AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = p.pubname)"
-            ),
-            None,
-            &[],
-        )?;
         let mut names = Vec::new();
-        for row in rows {
+        for row in client.select(query, None, &[])? {
             if let (Some(kind), Some(name)) = (row.get::<String>(1)?, row.get::<String>(2)?) {
                 names.push((kind, name));
             }
@@ -1084,17 +1113,19 @@ pub fn set_output_formats(transaction_only: bool) -> CatalogResult<()> {
     Ok(())
 }
 
-/// One page of the source table in key order after `after`, each value as its type's text
-/// output (what pgoutput sends), or None for NULL.
+/// One page of the source table in key order after `after`, at most `limit` rows, each value as
+/// its type's text output (what pgoutput sends), or None for NULL.
 pub fn read_page(
     query: &str,
     after: Option<&[String]>,
+    limit: usize,
     column_count: usize,
 ) -> CatalogResult<Vec<Vec<Option<String>>>> {
     Spi::connect(|client| {
-        let args: Vec<DatumWithOid> = after
+        let mut args: Vec<DatumWithOid> = after
             .map(|key| key.iter().map(|value| value.as_str().into()).collect())
             .unwrap_or_default();
+        args.push(i64::try_from(limit).unwrap_or(i64::MAX).into());
         let table = client.select(query, None, &args)?;
         Ok(page_text_values(&table, column_count))
     })
@@ -1133,12 +1164,12 @@ fn page_text_values(
 }
 
 /// The keyset page queries (first page, and pages after a key): the document columns, then the
-/// key columns, in key order.
+/// key columns, in key order. The row limit is the last parameter, so that each page can be sized
+/// by the bytes of the rows before it.
 pub fn page_queries(
     relation: &str,
     columns: &[String],
     key: &[(String, String)],
-    page_rows: usize,
 ) -> (String, String) {
     let select: Vec<String> = columns
         .iter()
@@ -1152,13 +1183,14 @@ pub fn page_queries(
         .map(|(index, (_, type_name))| format!("${}::{}", index + 1, type_name))
         .collect();
     let head = format!("SELECT {} FROM ONLY {}", select.join(", "), relation);
-    let tail = format!("ORDER BY {} LIMIT {}", key_names.join(", "), page_rows);
+    let order = format!("ORDER BY {}", key_names.join(", "));
     (
-        format!("{head} {tail}"),
+        format!("{head} {order} LIMIT $1"),
         format!(
-            "{head} WHERE ({}) > ({}) {tail}",
+            "{head} WHERE ({}) > ({}) {order} LIMIT ${}",
             key_names.join(", "),
-            key_params.join(", ")
+            key_params.join(", "),
+            key.len() + 1
         ),
     )
 }

@@ -16,6 +16,8 @@ use crate::encode::{check_geo, encode_document, encode_id, ColumnValue, Document
 
 /// How one published relation's columns become a document.
 pub struct RelationShape {
+    /// The table, schema-qualified, for messages.
+    pub table: String,
     pub shape: DocumentShape,
     /// For each document column, its position among the relation message's columns.
     pub source_columns: Vec<usize>,
@@ -79,6 +81,7 @@ impl ChangeMapper {
                 new,
             } => {
                 if let Some(old_row) = key.as_ref().or(old.as_ref()) {
+                    self.require_old_key(relation, old_row, "an UPDATE")?;
                     let old_id = self.row_id(relation, old_row);
                     let new_id = self.row_id(relation, &new);
                     if let (Some(old_id), Some(new_id)) = (old_id, new_id) {
@@ -90,15 +93,12 @@ impl ChangeMapper {
                 self.upsert_row(relation, &new, now);
             }
             Message::Delete { relation, key, old } => {
-                if let Some(old_row) = key.as_ref().or(old.as_ref()) {
-                    if let Some(id) = self.row_id(relation, old_row) {
-                        self.push(Operation::Delete, &id, now);
-                    }
-                } else {
-                    self.skip(
-                        relation,
-                        "DELETE without the old key (check the table's replica identity)".into(),
-                    );
+                let Some(old_row) = key.as_ref().or(old.as_ref()) else {
+                    return Err(self.lost_old_key(relation, "a DELETE"));
+                };
+                self.require_old_key(relation, old_row, "a DELETE")?;
+                if let Some(id) = self.row_id(relation, old_row) {
+                    self.push(Operation::Delete, &id, now);
                 }
             }
             Message::Truncate { relations, .. }
@@ -110,6 +110,38 @@ impl ChangeMapper {
             _ => {}
         }
         Ok(())
+    }
+
+    /// The key columns are NOT NULL, so a NULL among them in an old-key tuple means the replica
+    /// identity no longer carries them: the document to delete cannot be known, and going on
+    /// would leave it in the index for good.
+    fn require_old_key(&self, relation: u32, old: &Tuple<'_>, change: &str) -> Result<(), String> {
+        let Some(shape) = self.relations.get(&relation) else {
+            return Ok(());
+        };
+        let carried = shape.shape.key_columns().iter().all(|&column| {
+            shape
+                .source_columns
+                .get(column)
+                .and_then(|&index| old.values.get(index))
+                .is_some_and(|value| matches!(value, TupleValue::Text(_)))
+        });
+        if carried {
+            Ok(())
+        } else {
+            Err(self.lost_old_key(relation, change))
+        }
+    }
+
+    fn lost_old_key(&self, relation: u32, change: &str) -> String {
+        let table = self
+            .relations
+            .get(&relation)
+            .map(|shape| shape.table.as_str())
+            .unwrap_or("the table");
+        format!(
+            "{change} on {table} came without the old key of the row: its replica identity no longer carries the task's key columns (ALTER TABLE … REPLICA IDENTITY, or a changed primary key), so the document to delete cannot be known; run ALTER TABLE {table} REPLICA IDENTITY FULL (or USING INDEX on a unique index of the key), then SELECT meili_sync_snapshot(task) to copy the table again"
+        )
     }
 
     fn skip(&mut self, relation: u32, reason: String) {
@@ -344,6 +376,7 @@ mod tests {
         }
         let shape = DocumentShape::new(columns, vec![0]).map_err(|error| error.to_string())?;
         Ok(RelationShape {
+            table: format!("{}.{}", relation.namespace, relation.name),
             shape,
             source_columns,
         })
@@ -429,6 +462,40 @@ mod tests {
                 Some(500)
             )]
         );
+    }
+
+    #[test]
+    fn a_delete_or_key_change_without_the_old_key_stops_the_task() {
+        for message in [
+            Message::Delete {
+                relation: OID,
+                key: None,
+                old: None,
+            },
+            // The replica identity moved to other columns: the key comes as NULL.
+            Message::Delete {
+                relation: OID,
+                key: Some(row(&[None, Some("a"), None, None])),
+                old: None,
+            },
+            Message::Update {
+                relation: OID,
+                key: Some(row(&[None, Some("a"), None, None])),
+                old: None,
+                new: row(&[Some("2"), Some("b"), None, None]),
+            },
+        ] {
+            let mut mapper = mapper(100, false);
+            let error = mapper
+                .apply(message, &Instant::now, &mut shape_for)
+                .expect_err("a change whose document cannot be known");
+            assert!(
+                error.contains("replica identity no longer carries the task's key columns")
+                    && error.contains("REPLICA IDENTITY FULL")
+                    && error.contains("meili_sync_snapshot"),
+                "{error}"
+            );
+        }
     }
 
     #[test]
@@ -585,20 +652,13 @@ mod tests {
         );
         apply(
             &mut mapper,
-            Message::Delete {
-                relation: OID,
-                key: None,
-                old: None,
-            },
-        );
-        apply(
-            &mut mapper,
             Message::Insert {
                 relation: OID + 1,
                 new: row(&[Some("1")]),
             },
         );
-        assert_eq!(mapper.take_skipped().len(), 3);
+        // (A DELETE without its old key stops the task instead, see below.)
+        assert_eq!(mapper.take_skipped().len(), 2);
         assert!(drain(&mut mapper).is_empty());
     }
 

@@ -1,20 +1,24 @@
 //! Hands batches to the writer in order, follows their confirmations to the checkpoint watermark,
 //! and repairs batches that Meilisearch failed (pure: no pgrx).
 //!
-//! A failed batch is split in halves and resent until the documents that make it fail are
-//! isolated; only those become dead letters. Documents that a batch sent after it already
+//! What a failed batch needs depends on Meilisearch's error `type` and `code`, not only on the
+//! HTTP status (see [`Remedy`]). A batch refused for its documents is split in halves and resent
+//! until the documents that make it fail are isolated; only those become dead letters. A batch
+//! the server failed for its own reasons (`internal`, `system`, a canceled or vanished task) is
+//! resent whole after a backoff. Either way, documents that a batch sent after it already
 //! replaced or deleted are left out of the resend, so an older version never overwrites a newer
-//! one. The watermark does not pass a failed batch until all of its parts are confirmed or
+//! one, and the watermark does not pass a failed batch until all of its parts are confirmed or
 //! dead-lettered.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
 use crate::batch::{Batch, Operation, Watermark};
-use crate::meili::client::MeiliError;
+use crate::meili::client::{MeiliError, MeiliErrorBody};
+use crate::meili::retry::Backoff;
 use crate::meili::writer::{WriteError, Writer, WriterEvent};
 
 /// Seqs of repair batches start here, far above any batcher's seqs.
@@ -58,6 +62,10 @@ pub struct Dispatcher {
     writer: Writer,
     primary_key: String,
     max_inflight: usize,
+    /// A document alone over this many bytes is a dead letter: Meilisearch would refuse it.
+    max_payload: usize,
+    /// A checkpoint that became safe outside an event (a document too large to send).
+    ready_checkpoint: Option<u64>,
     watermark: Watermark,
     sent: HashMap<u64, SentBatch>,
     next_order: u64,
@@ -66,23 +74,33 @@ pub struct Dispatcher {
     /// Original failed batch → parts not yet resolved.
     open_repairs: HashMap<u64, usize>,
     queue: VecDeque<Batch>,
+    /// Resends of batches the server failed, each due after its backoff.
+    delayed: Vec<(Instant, Batch)>,
+    /// Original batch → resends so far, for the backoff.
+    resends: HashMap<u64, u32>,
+    backoff: Backoff,
     next_repair_seq: u64,
     dead_letters: Vec<DeadLetter>,
     failure: Option<String>,
 }
 
 impl Dispatcher {
-    pub fn new(writer: Writer, primary_key: &str, max_inflight: usize) -> Self {
+    pub fn new(writer: Writer, primary_key: &str, max_inflight: usize, max_payload: usize) -> Self {
         Dispatcher {
             writer,
             primary_key: primary_key.to_owned(),
             max_inflight: max_inflight.max(1),
+            max_payload,
+            ready_checkpoint: None,
             watermark: Watermark::new(),
             sent: HashMap::new(),
             next_order: 0,
             parents: HashMap::new(),
             open_repairs: HashMap::new(),
             queue: VecDeque::new(),
+            delayed: Vec::new(),
+            resends: HashMap::new(),
+            backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(30)),
             next_repair_seq: REPAIR_SEQ_BASE,
             dead_letters: Vec::new(),
             failure: None,
@@ -125,7 +143,10 @@ impl Dispatcher {
 
     /// Nothing queued, in flight, or being repaired.
     pub fn is_idle(&self) -> bool {
-        self.queue.is_empty() && self.sent.is_empty() && self.watermark.inflight() == 0
+        self.queue.is_empty()
+            && self.delayed.is_empty()
+            && self.sent.is_empty()
+            && self.watermark.inflight() == 0
     }
 
     /// A failure that splitting cannot help (e.g. a refused delete-all, or a server that rejects
@@ -146,7 +167,10 @@ impl Dispatcher {
     /// Handles the writer events that are ready (waiting up to `wait` for the first), then sends
     /// what the writer takes.
     pub fn pump(&mut self, wait: Option<Duration>) -> Progress {
-        let mut progress = Progress::default();
+        let mut progress = Progress {
+            checkpoint: self.ready_checkpoint.take(),
+            ..Progress::default()
+        };
         self.send_queued();
         if let Some(timeout) = wait {
             if let Ok(event) = self.writer.events().recv_timeout(timeout) {
@@ -157,11 +181,27 @@ impl Dispatcher {
             self.handle(event, &mut progress);
         }
         self.send_queued();
+        progress.checkpoint = progress.checkpoint.max(self.ready_checkpoint.take());
         progress
     }
 
     fn send_queued(&mut self) {
+        // Due resends go first: nothing sent after them may be older.
+        let now = Instant::now();
+        let mut index = self.delayed.len();
+        while index > 0 {
+            index -= 1;
+            if self.delayed[index].0 <= now {
+                let (_, batch) = self.delayed.swap_remove(index);
+                self.queue.push_front(batch);
+            }
+        }
         while let Some(batch) = self.queue.pop_front() {
+            if batch.seq < REPAIR_SEQ_BASE && batch.docs == 1 && batch.body.len() > self.max_payload
+            {
+                self.refuse_oversized(batch);
+                continue;
+            }
             let (seq, op, body, checkpoint) = (
                 batch.seq,
                 batch.op,
@@ -223,8 +263,32 @@ impl Dispatcher {
         }
     }
 
-    /// Splits a failed batch, without the documents later batches replaced, and resends the
-    /// halves first; a single failing document becomes a dead letter.
+    /// A batch of one document larger than any request Meilisearch accepts: the document is a
+    /// dead letter, and the batch counts as done. (The batcher keeps batches of several
+    /// documents under `batch_bytes`, which is at most the payload limit.)
+    fn refuse_oversized(&mut self, batch: Batch) {
+        let item = split_items(batch.op, &batch.body).pop().unwrap_or_default();
+        self.dead_letters.push(DeadLetter {
+            id: item_id(batch.op, &item, &self.primary_key).unwrap_or(Value::Null),
+            op: batch.op,
+            message: format!(
+                "the document is {} bytes, more than max_payload_bytes ({}), the largest request body Meilisearch accepts",
+                item.len(),
+                self.max_payload
+            ),
+            document: item,
+            code: "payload_too_large".into(),
+            task_uid: None,
+            checkpoint: batch.checkpoint,
+        });
+        if let Some(checkpoint) = self.watermark.confirmed(batch.seq) {
+            self.ready_checkpoint = Some(checkpoint);
+        }
+    }
+
+    /// Repairs a failed batch as its error asks (see [`Remedy`]): split until the refused
+    /// documents are isolated as dead letters, resend whole after a backoff, or stop the task.
+    /// Documents later batches replaced are left out of what is sent again.
     fn repair(
         &mut self,
         seq: u64,
@@ -236,27 +300,62 @@ impl Dispatcher {
             return;
         };
         let (code, message) = error_parts(error);
-        let about_documents = match error {
-            WriteError::TaskFailed(_) | WriteError::TaskCanceled => true,
-            // 413 (too large) and other 4xx: splitting isolates what the server refuses.
-            WriteError::Rejected(MeiliError::Http { status, .. }) => (400..500).contains(status),
-            WriteError::Rejected(_) => false,
+        let remedy = match batch.op {
+            Operation::DeleteAll if remedy(error) == Remedy::Split => Remedy::Stop,
+            _ => remedy(error),
         };
-        if !about_documents || batch.op == Operation::DeleteAll {
+        if remedy == Remedy::Stop {
             self.failure = Some(format!("Meilisearch refused a batch: {message}"));
             return;
         }
         let (op, checkpoint, order) = (batch.op, batch.checkpoint, batch.order);
+        let original_body = Arc::clone(&batch.body);
         let parent = batch.parent.unwrap_or(seq);
         let superseded = self.ids_sent_after(order);
-        let items: Vec<Vec<u8>> = split_items(op, &batch.body)
-            .into_iter()
-            .filter(|item| {
-                !superseded.all
-                    && item_id(op, item, &self.primary_key)
-                        .is_none_or(|id| !superseded.ids.contains(&id.to_string()))
-            })
-            .collect();
+        let items: Vec<Vec<u8>> = if op == Operation::DeleteAll {
+            // A delete-all has no items; nothing later can make it unnecessary but another one.
+            if superseded.all {
+                Vec::new()
+            } else {
+                vec![Vec::new()]
+            }
+        } else {
+            split_items(op, &batch.body)
+                .into_iter()
+                .filter(|item| {
+                    !superseded.all
+                        && item_id(op, item, &self.primary_key)
+                            .is_none_or(|id| !superseded.ids.contains(&id.to_string()))
+                })
+                .collect()
+        };
+        if remedy == Remedy::Resend && !items.is_empty() {
+            self.sent.remove(&seq);
+            let attempt = self.resends.entry(parent).or_insert(0);
+            let delay = self.backoff.delay(*attempt);
+            *attempt += 1;
+            progress.retries.push(format!(
+                "{message}; the batch is sent again in {} ms",
+                delay.as_millis()
+            ));
+            let part = self.next_part(parent);
+            let body = if op == Operation::DeleteAll {
+                original_body
+            } else {
+                Arc::new(join_items(op, &items))
+            };
+            self.delayed.push((
+                Instant::now() + delay,
+                Batch {
+                    seq: part,
+                    op,
+                    body,
+                    docs: items.len(),
+                    checkpoint,
+                },
+            ));
+            return;
+        }
         if items.len() > 1 {
             self.sent.remove(&seq);
             let left = self.open_repairs.entry(parent).or_insert(1);
@@ -264,9 +363,7 @@ impl Dispatcher {
             let middle = items.len() / 2;
             for half in [&items[middle..], &items[..middle]] {
                 let body = Arc::new(join_items(op, half));
-                let part = self.next_repair_seq;
-                self.next_repair_seq += 1;
-                self.parents.insert(part, parent);
+                let part = self.next_part(parent);
                 self.queue.push_front(Batch {
                     seq: part,
                     op,
@@ -291,6 +388,14 @@ impl Dispatcher {
         self.resolve(seq, progress);
     }
 
+    /// A new repair part of batch `parent` (its seq; the part is resolved with the parent).
+    fn next_part(&mut self, parent: u64) -> u64 {
+        let part = self.next_repair_seq;
+        self.next_repair_seq += 1;
+        self.parents.insert(part, parent);
+        part
+    }
+
     fn ids_sent_after(&self, order: u64) -> Superseded {
         let mut superseded = Superseded {
             all: false,
@@ -313,6 +418,63 @@ impl Dispatcher {
 struct Superseded {
     all: bool,
     ids: HashSet<String>,
+}
+
+/// What a failed batch needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Remedy {
+    /// Meilisearch refused documents (`invalid_request` codes about documents, 413): split
+    /// until the refused ones are isolated as dead letters.
+    Split,
+    /// The server failed for a reason of its own (`internal`, `system`, `auth`, a task canceled
+    /// by someone or no longer known, 422): the same documents again after a backoff, without
+    /// end; the watermark waits for them.
+    Resend,
+    /// Nothing the documents or a retry can fix (the index is gone, the primary key is refused,
+    /// the client is broken): the task stops with the error.
+    Stop,
+}
+
+/// An `invalid_request` code that blames documents of the batch, not the index or the request.
+fn blames_documents(code: &str) -> bool {
+    code.starts_with("invalid_document_")
+        || code.starts_with("missing_document_")
+        || code.starts_with("invalid_vector")
+        || matches!(
+            code,
+            "malformed_payload"
+                | "payload_too_large"
+                | "document_fields_limit_reached"
+                | "max_fields_limit_exceeded"
+        )
+}
+
+fn remedy_for_body(body: &MeiliErrorBody) -> Remedy {
+    match body.kind.as_str() {
+        "invalid_request" if blames_documents(&body.code) => Remedy::Split,
+        "invalid_request" => Remedy::Stop,
+        // internal, system, auth, and types Meilisearch may add: never the documents' fault.
+        _ => Remedy::Resend,
+    }
+}
+
+fn remedy(error: &WriteError) -> Remedy {
+    match error {
+        WriteError::TaskFailed(Some(body)) => remedy_for_body(body),
+        WriteError::TaskFailed(None)
+        | WriteError::TaskCanceled
+        | WriteError::TaskVanished { .. } => Remedy::Resend,
+        WriteError::Rejected(MeiliError::Http { status: 413, .. }) => Remedy::Split,
+        WriteError::Rejected(MeiliError::Http { status: 422, .. }) => Remedy::Resend,
+        WriteError::Rejected(MeiliError::Http {
+            body: Some(body), ..
+        }) => remedy_for_body(body),
+        // A 4xx without an error object: the request was refused, so its content is suspect.
+        WriteError::Rejected(MeiliError::Http { status, .. }) if (400..500).contains(status) => {
+            Remedy::Split
+        }
+        WriteError::Rejected(_) => Remedy::Stop,
+    }
 }
 
 fn error_parts(error: &WriteError) -> (String, String) {
@@ -404,8 +566,9 @@ mod tests {
             poll_interval: Duration::from_millis(10),
             retry_base: Duration::from_millis(5),
             retry_cap: Duration::from_millis(50),
+            vanished_after: Duration::from_millis(300),
         });
-        Dispatcher::new(writer, "id", 4)
+        Dispatcher::new(writer, "id", 4, 1024)
     }
 
     fn batch(seq: u64, documents: &[Value]) -> Batch {
@@ -487,19 +650,147 @@ mod tests {
         dispatcher.shutdown();
     }
 
+    /// Pumps until idle; returns the newest checkpoint and every retry message.
+    fn settle_with_retries(dispatcher: &mut Dispatcher) -> (Option<u64>, Vec<String>) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let (mut newest, mut retries) = (None, Vec::new());
+        while !dispatcher.is_idle() {
+            assert!(Instant::now() < deadline, "dispatcher did not settle");
+            let progress = dispatcher.pump(Some(Duration::from_millis(20)));
+            newest = progress.checkpoint.or(newest);
+            retries.extend(progress.retries);
+        }
+        (newest, retries)
+    }
+
+    /// Bodies of the document additions the server received.
+    fn posted_bodies(server: &TestServer) -> Vec<String> {
+        server
+            .request_log()
+            .into_iter()
+            .filter(|r| r.method == "POST" && r.path.starts_with("/indexes/books/documents"))
+            .map(|r| String::from_utf8_lossy(&r.body).into_owned())
+            .collect()
+    }
+
     #[test]
-    fn a_failed_task_is_resent_in_halves_without_dead_letters() {
+    fn a_task_the_server_failed_is_sent_again_whole_never_dead_lettered() {
+        for (code, kind) in [
+            ("internal", "internal"),
+            ("no_space_left_on_device", "system"),
+            ("database_size_limit_reached", "internal"),
+            ("a_code_from_the_future", "a_type_from_the_future"),
+        ] {
+            let server = TestServer::start(Some(KEY)).expect("server");
+            server.faults().fail_next_tasks_as(1, code, kind);
+            let mut dispatcher = dispatcher(&server);
+            let documents: Vec<Value> = (1..=6).map(|id| json!({"id": id})).collect();
+            dispatcher.push(batch(1, &documents));
+            dispatcher.push(batch(2, &[json!({"id": 7})]));
+            let (checkpoint, retries) = settle_with_retries(&mut dispatcher);
+            assert_eq!(checkpoint, Some(200), "{code}");
+            assert_eq!(
+                ids(&server),
+                (1..=7).map(|id| json!(id)).collect::<Vec<_>>()
+            );
+            assert!(dispatcher.take_dead_letters().is_empty(), "{code}");
+            assert!(dispatcher.take_failure().is_none(), "{code}");
+            assert!(
+                retries
+                    .iter()
+                    .any(|retry| retry.contains(code) && retry.contains("sent again")),
+                "{code}: {retries:?}"
+            );
+            // The same six documents went twice, never in halves.
+            let bodies = posted_bodies(&server);
+            let first = bodies.first().cloned().unwrap_or_default();
+            assert_eq!(first.lines().count(), 6, "{code}");
+            assert_eq!(
+                bodies.iter().filter(|body| **body == first).count(),
+                2,
+                "{code}"
+            );
+            dispatcher.shutdown();
+        }
+    }
+
+    #[test]
+    fn a_document_over_the_payload_limit_is_a_dead_letter_never_sent() {
         let server = TestServer::start(Some(KEY)).expect("server");
-        server.faults().fail_next_tasks(1, "internal");
         let mut dispatcher = dispatcher(&server);
-        let documents: Vec<Value> = (1..=6).map(|id| json!({"id": id})).collect();
-        dispatcher.push(batch(1, &documents));
-        dispatcher.push(batch(2, &[json!({"id": 7})]));
+        let huge = json!({"id": 1, "text": "x".repeat(2000)});
+        dispatcher.push(batch(1, &[huge]));
+        dispatcher.push(batch(2, &[json!({"id": 2})]));
         assert_eq!(settle(&mut dispatcher), Some(200));
+        assert_eq!(ids(&server), vec![json!(2)]);
+        let dead = dispatcher.take_dead_letters();
+        assert_eq!(dead.len(), 1);
         assert_eq!(
-            ids(&server),
-            (1..=7).map(|id| json!(id)).collect::<Vec<_>>()
+            (dead[0].id.clone(), dead[0].code.as_str()),
+            (json!("1"), "payload_too_large")
         );
+        assert!(
+            dead[0].message.contains("max_payload_bytes (1024)"),
+            "{}",
+            dead[0].message
+        );
+        assert_eq!(
+            posted_bodies(&server).len(),
+            1,
+            "only the second batch was sent"
+        );
+        dispatcher.shutdown();
+    }
+
+    #[test]
+    fn an_error_about_the_index_stops_instead_of_dead_lettering() {
+        for code in ["index_not_found", "index_primary_key_no_candidate_found"] {
+            let server = TestServer::start(Some(KEY)).expect("server");
+            server.faults().fail_next_tasks(1, code);
+            let mut dispatcher = dispatcher(&server);
+            dispatcher.push(batch(1, &[json!({"id": 1}), json!({"id": 2})]));
+            let deadline = Instant::now() + Duration::from_secs(30);
+            let failure = loop {
+                assert!(Instant::now() < deadline, "{code}: no failure");
+                dispatcher.pump(Some(Duration::from_millis(20)));
+                if let Some(failure) = dispatcher.take_failure() {
+                    break failure;
+                }
+            };
+            assert!(failure.contains(code), "{failure}");
+            assert!(dispatcher.take_dead_letters().is_empty(), "{code}");
+            dispatcher.shutdown();
+        }
+    }
+
+    #[test]
+    fn a_task_meilisearch_no_longer_knows_is_sent_again() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        server.faults().set_task_delay(Duration::from_millis(500));
+        let mut dispatcher = dispatcher(&server);
+        dispatcher.push(batch(1, &[json!({"id": 1}), json!({"id": 2})]));
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while dispatcher
+            .writer()
+            .stats()
+            .batches_enqueued
+            .load(std::sync::atomic::Ordering::SeqCst)
+            == 0
+        {
+            assert!(Instant::now() < deadline, "never enqueued");
+            dispatcher.pump(Some(Duration::from_millis(10)));
+        }
+        server.forget_tasks();
+        let (checkpoint, retries) = settle_with_retries(&mut dispatcher);
+        assert_eq!(checkpoint, Some(100));
+        assert!(
+            retries
+                .iter()
+                .any(|retry| retry.contains("no longer knows task 0")),
+            "{retries:?}"
+        );
+        assert_eq!(ids(&server), vec![json!(1), json!(2)]);
+        assert_eq!(posted_bodies(&server).len(), 2, "sent once more");
         assert!(dispatcher.take_dead_letters().is_empty());
         dispatcher.shutdown();
     }

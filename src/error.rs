@@ -96,6 +96,18 @@ impl From<pgrx::spi::SpiError> for SyncError {
     }
 }
 
+/// The message of an ERROR (or a panic) caught around a worker's or the launcher's work.
+pub fn caught_message(error: &pgrx::pg_sys::panic::CaughtError) -> String {
+    use pgrx::pg_sys::panic::CaughtError;
+    match error {
+        CaughtError::PostgresError(report)
+        | CaughtError::ErrorReport(report)
+        | CaughtError::RustPanic {
+            ereport: report, ..
+        } => report.message().to_owned(),
+    }
+}
+
 /// Unwraps a result or raises its error as a Postgres ERROR.
 pub trait OrRaise<T> {
     fn or_raise(self) -> T;

@@ -29,6 +29,9 @@ pub struct TaskOptions {
     pub exclude_columns: Vec<String>,
     pub batch_size: usize,
     pub batch_bytes: usize,
+    /// No request body may be larger: Meilisearch refuses bodies over its
+    /// `--http-payload-size-limit` (100,000,000 bytes unless changed).
+    pub max_payload_bytes: usize,
     pub max_inflight: usize,
     pub flush_interval_ms: u64,
     pub gzip: bool,
@@ -46,6 +49,7 @@ impl Default for TaskOptions {
             exclude_columns: Vec::new(),
             batch_size: 10_000,
             batch_bytes: 16 * 1024 * 1024,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             max_inflight: 8,
             flush_interval_ms: 200,
             gzip: false,
@@ -55,6 +59,9 @@ impl Default for TaskOptions {
     }
 }
 
+/// Meilisearch's default payload limit ("100 MB", decimal) less 5% for what we do not count.
+pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 95_000_000;
+
 const KNOWN_OPTIONS: &[&str] = &[
     "url",
     "api_key",
@@ -63,6 +70,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "exclude_columns",
     "batch_size",
     "batch_bytes",
+    "max_payload_bytes",
     "max_inflight",
     "flush_interval_ms",
     "gzip",
@@ -228,6 +236,10 @@ impl TaskOptions {
                     parsed.batch_bytes =
                         expect_integer(name, value, 1024, 1024 * 1024 * 1024)? as usize
                 }
+                "max_payload_bytes" => {
+                    parsed.max_payload_bytes =
+                        expect_integer(name, value, 1024, 1024 * 1024 * 1024)? as usize
+                }
                 "max_inflight" => {
                     parsed.max_inflight = expect_integer(name, value, 1, 256)? as usize
                 }
@@ -270,6 +282,18 @@ impl TaskOptions {
                 }
             }
         }
+        if parsed.batch_bytes > parsed.max_payload_bytes {
+            if object.contains_key("batch_bytes") {
+                return Err(invalid(
+                    format!(
+                        "option \"batch_bytes\" ({}) is larger than \"max_payload_bytes\" ({})",
+                        parsed.batch_bytes, parsed.max_payload_bytes
+                    ),
+                    "A batch is one request body, and Meilisearch refuses bodies over its payload limit: lower batch_bytes, or raise max_payload_bytes to match the server's --http-payload-size-limit.",
+                ));
+            }
+            parsed.batch_bytes = parsed.max_payload_bytes;
+        }
         if parsed.columns.is_some() && !parsed.exclude_columns.is_empty() {
             return Err(invalid(
                 "options \"columns\" and \"exclude_columns\" cannot be used together".to_owned(),
@@ -296,6 +320,10 @@ impl TaskOptions {
         }
         stored.insert("batch_size".into(), Value::from(self.batch_size));
         stored.insert("batch_bytes".into(), Value::from(self.batch_bytes));
+        stored.insert(
+            "max_payload_bytes".into(),
+            Value::from(self.max_payload_bytes),
+        );
         stored.insert("max_inflight".into(), Value::from(self.max_inflight));
         stored.insert(
             "flush_interval_ms".into(),
@@ -321,6 +349,26 @@ mod tests {
             TaskOptions::parse(&json!({})).ok(),
             Some(TaskOptions::default())
         );
+    }
+
+    #[test]
+    fn batch_bytes_stay_within_the_payload_limit() {
+        let lowered = TaskOptions::parse(&json!({"max_payload_bytes": 1_000_000})).expect("valid");
+        assert_eq!(
+            (lowered.batch_bytes, lowered.max_payload_bytes),
+            (1_000_000, 1_000_000)
+        );
+        let error =
+            TaskOptions::parse(&json!({"max_payload_bytes": 1_000_000, "batch_bytes": 3_000_000}))
+                .expect_err("batch_bytes above the limit");
+        assert!(
+            error.message.contains("larger than \"max_payload_bytes\""),
+            "{}",
+            error.message
+        );
+        let error = TaskOptions::parse(&json!({"batch_bytes": 200_000_000}))
+            .expect_err("above the default limit");
+        assert_eq!(error.kind, crate::error::ErrorKind::InvalidParameter);
     }
 
     #[test]

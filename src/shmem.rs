@@ -116,6 +116,9 @@ impl Counters {
 pub struct TaskSlot {
     task_id: i64,
     pid: i32,
+    /// The task's catalog generation the worker runs with, so that a restarted launcher can
+    /// tell whether a worker it did not start is still the right one.
+    generation: i32,
     /// Address of the worker's PGPROC latch, so committing backends can wake it.
     latch: usize,
     phase: u8,
@@ -170,6 +173,7 @@ impl TaskSlot {
     const EMPTY: TaskSlot = TaskSlot {
         task_id: 0,
         pid: 0,
+        generation: 0,
         latch: 0,
         phase: 0,
         rows_copied: 0,
@@ -472,6 +476,11 @@ impl SlotHandle {
         });
     }
 
+    /// The catalog generation this worker loaded.
+    pub fn set_generation(&self, generation: i32) {
+        self.update(|slot| slot.generation = generation);
+    }
+
     pub fn detach(&self, phase: Phase) {
         self.update(|slot| {
             slot.pid = 0;
@@ -480,6 +489,17 @@ impl SlotHandle {
             slot.batches_inflight = 0;
         });
     }
+}
+
+/// A task worker running now: (task, pid, the catalog generation it runs with).
+pub fn attached_workers() -> Vec<(i64, i32, i32)> {
+    let state = STATE.share();
+    state
+        .slots
+        .iter()
+        .filter(|slot| slot.task_id != 0 && slot.pid > 0)
+        .map(|slot| (slot.task_id, slot.pid, slot.generation))
+        .collect()
 }
 
 /// Every slot in use, for the status view.

@@ -19,7 +19,7 @@ use crate::error::{ErrorKind, SyncError};
 use crate::meili::client::{Client, MeiliError, TaskStatus};
 use crate::options::{TaskOptions, WriteMode};
 use crate::security;
-use crate::snapshot::SnapshotPlan;
+use crate::snapshot::{PageSizer, SnapshotPlan};
 use crate::worker::task::build_plan;
 
 const PAGE_ROWS: usize = 1000;
@@ -228,13 +228,17 @@ impl Context {
         damaged: &mut OnDamagedRows<'_>,
     ) -> Result<(), SyncError> {
         let mut after: Option<Vec<String>> = None;
+        let mut pages = PageSizer::new(self.plan.page_rows);
         loop {
             let (query, key) = match &after {
                 Some(key) => (&self.plan.next_page_query, Some(key.as_slice())),
                 None => (&self.plan.first_page_query, None),
             };
-            let rows =
-                self.as_owner(|| catalog::read_page(query, key, self.plan.shape.columns().len()))?;
+            let limit = pages.rows();
+            let rows = self.as_owner(|| {
+                catalog::read_page(query, key, limit, self.plan.shape.columns().len())
+            })?;
+            pages.read(&rows);
             findings.rows_checked += rows.len() as i64;
             let documents = self.documents(&rows);
             let ids: Vec<Value> = documents
@@ -278,7 +282,7 @@ impl Context {
             if !keys.is_empty() {
                 damaged(self, keys)?;
             }
-            if rows.len() < self.plan.page_rows {
+            if rows.len() < limit {
                 return Ok(());
             }
             after = rows.last().map(|last| self.plan.shape.key_of_row(last));

@@ -28,7 +28,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::{self, JoinHandle};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{after, bounded, select, unbounded, Receiver, RecvTimeoutError, Sender};
 use flate2::write::GzEncoder;
@@ -40,6 +40,39 @@ use crate::batch::{Batch, Operation};
 
 /// Task uids asked about in one `GET /tasks` request, to keep URLs short.
 const MAX_UIDS_PER_POLL: usize = 500;
+
+/// Meilisearch answers a body over its payload limit with 413 and closes the connection without
+/// reading the rest, so a client still uploading sees a broken pipe or a reset instead. A large
+/// body of several documents that breaks off this many times in a row is taken for too large
+/// (and split by the owner) rather than sent again forever.
+const BROKEN_UPLOADS_BEFORE_SPLIT: u32 = 3;
+const LARGE_BODY_BYTES: usize = 1 << 20;
+
+/// A 413 for a body whose upload broke off again and again: the owner splits it.
+fn taken_for_too_large(error: &MeiliError, times: u32, bytes: usize) -> MeiliError {
+    MeiliError::Http {
+        status: 413,
+        body: Some(MeiliErrorBody {
+            message: format!(
+                "the connection broke {times} times in a row while sending {bytes} bytes ({error}); taken for a body over Meilisearch's payload limit"
+            ),
+            code: "payload_too_large".into(),
+            kind: "invalid_request".into(),
+            link: String::new(),
+        }),
+    }
+}
+
+/// The connection broke while the body was being written (see [`BROKEN_UPLOADS_BEFORE_SPLIT`]).
+fn upload_broke_off(error: &MeiliError) -> bool {
+    match error {
+        MeiliError::Transport(message) => {
+            let message = message.to_ascii_lowercase();
+            message.contains("broken pipe") || message.contains("connection reset")
+        }
+        _ => false,
+    }
+}
 
 pub struct WriterConfig {
     pub client: Client,
@@ -56,6 +89,10 @@ pub struct WriterConfig {
     pub poll_interval: Duration,
     pub retry_base: Duration,
     pub retry_cap: Duration,
+    /// How long an enqueued task may be missing from Meilisearch's task list (deleted with
+    /// `DELETE /tasks`, or lost to a restore or a wiped instance) before its batch is given up
+    /// as [`WriteError::TaskVanished`], for the owner to send again.
+    pub vanished_after: Duration,
 }
 
 /// Why a batch failed for good.
@@ -67,6 +104,8 @@ pub enum WriteError {
     TaskFailed(Option<MeiliErrorBody>),
     /// Its task was canceled (by someone else: the sync never cancels).
     TaskCanceled,
+    /// Meilisearch no longer knows its task: whether it was applied cannot be told.
+    TaskVanished { uid: u64 },
 }
 
 impl fmt::Display for WriteError {
@@ -76,6 +115,10 @@ impl fmt::Display for WriteError {
             WriteError::TaskFailed(Some(body)) => write!(f, "Meilisearch task failed: {body}"),
             WriteError::TaskFailed(None) => write!(f, "Meilisearch task failed without an error"),
             WriteError::TaskCanceled => write!(f, "Meilisearch task was canceled"),
+            WriteError::TaskVanished { uid } => write!(
+                f,
+                "Meilisearch no longer knows task {uid} (its task list was deleted, restored from a snapshot or wiped)"
+            ),
         }
     }
 }
@@ -136,6 +179,8 @@ struct Enqueued {
     task_uid: u64,
     docs: usize,
     op: Operation,
+    /// Since when Meilisearch's task list has not had this task.
+    missing_since: Option<Instant>,
 }
 
 /// What both threads share.
@@ -228,6 +273,7 @@ impl Writer {
             shared: shared(),
             enqueued: enqueued_rx,
             poll_interval: config.poll_interval,
+            vanished_after: config.vanished_after,
         };
         let threads = vec![
             thread::Builder::new()
@@ -340,17 +386,34 @@ impl SenderThread {
         };
         let body = compressed.as_deref().unwrap_or(&batch.body[..]);
         let mut attempt = 0;
+        let mut broken_uploads = 0;
         loop {
             if self.shared.is_stopping() {
                 return false;
             }
-            let sent = self.shared.client.send_batch(
-                &self.index_uid,
-                &self.primary_key,
-                batch.op,
-                body,
-                compressed.is_some(),
-            );
+            let sent = self
+                .shared
+                .client
+                .send_batch(
+                    &self.index_uid,
+                    &self.primary_key,
+                    batch.op,
+                    body,
+                    compressed.is_some(),
+                )
+                .map_err(|error| {
+                    broken_uploads = if upload_broke_off(&error) {
+                        broken_uploads + 1
+                    } else {
+                        0
+                    };
+                    let large = batch.docs > 1 && body.len() >= LARGE_BODY_BYTES;
+                    if large && broken_uploads >= BROKEN_UPLOADS_BEFORE_SPLIT {
+                        taken_for_too_large(&error, broken_uploads, body.len())
+                    } else {
+                        error
+                    }
+                });
             match sent {
                 Ok(task_uid) => {
                     let stats = &self.shared.stats;
@@ -374,6 +437,7 @@ impl SenderThread {
                         task_uid,
                         docs: batch.docs,
                         op: batch.op,
+                        missing_since: None,
                     });
                     return true;
                 }
@@ -426,6 +490,7 @@ struct PollerThread {
     shared: Shared,
     enqueued: Receiver<Enqueued>,
     poll_interval: Duration,
+    vanished_after: Duration,
 }
 
 impl PollerThread {
@@ -496,14 +561,32 @@ impl PollerThread {
             .collect();
         let stats = &self.shared.stats;
         let mut still_pending = VecDeque::with_capacity(pending.len());
-        for task in pending.drain(..) {
-            let Some(state) = states
-                .get(&task.task_uid)
-                .filter(|s| s.status.is_finished())
-            else {
+        let now = Instant::now();
+        for (position, mut task) in pending.drain(..).enumerate() {
+            if position >= MAX_UIDS_PER_POLL {
                 still_pending.push_back(task);
                 continue;
+            }
+            let Some(state) = states.get(&task.task_uid) else {
+                // Asked for and not listed: gone, unless it reappears within the grace period.
+                let since = *task.missing_since.get_or_insert(now);
+                if now.duration_since(since) < self.vanished_after {
+                    still_pending.push_back(task);
+                    continue;
+                }
+                stats.batches_failed.fetch_add(1, Ordering::Relaxed);
+                self.shared.finish(WriterEvent::Failed {
+                    seq: task.seq,
+                    task_uid: Some(task.task_uid),
+                    error: WriteError::TaskVanished { uid: task.task_uid },
+                });
+                continue;
             };
+            task.missing_since = None;
+            if !state.status.is_finished() {
+                still_pending.push_back(task);
+                continue;
+            }
             let event = match state.status {
                 TaskStatus::Succeeded => {
                     stats.batches_confirmed.fetch_add(1, Ordering::Relaxed);
@@ -561,6 +644,7 @@ mod tests {
             poll_interval: Duration::from_millis(20),
             retry_base: Duration::from_millis(5),
             retry_cap: Duration::from_millis(50),
+            vanished_after: Duration::from_millis(300),
         }
     }
 

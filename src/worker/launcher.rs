@@ -35,8 +35,40 @@ pub fn register() {
         .load();
 }
 
+/// A task worker the launcher follows: one it started, or one that was already running when it
+/// (re)started (a launcher that exited leaves its workers running).
+enum Worker {
+    Started(DynamicBackgroundWorker),
+    Adopted(i32),
+}
+
+impl Worker {
+    /// The worker's pid while it runs.
+    fn pid(&self) -> Option<i32> {
+        match self {
+            Worker::Started(handle) => handle.pid().ok(),
+            Worker::Adopted(pid) => worker_alive(*pid).then_some(*pid),
+        }
+    }
+
+    fn has_exited(&self) -> bool {
+        match self {
+            Worker::Started(handle) => {
+                matches!(handle.pid(), Err(BackgroundWorkerStatus::Stopped))
+            }
+            Worker::Adopted(pid) => !worker_alive(*pid),
+        }
+    }
+}
+
+/// Whether a server process with this pid runs (it is in the proc array).
+fn worker_alive(pid: i32) -> bool {
+    // SAFETY: looks the pid up in the proc array under its lock; only the pointer's nullness is used.
+    !unsafe { pg_sys::BackendPidGetProc(pid) }.is_null()
+}
+
 struct Running {
-    handle: DynamicBackgroundWorker,
+    handle: Worker,
     generation: i32,
     started: Instant,
     terminating: bool,
@@ -60,9 +92,7 @@ impl Launcher {
         let exited: Vec<i64> = self
             .running
             .iter()
-            .filter(|(_, running)| {
-                matches!(running.handle.pid(), Err(BackgroundWorkerStatus::Stopped))
-            })
+            .filter(|(_, running)| running.handle.has_exited())
             .map(|(id, _)| *id)
             .collect();
         for id in exited {
@@ -125,7 +155,7 @@ impl Launcher {
                     self.running.insert(
                         task.id,
                         Running {
-                            handle,
+                            handle: Worker::Started(handle),
                             generation: task.generation,
                             started: Instant::now(),
                             terminating: false,
@@ -140,6 +170,49 @@ impl Launcher {
         }
         self.backoff
             .retain(|id, _| tasks.iter().any(|task| task.id == *id && task.active));
+    }
+
+    /// Follows the workers that run already: a launcher that exited (an ERROR, a kill) left them
+    /// running, and starting a second worker for their task would fight over its slot.
+    fn adopt_running_workers(&mut self) {
+        for (task_id, pid, generation) in shmem::attached_workers() {
+            if !worker_alive(pid) {
+                continue;
+            }
+            log!("pg_meili_sync launcher: the worker of task {task_id} (pid {pid}) still runs; following it");
+            self.running.insert(
+                task_id,
+                Running {
+                    handle: Worker::Adopted(pid),
+                    generation,
+                    started: Instant::now(),
+                    terminating: false,
+                },
+            );
+        }
+    }
+
+    /// One round: read the catalog, reap, start and stop workers, drop orphans, check the slots.
+    /// False when the catalog could not be read (the extension is being created, say).
+    fn round(&mut self, guard: &mut WalGuard) -> bool {
+        let Some((tasks, orphans)) = read_catalog() else {
+            return false;
+        };
+        self.reap(&tasks);
+        self.reconcile(&tasks);
+        let existing: Vec<i64> = tasks.iter().map(|task| task.id).collect();
+        shmem::release_missing(&existing);
+        for (kind, name) in orphans {
+            let dropped = BackgroundWorker::transaction(|| match kind.as_str() {
+                "slot" => catalog::drop_slot(&name).is_ok(),
+                _ => catalog::drop_publication(&name).is_ok(),
+            });
+            if dropped {
+                log!("pg_meili_sync: dropped {kind} \"{name}\" of a task that no longer exists");
+            }
+        }
+        guard.check();
+        true
     }
 
     /// The soonest moment a delayed restart is due, so the wait does not oversleep it.
@@ -243,6 +316,22 @@ impl WalGuard {
     }
 }
 
+/// Runs one launcher round; an ERROR in it (a lock timeout, a catalog that changed under it) is
+/// logged, its transaction is rolled back, and the launcher goes on with the next round instead
+/// of exiting (its workers would run on unfollowed until the postmaster restarted it).
+fn survive(round: impl FnOnce() -> bool + std::panic::UnwindSafe) -> bool {
+    PgTryBuilder::new(round)
+        .catch_others(|error| {
+            let message = crate::error::caught_message(&error);
+            // SAFETY: in the launcher's main thread, after pgrx copied and flushed the error: rolls
+            // back the round's transaction (a no-op outside one), as a backend's error recovery does.
+            unsafe { pg_sys::AbortCurrentTransaction() };
+            warning!("pg_meili_sync launcher: a round failed and is tried again: {message}");
+            false
+        })
+        .execute()
+}
+
 fn warn_with_hint(message: String, hint: &str) {
     pgrx::pg_sys::panic::ErrorReport::new(
         PgSqlErrorCode::ERRCODE_WARNING,
@@ -271,8 +360,8 @@ fn stop_crash_loop(task_id: i64, crashes: u32) {
 }
 
 /// Sends SIGTERM to a task worker (its handler only sets a flag that the worker checks).
-fn terminate(handle: &DynamicBackgroundWorker) {
-    if let Ok(pid) = handle.pid() {
+fn terminate(handle: &Worker) {
+    if let Some(pid) = handle.pid() {
         BackgroundWorker::transaction(|| {
             let _ = catalog::terminate_backend(pid);
         });
@@ -300,7 +389,9 @@ type Orphan = (String, String);
 fn read_catalog() -> Option<(Vec<TaskSummary>, Vec<Orphan>)> {
     BackgroundWorker::transaction(|| {
         if !catalog::extension_installed().ok()? {
-            return None;
+            // Not created yet, or dropped: no task runs (reconcile stops any worker still
+            // running), and no slot keeps retaining WAL for tasks that are gone.
+            return Some((Vec::new(), catalog::leftovers_without_extension().ok()?));
         }
         // A task held for the swap of a resync whose helper was dropped, stopped or failed
         // streams on (it re-sends from its own slot whatever the abandoned swap may have skipped).
@@ -330,6 +421,7 @@ pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
         backoff: HashMap::new(),
         database,
     };
+    launcher.adopt_running_workers();
     let mut guard = WalGuard::default();
     let mut wait = Duration::ZERO;
     while BackgroundWorker::wait_latch(Some(wait)) {
@@ -337,29 +429,15 @@ pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
             // SAFETY: reloading the configuration files in the main thread, outside a transaction.
             unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
         }
-        let Some((tasks, orphans)) = read_catalog() else {
+        let round = std::panic::AssertUnwindSafe(|| launcher.round(&mut guard));
+        if !survive(round) {
             wait = gucs::naptime();
             continue;
-        };
-        launcher.reap(&tasks);
-        launcher.reconcile(&tasks);
-        let existing: Vec<i64> = tasks.iter().map(|task| task.id).collect();
-        shmem::release_missing(&existing);
-        for (kind, name) in orphans {
-            let dropped = BackgroundWorker::transaction(|| match kind.as_str() {
-                "slot" => catalog::drop_slot(&name).is_ok(),
-                _ => catalog::drop_publication(&name).is_ok(),
-            });
-            if dropped {
-                log!("pg_meili_sync: dropped {kind} \"{name}\" of a task that no longer exists");
-            }
         }
-        guard.check();
         wait = launcher.next_wake(gucs::naptime()).min(GUARD_INTERVAL);
     }
-    for running in launcher.running.values() {
-        terminate(&running.handle);
-    }
+    // The task workers stream on: the next launcher follows them (adopt_running_workers), and
+    // at shutdown the postmaster stops them itself.
     shmem::unregister_launcher();
     // Exit non-zero so that the postmaster starts the launcher again if someone terminated it.
     // SAFETY: ends this background worker process the way Postgres expects.

@@ -79,6 +79,7 @@ impl ColumnRules {
         }
         let shape = DocumentShape::new(columns, key_columns).map_err(|error| error.to_string())?;
         Ok(RelationShape {
+            table: self.relation_name.clone(),
             shape,
             source_columns,
         })

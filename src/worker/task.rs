@@ -22,6 +22,9 @@ use crate::worker::stream::{self, ColumnRules, IndexWatch, Streamer, SwapGate};
 
 const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
+/// How long an enqueued Meilisearch task may be missing from its task list before its batch is
+/// sent again (at least once: it may have been applied before it vanished).
+const VANISHED_TASK_GRACE: Duration = Duration::from_secs(30);
 
 /// True once SIGTERM arrived or the postmaster died; checked between units of work.
 pub fn should_stop() -> bool {
@@ -196,7 +199,7 @@ pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPl
     })?;
     let page_rows = options.batch_size.clamp(100, 10_000);
     let (first_page_query, next_page_query) =
-        catalog::page_queries(&info.qualified_name, &column_names, &key_types, page_rows);
+        catalog::page_queries(&info.qualified_name, &column_names, &key_types);
     Ok(SnapshotPlan {
         first_page_query,
         next_page_query,
@@ -277,6 +280,7 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
     let Some(mut task) = task else {
         return Err(Stop::Terminated);
     };
+    slot.set_generation(task.generation);
     // What meili_sync_start checked may have changed since: the table, or its owner's grants.
     BackgroundWorker::transaction(|| catalog::syncable_source(task.relid, task.owner)).map_err(
         |error| match error.hint {
@@ -334,8 +338,14 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
         poll_interval: Duration::from_millis(20),
         retry_base: Duration::from_millis(100),
         retry_cap: Duration::from_secs(30),
+        vanished_after: VANISHED_TASK_GRACE,
     });
-    let mut dispatcher = Dispatcher::new(writer, &key_attribute, options.max_inflight);
+    let mut dispatcher = Dispatcher::new(
+        writer,
+        &key_attribute,
+        options.max_inflight,
+        options.max_payload_bytes,
+    );
     let mut gate = held.as_ref().map(|held| ResyncGate::new(held.id));
     let result = copy_then_stream(
         &task,
@@ -488,13 +498,7 @@ pub extern "C-unwind" fn meili_sync_task_main(arg: pg_sys::Datum) {
     let slot = SlotHandle::new(index);
     let outcome = PgTryBuilder::new(|| run(task_id, slot))
         .catch_others(|error| {
-            let message = match &error {
-                pg_sys::panic::CaughtError::PostgresError(report)
-                | pg_sys::panic::CaughtError::ErrorReport(report)
-                | pg_sys::panic::CaughtError::RustPanic {
-                    ereport: report, ..
-                } => report.message().to_owned(),
-            };
+            let message = crate::error::caught_message(&error);
             // An ERROR escaping a background worker's main function ends the process without
             // reaching the server log: say it here, before it does.
             warning!("pg_meili_sync task {task_id}: {message}");

@@ -165,3 +165,59 @@ fn backfill_resumes_after_an_immediate_shutdown() {
         );
     }
 }
+
+/// A process's own memory now (`RssAnon`), in MiB.
+fn private_mib(pid: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|line| line.starts_with("RssAnon:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib / 1024)
+}
+
+#[test]
+fn copying_wide_rows_keeps_the_worker_memory_bounded() {
+    // 300 rows of 1 MiB: before pages were sized by bytes, the copy asked for 10,000 rows at once
+    // and held the whole 300 MiB table twice (the query's result and its text copies).
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql("CREATE TABLE wide (id int PRIMARY KEY, body text NOT NULL)");
+    cluster.psql(
+        "ALTER TABLE wide ALTER COLUMN body SET STORAGE EXTERNAL;
+         INSERT INTO wide SELECT i, repeat(md5(i::text), 32768) FROM generate_series(1, 300) i",
+    );
+    let meili = Meili::from_env();
+    let index = meili.unique_index("wide");
+    let options = meili.options(json!({"max_inflight": 2}));
+    let task: i64 = cluster
+        .psql(&format!(
+            "SELECT meili_sync_start('wide', '{index}', '{options}')"
+        ))
+        .parse()
+        .expect("task id");
+    let pid = wait_for("the worker", LONG, || {
+        cluster
+            .status(task)
+            .get("worker_pid")
+            .filter(|pid| pid.as_str() != "null" && !pid.is_empty())
+            .cloned()
+    });
+    let mut peak = 0;
+    wait_for("the copy to finish", LONG, || {
+        peak = peak.max(private_mib(&pid).unwrap_or(0));
+        let status = cluster.status(task);
+        (status.get("state").map(String::as_str) == Some("streaming")).then_some(())
+    });
+    println!("worker private memory peak while copying 300 rows of 1 MiB: {peak} MiB");
+    assert!(
+        peak < 250,
+        "the worker held {peak} MiB while copying 300 MiB of rows"
+    );
+    wait_for("every document", LONG, || {
+        (meili.document_count(&index) == Some(300)).then_some(())
+    });
+    let documents = meili.all_documents(&index);
+    assert!(documents.iter().all(|document| {
+        let id = document["id"].as_i64().unwrap_or(0);
+        document["body"].as_str().map(str::len) == Some(32 * 32768) && (1..=300).contains(&id)
+    }));
+}

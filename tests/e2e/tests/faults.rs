@@ -165,6 +165,47 @@ fn failed_tasks_are_resent_without_losing_documents() {
 }
 
 #[test]
+fn a_server_failing_tasks_for_its_own_reasons_never_drains_the_stream_into_dead_letters() {
+    let Some((cluster, meili)) = with_test_server() else {
+        return;
+    };
+    cluster.psql(&products::insert_sql(1, 100));
+    let (index, task) = start(&cluster, &meili, json!({}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    converge(&cluster, &meili, &index);
+    // Seven failures in a row: enough, before, for halves of halves of one 4-document batch to
+    // end as 4 dead letters. A full disk is not the documents' fault.
+    faults(&meili).fail_next_tasks_as(7, "no_space_left_on_device", "system");
+    cluster.psql(&products::insert_sql(101, 104));
+    wait_for("the failures to be retried", CONVERGE, || {
+        let retries: i64 = cluster
+            .psql(&format!(
+                "SELECT retries FROM pg_stat_meili_sync WHERE task = {task}"
+            ))
+            .parse()
+            .unwrap_or(0);
+        (retries >= 7).then_some(())
+    });
+    converge(&cluster, &meili, &index);
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM meili_sync.dead_letters"),
+        "0"
+    );
+    // An error about the index is not retried either way: the task stops and says why.
+    faults(&meili).fail_next_tasks(1, "index_not_found");
+    cluster.psql(&products::insert_sql(105, 105));
+    let status = cluster.wait_error(task, CONVERGE);
+    assert!(
+        status["last_error"].contains("index_not_found"),
+        "{status:?}"
+    );
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM meili_sync.dead_letters"),
+        "0"
+    );
+}
+
+#[test]
 fn poison_documents_go_to_dead_letters_and_the_rest_flows() {
     let Some((cluster, meili)) = with_test_server() else {
         return;

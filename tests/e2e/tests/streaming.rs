@@ -25,6 +25,12 @@ fn streaming_task_with(
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, rows));
     let meili = Meili::from_env();
+    let (index, task) = start_copied_task(&cluster, &meili, extra);
+    (cluster, meili, index, task)
+}
+
+/// Starts a task on `products` and waits for its copy.
+fn start_copied_task(cluster: &Cluster, meili: &Meili, extra: serde_json::Value) -> (String, i64) {
     let index = meili.unique_index("stream");
     let options = meili.options(extra);
     let task: i64 = cluster
@@ -34,7 +40,7 @@ fn streaming_task_with(
         .parse()
         .expect("task id");
     cluster.wait_snapshot_done(task, CONVERGE);
-    (cluster, meili, index, task)
+    (index, task)
 }
 
 fn converge(cluster: &Cluster, meili: &Meili, index: &str) {
@@ -347,6 +353,123 @@ fn a_vanished_slot_stops_the_task_instead_of_starting_afresh() {
     cluster.psql(&format!("SELECT meili_sync_snapshot({task})"));
     cluster.wait_snapshot_done(task, CONVERGE);
     converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn drop_extension_leaves_nothing_running_and_nothing_retaining_wal() {
+    let (cluster, meili, _index, _task) = streaming_task(200, json!({}));
+    cluster.psql("DROP EXTENSION pg_meili_sync CASCADE");
+    cluster.psql(&products::insert_sql(201, 300));
+    wait_for("workers, slots and publications to go", CONVERGE, || {
+        let left = cluster.psql(
+            "SELECT (SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_meili_sync task')
+                 || ',' || (SELECT count(*) FROM pg_replication_slots)
+                 || ',' || (SELECT count(*) FROM pg_publication)",
+        );
+        (left == "0,0,0").then_some(())
+    });
+    // The extension comes back empty, and a new task works.
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    assert_eq!(cluster.psql("SELECT count(*) FROM meili_sync_status"), "0");
+    let (index, _) = start_copied_task(&cluster, &meili, json!({}));
+    converge(&cluster, &meili, &index);
+}
+
+/// Terminates the launcher and waits for the postmaster to start a new one; returns its pid.
+fn restart_launcher(cluster: &Cluster) -> String {
+    let launcher_pid = || {
+        cluster
+            .psql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_meili_sync launcher'")
+    };
+    let old = launcher_pid();
+    cluster.psql(&format!("SELECT pg_terminate_backend({old})"));
+    wait_for("a new launcher", CONVERGE, || {
+        let new = launcher_pid();
+        (!new.is_empty() && new != old).then_some(new)
+    })
+}
+
+fn task_workers(cluster: &Cluster) -> String {
+    cluster.psql(
+        "SELECT coalesce(string_agg(pid::text, ','), '') FROM pg_stat_activity WHERE backend_type = 'pg_meili_sync task'",
+    )
+}
+
+#[test]
+fn a_restarted_launcher_follows_the_running_workers() {
+    let (cluster, meili, index, task) = streaming_task(500, json!({}));
+    let worker = cluster.status(task)["worker_pid"].clone();
+    restart_launcher(&cluster);
+    // Several rounds of the new launcher: no second worker for the task, and the first streams on.
+    std::thread::sleep(Duration::from_secs(2));
+    assert_eq!(task_workers(&cluster), worker);
+    cluster.psql(&products::insert_sql(501, 700));
+    converge(&cluster, &meili, &index);
+    assert_eq!(task_workers(&cluster), worker);
+    assert!(cluster.server_log().contains(&format!(
+        "the worker of task {task} (pid {worker}) still runs; following it"
+    )));
+    // meili_sync_stop reaches the worker the new launcher did not start.
+    cluster.psql(&format!("SELECT meili_sync_stop({task})"));
+    wait_for("the worker to stop", CONVERGE, || {
+        task_workers(&cluster).is_empty().then_some(())
+    });
+    assert_eq!(cluster.status(task)["state"], "stopped");
+}
+
+#[test]
+fn an_error_in_a_launcher_round_is_logged_and_the_launcher_goes_on() {
+    let (cluster, meili, index, task) = streaming_task(100, json!({}));
+    let worker = cluster.status(task)["worker_pid"].clone();
+    // A launcher that connects from now on gives up on a lock after 100 ms.
+    cluster.psql("ALTER ROLE postgres SET lock_timeout = '100ms'");
+    let launcher = restart_launcher(&cluster);
+    cluster.psql(
+        "SET lock_timeout = 0; BEGIN; LOCK TABLE meili_sync.tasks IN ACCESS EXCLUSIVE MODE; SELECT pg_sleep(2); COMMIT",
+    );
+    cluster.psql("ALTER ROLE postgres RESET lock_timeout");
+    assert!(
+        cluster
+            .server_log()
+            .contains("pg_meili_sync launcher: a round failed and is tried again: canceling statement due to lock timeout"),
+        "{}",
+        cluster.tail_log()
+    );
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(
+        cluster
+            .psql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_meili_sync launcher'"),
+        launcher,
+        "the launcher must not have exited"
+    );
+    assert_eq!(task_workers(&cluster), worker);
+    cluster.psql(&products::insert_sql(101, 200));
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn a_replica_identity_that_drops_the_key_stops_the_task() {
+    let (cluster, _meili, _index, task) = streaming_task(100, json!({}));
+    // The replica identity moves to another unique index: a DELETE's old row no longer says
+    // which document to delete.
+    cluster.psql(
+        "ALTER TABLE products ADD COLUMN code bigint; UPDATE products SET code = id + 1000000;
+         ALTER TABLE products ALTER COLUMN code SET NOT NULL;
+         CREATE UNIQUE INDEX products_code ON products (code);
+         ALTER TABLE products REPLICA IDENTITY USING INDEX products_code",
+    );
+    cluster.psql("DELETE FROM products WHERE id = 5");
+    let status = cluster.wait_error(task, CONVERGE);
+    let error = status.get("last_error").cloned().unwrap_or_default();
+    assert!(
+        error.contains("a DELETE on public.products came without the old key")
+            && error.contains("REPLICA IDENTITY FULL"),
+        "{status:?}"
+    );
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM meili_sync.dead_letters"),
+        "0"
+    );
 }
 
 #[test]

@@ -79,7 +79,7 @@ pub struct Faults {
     fail_requests: Mutex<(usize, u16)>,
     drop_connections: AtomicUsize,
     task_delay: Mutex<Duration>,
-    fail_tasks: Mutex<(usize, String)>,
+    fail_tasks: Mutex<(usize, String, Option<&'static str>)>,
     unavailable: AtomicBool,
 }
 
@@ -89,7 +89,7 @@ impl Faults {
             fail_requests: Mutex::new((0, 500)),
             drop_connections: AtomicUsize::new(0),
             task_delay: Mutex::new(task_delay),
-            fail_tasks: Mutex::new((0, String::new())),
+            fail_tasks: Mutex::new((0, String::new(), None)),
             unavailable: AtomicBool::new(false),
         }
     }
@@ -115,7 +115,13 @@ impl Faults {
     /// The next `n` document tasks (additions, updates, deletions) end `failed` with the
     /// error code `code` (e.g. `"internal"`) without touching the index.
     pub fn fail_next_tasks(&self, n: usize, code: &str) {
-        *lock(&self.fail_tasks) = (n, code.to_string());
+        *lock(&self.fail_tasks) = (n, code.to_string(), None);
+    }
+
+    /// Like [`Faults::fail_next_tasks`], with the error's `type` given (`internal`, `system`,
+    /// `invalid_request`, `auth`) instead of the one Meilisearch gives `code`.
+    pub fn fail_next_tasks_as(&self, n: usize, code: &str, kind: &'static str) {
+        *lock(&self.fail_tasks) = (n, code.to_string(), Some(kind));
     }
 
     /// While on, new connections are closed as soon as they are accepted and requests on
@@ -155,11 +161,12 @@ impl Faults {
         })
     }
 
-    pub(crate) fn take_task_failure(&self) -> Option<String> {
+    /// The code and, when overridden, the type of the next injected task failure.
+    pub(crate) fn take_task_failure(&self) -> Option<(String, Option<&'static str>)> {
         let mut f = lock(&self.fail_tasks);
         (f.0 > 0).then(|| {
             f.0 -= 1;
-            f.1.clone()
+            (f.1.clone(), f.2)
         })
     }
 }
@@ -277,6 +284,15 @@ impl TestServer {
 
     pub fn request_log(&self) -> Vec<RequestRecord> {
         lock(&self.shared.log).clone()
+    }
+
+    /// Drops every task so far from the task list (`GET /tasks`, `GET /tasks/{uid}`), as
+    /// `DELETE /tasks`, a restore from an older snapshot or a wiped instance would; the work of
+    /// tasks still enqueued goes on.
+    pub fn forget_tasks(&self) {
+        for task in lock(&self.shared.queue).tasks.iter_mut() {
+            task.forgotten = true;
+        }
     }
 
     /// Waits until no task is enqueued or processing; false on timeout.

@@ -324,9 +324,13 @@ fn dispatch(shared: &Shared, req: &Request, route: Route) -> Result<Response> {
                 )
             })?;
             let queue = lock(&shared.queue);
-            let task = queue.tasks.get(uid as usize).ok_or_else(|| {
-                ApiError::new("task_not_found", format!("Task `{uid}` not found."))
-            })?;
+            let task = queue
+                .tasks
+                .get(uid as usize)
+                .filter(|task| !task.forgotten)
+                .ok_or_else(|| {
+                    ApiError::new("task_not_found", format!("Task `{uid}` not found."))
+                })?;
             ok(task.to_json())
         }
         Route::ListBatches => list_batches(shared, &params),
@@ -1108,7 +1112,8 @@ fn quoted_list(items: &[&str]) -> String {
 }
 
 fn matches_task(f: &TaskFilter, t: &tasks::Task) -> bool {
-    f.uids.as_ref().is_none_or(|u| u.contains(&t.uid))
+    !t.forgotten
+        && f.uids.as_ref().is_none_or(|u| u.contains(&t.uid))
         && f.batch_uids
             .as_ref()
             .is_none_or(|b| t.batch_uid.is_some_and(|x| b.contains(&x)))

@@ -189,6 +189,9 @@ pub(crate) struct Task {
     started_at: Option<SystemTime>,
     finished_at: Option<SystemTime>,
     op: Option<Op>,
+    /// Gone from the task list (as after `DELETE /tasks`, a restore from an older snapshot, or
+    /// a wiped instance) while its work, if any, still runs.
+    pub(crate) forgotten: bool,
 }
 
 impl Task {
@@ -413,6 +416,7 @@ impl Queue {
             started_at: None,
             finished_at: None,
             op,
+            forgotten: false,
         };
         let summary = task.summary_json();
         self.tasks.push(task);
@@ -618,17 +622,20 @@ fn injected_failure(shared: &Shared, op: &Op) -> Option<(Vec<(String, Value)>, A
     if !is_document_task {
         return None;
     }
-    let code = shared.faults.take_task_failure()?;
+    let (code, kind) = shared.faults.take_task_failure()?;
     let mut details = op.details();
     for (k, v) in details.iter_mut() {
         if (k == "indexedDocuments" || k == "deletedDocuments") && v.is_null() {
             *v = json!(0);
         }
     }
-    let error = ApiError::new(
+    let mut error = ApiError::new(
         &code,
         format!("Injected failure: this task failed with `{code}`."),
     );
+    if let Some(kind) = kind {
+        error.kind = kind;
+    }
     Some((details, error))
 }
 

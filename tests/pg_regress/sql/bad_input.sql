@@ -69,6 +69,11 @@ SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "batch_s
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "batch_size": 1e12}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- A batch is one request body: never above the payload limit Meilisearch enforces.
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "max_payload_bytes": 1000000, "batch_bytes": 3000000}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "batch_bytes": 200000000}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "max_inflight": -1}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "gzip": "yes"}');
@@ -138,6 +143,9 @@ SELECT to_regclass('products') IS NOT NULL AS products_still_there;
 
 -- A duplicate task, and meili_sync_alter refusing bad changes while the task stays as it was.
 SELECT meili_sync_start('"Weird ""Table""; DROP TABLE products; --"', 'weird', '{"url": "http://127.0.0.1:1"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- One index, one task: another table into the same index (trailing slash or not) is refused too.
+SELECT meili_sync_start('products', 'weird', '{"url": "http://127.0.0.1:1/"}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_alter(:task, '{"primary_key": "select"}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
