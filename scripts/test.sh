@@ -24,3 +24,10 @@ bash scripts/regress.sh
 
 echo "== tier 4: end to end"
 cargo test --release --no-fail-fast -p pg_meili_sync_e2e -- --test-threads=1
+
+# With a real Meilisearch binary (MEILI_BIN; .ci/run sets it) and no MEILI_URL: the suite again,
+# each test against a real server of its own. Fault tests that need the test server's knobs skip.
+if [ -n "${MEILI_BIN:-}" ] && [ -z "${MEILI_URL:-}" ]; then
+    echo "== tier 4b: end to end against the real Meilisearch at $MEILI_BIN"
+    E2E_MEILI=real cargo test --release --no-fail-fast -p pg_meili_sync_e2e -- --test-threads=1
+fi

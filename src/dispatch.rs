@@ -743,6 +743,32 @@ mod tests {
     }
 
     #[test]
+    fn a_body_over_the_servers_limit_is_split_not_resent_forever() {
+        // A server whose payload limit is lower than the task believes: it answers 413 and
+        // closes the connection mid-upload, as Meilisearch does, so the client may only see a
+        // broken pipe.
+        let server = TestServer::start_with(meili_test_server::Config {
+            master_key: Some(KEY.to_owned()),
+            max_payload_bytes: 200_000,
+            ..meili_test_server::Config::default()
+        })
+        .expect("server");
+        let mut dispatcher = dispatcher(&server);
+        dispatcher.max_payload = 100_000_000;
+        let documents: Vec<Value> = (1..=20)
+            .map(|id| json!({"id": id, "text": "y".repeat(50_000)}))
+            .collect();
+        dispatcher.push(batch(1, &documents));
+        assert_eq!(settle(&mut dispatcher), Some(100));
+        assert_eq!(
+            ids(&server),
+            (1..=20).map(|id| json!(id)).collect::<Vec<_>>()
+        );
+        assert!(dispatcher.take_dead_letters().is_empty());
+        dispatcher.shutdown();
+    }
+
+    #[test]
     fn an_error_about_the_index_stops_instead_of_dead_lettering() {
         for code in ["index_not_found", "index_primary_key_no_candidate_found"] {
             let server = TestServer::start(Some(KEY)).expect("server");

@@ -46,7 +46,8 @@ const MAX_UIDS_PER_POLL: usize = 500;
 /// body of several documents that breaks off this many times in a row is taken for too large
 /// (and split by the owner) rather than sent again forever.
 const BROKEN_UPLOADS_BEFORE_SPLIT: u32 = 3;
-const LARGE_BODY_BYTES: usize = 1 << 20;
+/// Smaller bodies fit in the socket's buffers: the server's 413 comes back readable.
+const LARGE_BODY_BYTES: usize = 64 << 10;
 
 /// A 413 for a body whose upload broke off again and again: the owner splits it.
 fn taken_for_too_large(error: &MeiliError, times: u32, bytes: usize) -> MeiliError {

@@ -150,10 +150,16 @@ impl SwapGate for ResyncGate {
         let held = BackgroundWorker::transaction(|| catalog::held_task(self.held_task))
             .map_err(|error| error.message)?
             .ok_or_else(|| format!("task {} no longer exists", self.held_task))?;
+        // Held only once the helper has caught up, so that the task pauses for a moment, not
+        // for the helper's catch-up after its copy: when it has read all the WAL there is, or at
+        // least all the task has confirmed. Under a steady write load and a slow sink (a real
+        // Meilisearch confirms a batch in about a second) the first never happens: there is
+        // always WAL the back-pressured reader has not read yet.
+        let abreast = held
+            .confirmed
+            .is_some_and(|confirmed| confirmed <= read_position);
         match held.state.as_str() {
-            // Held only once the helper has caught up, so that the task pauses for a moment, not
-            // for the helper's catch-up after its copy.
-            "streaming" if caught_up => {
+            "streaming" if caught_up || abreast => {
                 BackgroundWorker::transaction(|| catalog::hold_for_swap(self.held_task))
                     .map_err(|error| error.message)?;
                 shmem::wake_launcher();

@@ -1,7 +1,11 @@
-//! The Meilisearch the tests sync into: the real server at `MEILI_URL` (key `MEILI_MASTER_KEY`)
-//! when given, otherwise the project's test server, started in this process.
+//! The Meilisearch the tests sync into: the server at `MEILI_URL` (key `MEILI_MASTER_KEY`) when
+//! given; with `E2E_MEILI=real`, a real Meilisearch started for each test from the binary at
+//! `MEILI_BIN` (`.ci/run` sets it when `../shared/bin/meilisearch` exists); otherwise the
+//! project's test server, started in this process.
 
-use std::time::Duration;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
 
 use meili_test_server::TestServer;
 use serde_json::{json, Value};
@@ -12,10 +16,69 @@ pub struct Meili {
     pub url: String,
     pub key: Option<String>,
     server: Option<TestServer>,
+    /// Held for its Drop, which stops the process.
+    _real: Option<RealServer>,
     agent: ureq::Agent,
 }
 
 const TEST_KEY: &str = "e2e-master-key";
+/// A real server insists on a master key of 16 bytes or more.
+const REAL_KEY: &str = "e2e-master-key-for-a-real-meilisearch";
+
+/// A real Meilisearch process of one test, with its own data directory; killed and removed on
+/// drop.
+struct RealServer {
+    child: Child,
+    dir: PathBuf,
+}
+
+impl RealServer {
+    fn start(binary: &str) -> (RealServer, String) {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|listener| listener.local_addr())
+            .map(|address| address.port())
+            .expect("a free port");
+        let dir = std::env::temp_dir().join(format!(
+            "pg_meili_sync_real_meili_{}_{port}",
+            std::process::id()
+        ));
+        std::fs::create_dir_all(&dir).expect("the server's directory");
+        let log = std::fs::File::create(dir.join("meilisearch.log")).expect("the server's log");
+        let child = Command::new(binary)
+            .arg("--db-path")
+            .arg(dir.join("data"))
+            .arg("--dump-dir")
+            .arg(dir.join("dumps"))
+            .arg("--snapshot-dir")
+            .arg(dir.join("snapshots"))
+            .args(["--http-addr", &format!("127.0.0.1:{port}")])
+            .args([
+                "--master-key",
+                REAL_KEY,
+                "--no-analytics",
+                "--env",
+                "development",
+            ])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap_or_else(|error| panic!("cannot start {binary}: {error}"));
+        (
+            RealServer { child, dir },
+            format!("http://127.0.0.1:{port}"),
+        )
+    }
+}
+
+impl Drop for RealServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if std::env::var_os("E2E_KEEP_CLUSTER").is_none() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        }
+    }
+}
 
 impl Meili {
     pub fn from_env() -> Meili {
@@ -34,8 +97,34 @@ impl Meili {
                     .ok()
                     .filter(|key| !key.is_empty()),
                 server: None,
+                _real: None,
                 agent,
             },
+            None if std::env::var("E2E_MEILI").as_deref() == Ok("real") => {
+                let binary = std::env::var("MEILI_BIN")
+                    .expect("E2E_MEILI=real needs MEILI_BIN, the path of a meilisearch binary");
+                let (real, url) = RealServer::start(&binary);
+                let meili = Meili {
+                    url,
+                    key: Some(REAL_KEY.to_owned()),
+                    server: None,
+                    _real: Some(real),
+                    agent,
+                };
+                let deadline = Instant::now() + Duration::from_secs(120);
+                while meili
+                    .request_once(Method::GET, "/health", None)
+                    .map(|(status, _)| status)
+                    != Ok(200)
+                {
+                    assert!(
+                        Instant::now() < deadline,
+                        "the real Meilisearch did not start"
+                    );
+                    std::thread::sleep(Duration::from_millis(100));
+                }
+                meili
+            }
             None => {
                 let server =
                     TestServer::start(Some(TEST_KEY)).expect("start the Meilisearch test server");
@@ -43,6 +132,7 @@ impl Meili {
                     url: server.url(),
                     key: Some(TEST_KEY.to_owned()),
                     server: Some(server),
+                    _real: None,
                     agent,
                 }
             }

@@ -217,7 +217,7 @@ fn csv_records(text: &str, delimiter: char) -> Vec<Vec<String>> {
 }
 
 /// The normalized external id of a document id value, if valid: integers (i64 or u64) and
-/// strings of `[A-Za-z0-9_-]` up to 512 bytes. A number and the equal string share an id.
+/// strings of `[A-Za-z0-9_-]` up to 511 bytes. A number and the equal string share an id.
 pub(crate) fn normalize_id(v: &Value) -> Option<String> {
     match v {
         Value::String(s) if valid_id_str(s) => Some(s.clone()),
@@ -226,10 +226,11 @@ pub(crate) fn normalize_id(v: &Value) -> Option<String> {
     }
 }
 
-/// Meilisearch's check; its message says 511 bytes but the code accepts 512.
+/// Meilisearch's check: 1.50 fails a 512-byte id (`invalid_document_id`) and takes 511, as its
+/// message says.
 pub(crate) fn valid_id_str(s: &str) -> bool {
     !s.is_empty()
-        && s.len() <= 512
+        && s.len() < 512
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
@@ -446,8 +447,8 @@ mod tests {
         assert_eq!(normalize_id(&json!(7.0)), None);
         assert_eq!(normalize_id(&json!("bad id!")), None);
         assert_eq!(normalize_id(&json!("")), None);
-        assert_eq!(normalize_id(&json!("a".repeat(512))), Some("a".repeat(512)));
-        assert_eq!(normalize_id(&json!("a".repeat(513))), None);
+        assert_eq!(normalize_id(&json!("a".repeat(511))), Some("a".repeat(511)));
+        assert_eq!(normalize_id(&json!("a".repeat(512))), None);
         assert_eq!(normalize_id(&json!(true)), None);
         assert_eq!(normalize_id(&Value::Null), None);
     }

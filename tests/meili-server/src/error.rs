@@ -2,6 +2,9 @@
 
 use crate::json::Obj;
 
+/// The message of the `std::io::Error` Meilisearch reports when its disk is full.
+pub(crate) const NO_SPACE: &str = "No space left on device (os error 28)";
+
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) struct ApiError {
     pub(crate) status: u16,
@@ -74,5 +77,69 @@ pub(crate) fn code_info(code: &str) -> (u16, &'static str) {
         "io_error" | "no_space_left_on_device" | "too_many_open_files" => (422, "system"),
         "too_many_search_requests" => (503, "system"),
         _ => (400, "invalid_request"),
+    }
+}
+
+/// deserr's suggestion for an unknown field or parameter: `did you mean `x`? ` (with the space)
+/// for the closest accepted name within a few edits, the more the longer the name; none for
+/// names of 3 bytes or less.
+pub(crate) fn did_you_mean(received: &str, accepted: &[&str]) -> String {
+    let allowed = match received.len() {
+        0..=3 => return String::new(),
+        4..=7 => 1,
+        8..=12 => 2,
+        13..=17 => 3,
+        18..=24 => 4,
+        _ => 5,
+    };
+    accepted
+        .iter()
+        .map(|a| (a, edit_distance(received, a)))
+        .filter(|(_, d)| *d <= allowed)
+        .min_by_key(|(_, d)| *d)
+        .map_or(String::new(), |(a, _)| format!("did you mean `{a}`? "))
+}
+
+/// Edits (insertions, deletions, substitutions, swaps of neighbours) from `a` to `b`.
+fn edit_distance(a: &str, b: &str) -> usize {
+    let (a, b): (Vec<char>, Vec<char>) = (a.chars().collect(), b.chars().collect());
+    let mut d: Vec<Vec<usize>> = (0..=a.len())
+        .map(|i| (0..=b.len()).map(|j| if i == 0 { j } else { i }).collect())
+        .collect();
+    for i in 1..=a.len() {
+        for j in 1..=b.len() {
+            let cost = usize::from(a[i - 1] != b[j - 1]);
+            let mut best = (d[i - 1][j] + 1)
+                .min(d[i][j - 1] + 1)
+                .min(d[i - 1][j - 1] + cost);
+            if i > 1 && j > 1 && a[i - 1] == b[j - 2] && a[i - 2] == b[j - 1] {
+                best = best.min(d[i - 2][j - 2] + 1);
+            }
+            d[i][j] = best;
+        }
+    }
+    d[a.len()][b.len()]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::did_you_mean;
+
+    #[test]
+    fn suggestions() {
+        let known = ["limit", "from", "reverse", "statuses"];
+        // Observed on Meilisearch 1.50 with `GET /tasks?NAME=1`.
+        for (name, hint) in [
+            ("limt", "did you mean `limit`? "),
+            ("Limit", "did you mean `limit`? "),
+            ("limitt", "did you mean `limit`? "),
+            ("froms", "did you mean `from`? "),
+            ("reverses", "did you mean `reverse`? "),
+            ("statuse", "did you mean `statuses`? "),
+            ("lim", ""),
+            ("abcd", ""),
+        ] {
+            assert_eq!(did_you_mean(name, &known), hint, "{name}");
+        }
     }
 }

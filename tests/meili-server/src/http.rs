@@ -13,10 +13,30 @@ pub(crate) struct Request {
     headers: Vec<(String, String)>,
     /// Body after content decoding.
     pub(crate) body: Vec<u8>,
-    /// The body (raw or decoded) exceeded the payload limit and was discarded.
-    pub(crate) too_large: bool,
+    /// The payload limit the body was read under.
+    pub(crate) limit: usize,
+    /// The body (raw or decoded) was over the payload limit; it was discarded or left unread.
+    pub(crate) too_large: Option<TooLarge>,
     /// `Content-Encoding` was set but the body could not be decoded.
     pub(crate) undecodable: bool,
+}
+
+/// How a route reads its body, as actix does for Meilisearch's extractors.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum BodyKind {
+    /// A document payload (actix `Payload`): read until more than the limit has arrived.
+    Stream,
+    /// A `web::Json` body: a `Content-Length` over the limit is refused before reading.
+    Json,
+}
+
+/// Why a body was over the payload limit.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) enum TooLarge {
+    /// More than the limit arrived, or came out of decompression.
+    Body,
+    /// A JSON body announced this `Content-Length`; none of it was read.
+    Announced(usize),
 }
 
 impl Request {
@@ -92,11 +112,22 @@ impl From<io::Error> for ReadError {
     }
 }
 
-/// Reads one request. `Ok(None)` on a clean end of stream before a new request.
+/// Reads one request. `Ok(None)` on a clean end of stream before a new request. `body_kind`
+/// tells, from the method and path, how the route reads its body.
+///
+/// Over the limit, Meilisearch 1.50 (actix) answers before the rest of the body is read and
+/// then closes the connection, so a client still uploading sees a broken pipe or a reset: a
+/// document payload with a `Content-Length` is read up to one byte past the limit, a JSON body
+/// not at all (observed: `Content-Length: 200000000` to `POST /indexes/big/documents`, 413
+/// after about 100 MB, then the connection closed, the client's write failing with `EPIPE`;
+/// `Content-Length: 100000001` to `.../documents/delete-batch`, 500 at once, then closed). A
+/// chunked body is drained and the connection kept (observed: 150 MB chunked, 413, then a
+/// pipelined `GET /health` answered on the same connection).
 pub(crate) fn read_request(
     r: &mut impl BufRead,
     w: &mut impl Write,
     limit: usize,
+    body_kind: impl Fn(&str, &str) -> BodyKind,
 ) -> Result<Option<Request>, ReadError> {
     let Some(request_line) = read_line(r, MAX_HEAD)? else {
         return Ok(None);
@@ -127,7 +158,8 @@ pub(crate) fn read_request(
         keep_alive: true,
         headers,
         body: Vec::new(),
-        too_large: false,
+        limit,
+        too_large: None,
         undecodable: false,
     };
     let connection = req.header("connection").unwrap_or("").to_ascii_lowercase();
@@ -148,12 +180,7 @@ pub(crate) fn read_request(
         .header("expect")
         .is_some_and(|e| e.eq_ignore_ascii_case("100-continue"));
     if expects_continue && (chunked || length.unwrap_or(0) > 0) {
-        if length.is_some_and(|n| n > limit) {
-            // Refuse before the client sends anything; the connection cannot be reused.
-            req.too_large = true;
-            req.keep_alive = false;
-            return Ok(Some(req));
-        }
+        // Meilisearch says "continue" whatever the size, then refuses the body as it arrives.
         w.write_all(b"HTTP/1.1 100 Continue\r\n\r\n")?;
         w.flush()?;
     }
@@ -161,16 +188,25 @@ pub(crate) fn read_request(
     let mut body = Vec::new();
     if chunked {
         read_chunked(r, &mut body, limit, &mut req.too_large)?;
+    } else if let Some(n) = length.filter(|n| *n > limit) {
+        // The rest of the body stays unread: the connection is closed after the answer.
+        let kind = body_kind(&req.method, req.path());
+        let read = match kind {
+            BodyKind::Json => {
+                req.too_large = Some(TooLarge::Announced(n));
+                0
+            }
+            BodyKind::Stream => {
+                req.too_large = Some(TooLarge::Body);
+                io::copy(&mut r.take(limit as u64 + 1), &mut io::sink())?
+            }
+        };
+        req.keep_alive &= read == n as u64;
     } else if let Some(n) = length {
-        if n > limit {
-            req.too_large = true;
-            io::copy(&mut r.take(n as u64), &mut io::sink())?;
-        } else {
-            body.resize(n, 0);
-            r.read_exact(&mut body)?;
-        }
+        body.resize(n, 0);
+        r.read_exact(&mut body)?;
     }
-    if !req.too_large {
+    if req.too_large.is_none() {
         decode_body(&mut req, body, limit);
     }
     Ok(Some(req))
@@ -180,7 +216,7 @@ fn read_chunked(
     r: &mut impl BufRead,
     body: &mut Vec<u8>,
     limit: usize,
-    too_large: &mut bool,
+    too_large: &mut Option<TooLarge>,
 ) -> Result<(), ReadError> {
     loop {
         let line = read_line(r, MAX_HEAD)?.ok_or(ReadError::Closed)?;
@@ -191,8 +227,8 @@ fn read_chunked(
             while !read_line(r, MAX_HEAD)?.ok_or(ReadError::Closed)?.is_empty() {}
             return Ok(());
         }
-        if *too_large || body.len() + size > limit {
-            *too_large = true;
+        if too_large.is_some() || body.len() + size > limit {
+            *too_large = Some(TooLarge::Body);
             body.clear();
             io::copy(&mut r.take(size as u64), &mut io::sink())?;
         } else {
@@ -227,7 +263,7 @@ fn decode_body(req: &mut Request, body: Vec<u8>, limit: usize) {
         )),
     };
     match result {
-        Ok(_) if decoded.len() > limit => req.too_large = true,
+        Ok(_) if decoded.len() > limit => req.too_large = Some(TooLarge::Body),
         Ok(_) => req.body = decoded,
         Err(_) => req.undecodable = true,
     }

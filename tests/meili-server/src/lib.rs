@@ -45,7 +45,9 @@ pub struct Config {
     pub port: u16,
     /// Extra processing time per batch of tasks (see [`Faults::set_task_delay`]).
     pub task_delay: Duration,
-    /// Request bodies above this (raw or decompressed) get 413 `payload_too_large`.
+    /// Request bodies above this (raw or decompressed) are refused as Meilisearch refuses them:
+    /// 413 `payload_too_large` for documents, 500 or 413 for JSON. The default is Meilisearch's,
+    /// "100 MB" (decimal: 100,000,000 bytes).
     pub max_payload_bytes: usize,
 }
 
@@ -55,7 +57,7 @@ impl Default for Config {
             master_key: None,
             port: 0,
             task_delay: Duration::ZERO,
-            max_payload_bytes: 100 << 20,
+            max_payload_bytes: 100_000_000,
         }
     }
 }
@@ -76,21 +78,37 @@ pub struct RequestRecord {
 
 /// Fault injection knobs; all take effect immediately and are safe to use from any thread.
 pub struct Faults {
-    fail_requests: Mutex<(usize, u16)>,
+    fail_requests: Mutex<(usize, RequestFault)>,
     drop_connections: AtomicUsize,
     task_delay: Mutex<Duration>,
     fail_tasks: Mutex<(usize, String, Option<&'static str>)>,
     unavailable: AtomicBool,
+    disk_full: AtomicBool,
+}
+
+/// The answer injected by [`Faults::fail_next_requests`] or [`Faults::fail_next_requests_as`].
+#[derive(Clone)]
+struct RequestFault {
+    status: u16,
+    /// Error code and type; `None` picks them from the status.
+    error: Option<(String, &'static str)>,
 }
 
 impl Faults {
     fn new(task_delay: Duration) -> Self {
         Faults {
-            fail_requests: Mutex::new((0, 500)),
+            fail_requests: Mutex::new((
+                0,
+                RequestFault {
+                    status: 500,
+                    error: None,
+                },
+            )),
             drop_connections: AtomicUsize::new(0),
             task_delay: Mutex::new(task_delay),
             fail_tasks: Mutex::new((0, String::new(), None)),
             unavailable: AtomicBool::new(false),
+            disk_full: AtomicBool::new(false),
         }
     }
 
@@ -98,7 +116,38 @@ impl Faults {
     /// error body instead of being handled: 500 `internal`, 503 `service_unavailable`,
     /// 429 `too_many_requests` (both with `Retry-After: 1`), 502/504, other 4xx `bad_request`.
     pub fn fail_next_requests(&self, n: usize, status: u16) {
-        *lock(&self.fail_requests) = (n, status);
+        *lock(&self.fail_requests) = (
+            n,
+            RequestFault {
+                status,
+                error: None,
+            },
+        );
+    }
+
+    /// Like [`Faults::fail_next_requests`], with the error's `code` and `type` given. The
+    /// message is the real one for the codes a real server sends this way, e.g. `(n, 422,
+    /// "no_space_left_on_device", "system")` answers as Meilisearch 1.50 with a full disk answers
+    /// a write: `No space left on device (os error 28)` (see also [`Faults::set_disk_full`]).
+    pub fn fail_next_requests_as(&self, n: usize, status: u16, code: &str, kind: &'static str) {
+        *lock(&self.fail_requests) = (
+            n,
+            RequestFault {
+                status,
+                error: Some((code.to_string(), kind)),
+            },
+        );
+    }
+
+    /// While on, requests that write (all that would enqueue a task) fail as they do on a
+    /// Meilisearch 1.50 whose disk is full, after the key check; reads are served. Observed with
+    /// the data directory on a full 30 MB tmpfs: `POST /indexes`, `PATCH .../settings` and
+    /// `POST .../documents/delete-batch` got 422 `no_space_left_on_device` (type `system`) "No
+    /// space left on device (os error 28)"; a document payload (`POST .../documents`) got 500
+    /// `internal` "Error while receiving the playload. `No space left on device (os error
+    /// 28)`."; `GET /tasks` 200.
+    pub fn set_disk_full(&self, on: bool) {
+        self.disk_full.store(on, Ordering::SeqCst);
     }
 
     /// The next `n` requests are read, then their connection is closed without an answer.
@@ -137,6 +186,7 @@ impl Faults {
         self.set_task_delay(Duration::ZERO);
         self.fail_next_tasks(0, "");
         self.set_unavailable(false);
+        self.set_disk_full(false);
     }
 
     pub(crate) fn task_delay(&self) -> Duration {
@@ -147,17 +197,21 @@ impl Faults {
         self.unavailable.load(Ordering::SeqCst)
     }
 
+    pub(crate) fn disk_full(&self) -> bool {
+        self.disk_full.load(Ordering::SeqCst)
+    }
+
     fn take_drop(&self) -> bool {
         self.drop_connections
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
     }
 
-    fn take_request_failure(&self) -> Option<u16> {
+    fn take_request_failure(&self) -> Option<RequestFault> {
         let mut f = lock(&self.fail_requests);
         (f.0 > 0).then(|| {
             f.0 -= 1;
-            f.1
+            f.1.clone()
         })
     }
 
@@ -403,7 +457,13 @@ fn serve(shared: &Shared, stream: TcpStream) {
     let mut reader = BufReader::with_capacity(256 * 1024, read_half);
     let mut writer = stream;
     loop {
-        let req = match http::read_request(&mut reader, &mut writer, shared.max_payload) {
+        let read = http::read_request(
+            &mut reader,
+            &mut writer,
+            shared.max_payload,
+            routes::body_kind,
+        );
+        let req = match read {
             Ok(Some(req)) => req,
             Ok(None) | Err(http::ReadError::Closed) => break,
             Err(http::ReadError::Bad(status)) => {
@@ -426,7 +486,7 @@ fn serve(shared: &Shared, stream: TcpStream) {
             break;
         }
         let resp = match shared.faults.take_request_failure() {
-            Some(status) => fault_response(status),
+            Some(fault) => fault_response(fault),
             None => routes::handle(shared, &req),
         };
         let keep_alive = req.keep_alive;
@@ -438,7 +498,8 @@ fn serve(shared: &Shared, stream: TcpStream) {
     let _ = writer.shutdown(Shutdown::Both);
 }
 
-fn fault_response(status: u16) -> Response {
+fn fault_response(fault: RequestFault) -> Response {
+    let status = fault.status;
     let (code, kind, retry) = match status {
         429 => ("too_many_requests", "system", true),
         503 => ("service_unavailable", "system", true),
@@ -447,7 +508,14 @@ fn fault_response(status: u16) -> Response {
         400..=499 => ("bad_request", "invalid_request", false),
         _ => ("internal", "internal", false),
     };
-    let message = format!("Injected fault: {} {}.", status, http::reason(status));
+    let (code, kind) = match &fault.error {
+        Some((code, kind)) => (code.as_str(), *kind),
+        None => (code, kind),
+    };
+    let message = match code {
+        "no_space_left_on_device" => error::NO_SPACE.to_string(),
+        _ => format!("Injected fault: {} {}.", status, http::reason(status)),
+    };
     let mut error = ApiError::new(code, message).with_status(status);
     error.kind = kind;
     let mut resp = Response::json(status, error.to_json());

@@ -6,9 +6,9 @@ use std::sync::{Arc, RwLock};
 use serde_json::{Map, Value};
 
 use crate::docs::{self, Format};
-use crate::error::ApiError;
+use crate::error::{did_you_mean, ApiError};
 use crate::filter;
-use crate::http::{percent_decode, query_pairs, Request, Response};
+use crate::http::{percent_decode, query_pairs, BodyKind, Request, Response, TooLarge};
 use crate::index::Index;
 use crate::json::{array, describe, Obj};
 use crate::search;
@@ -140,8 +140,8 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
         if !matches!(route, Route::Health) {
             authorize(shared, req)?;
         }
-        if req.too_large {
-            return Err(payload_too_large(shared.max_payload));
+        if shared.faults.disk_full() {
+            disk_full(&route)?;
         }
         if req.undecodable {
             return Err(ApiError::new(
@@ -154,6 +154,33 @@ pub(crate) fn handle(shared: &Shared, req: &Request) -> Response {
     match result {
         Ok(resp) => resp,
         Err(e) => Response::json(e.status, e.to_json()),
+    }
+}
+
+/// The error a write gets from a Meilisearch with a full disk ([`crate::Faults::set_disk_full`]):
+/// a document payload cannot be stored, other writes cannot register their task.
+fn disk_full(route: &Route) -> Result<()> {
+    match route {
+        Route::AddDocuments(..) => Err(ApiError::internal(format!(
+            "Error while receiving the playload. `{}`.",
+            crate::error::NO_SPACE
+        ))),
+        Route::CreateIndex
+        | Route::UpdateIndex(_)
+        | Route::DeleteIndex(_)
+        | Route::UpdateSettings(_)
+        | Route::ResetSettings(_)
+        | Route::UpdateSetting(..)
+        | Route::ResetSetting(..)
+        | Route::ClearDocuments(_)
+        | Route::DeleteBatch(_)
+        | Route::DeleteByFilter(_)
+        | Route::DeleteDocument(..)
+        | Route::SwapIndexes => Err(ApiError::new(
+            "no_space_left_on_device",
+            crate::error::NO_SPACE,
+        )),
+        _ => Ok(()),
     }
 }
 
@@ -177,21 +204,82 @@ fn authorize(shared: &Shared, req: &Request) -> Result<()> {
     }
 }
 
-fn payload_too_large(limit: usize) -> ApiError {
-    let units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut value = limit as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < units.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
+/// How a route reads its body: document payloads are streams, every other body is JSON.
+pub(crate) fn body_kind(method: &str, path: &str) -> BodyKind {
+    let segs: Vec<&str> = path.split('/').skip(1).collect();
+    match (method, segs.as_slice()) {
+        ("POST" | "PUT", ["indexes", _, "documents"]) => BodyKind::Stream,
+        _ => BodyKind::Json,
     }
+}
+
+/// A document payload over the limit (observed on Meilisearch 1.50: `The maximum accepted
+/// payload size is 100 MB.` by default, `1 MB` with `--http-payload-size-limit 1MB`).
+fn payload_too_large(limit: usize) -> ApiError {
     ApiError::new(
         "payload_too_large",
         format!(
-            "The provided payload reached the size limit. The maximum accepted payload size is {value} {}.",
-            units[unit]
+            "The provided payload reached the size limit. The maximum accepted payload size is {}.",
+            byte_size(limit as u64)
         ),
     )
+}
+
+/// A JSON body over the limit, as actix's `JsonPayloadError` words it and Meilisearch codes it.
+/// Observed on 1.50 (default limit): `Content-Length: 100000001` to `POST .../delete-batch` gives
+/// 500 `internal` "JSON payload (100000001 bytes) is larger than allowed (limit: 100000000
+/// bytes)."; a 150 MB chunked body gives 413 `payload_too_large` "JSON payload has exceeded limit
+/// (100000000 bytes).".
+fn json_too_large(too_large: TooLarge, limit: usize) -> ApiError {
+    match too_large {
+        TooLarge::Announced(n) => ApiError::internal(format!(
+            "JSON payload ({n} bytes) is larger than allowed (limit: {limit} bytes)."
+        )),
+        TooLarge::Body => ApiError::new(
+            "payload_too_large",
+            format!("JSON payload has exceeded limit ({limit} bytes)."),
+        ),
+    }
+}
+
+/// A byte count the way Meilisearch 1.50 prints its payload limit: in binary units when the
+/// largest unit dividing it exactly is binary, else in decimal ones; in the largest unit of that
+/// kind not above it, with every decimal needed. Observed: 100000000 `100 MB`, 1000000 `1 MB`,
+/// 123456789 `123.456789 MB`, 1048577 `1.048577 MB`, 1048576 `1 MiB`, 2048000 `1.953125 MiB`,
+/// 1536000 `1.46484375 MiB`, 1024 `1 KiB`, 2560 `2.56 KB`, 1500 `1.5 KB`, 999 `999 B`.
+pub(crate) fn byte_size(n: u64) -> String {
+    const DECIMAL: [&str; 6] = ["KB", "MB", "GB", "TB", "PB", "EB"];
+    const BINARY: [&str; 6] = ["KiB", "MiB", "GiB", "TiB", "PiB", "EiB"];
+    let n = u128::from(n);
+    let unit = |binary: bool, i: usize| {
+        let base: u128 = if binary { 1024 } else { 1000 };
+        base.pow(i as u32 + 1)
+    };
+    let mut units: Vec<(u128, bool, usize)> = (0..6)
+        .flat_map(|i| [(unit(false, i), false, i), (unit(true, i), true, i)])
+        .collect();
+    units.sort();
+    let binary = units
+        .iter()
+        .rev()
+        .find(|(u, _, _)| n >= *u && n % u == 0)
+        .is_some_and(|(_, binary, _)| *binary);
+    let Some((u, _, i)) = units.iter().rev().find(|(u, b, _)| *b == binary && n >= *u) else {
+        return format!("{n} B");
+    };
+    let mut text = (n / u).to_string();
+    let mut rest = n % u;
+    if rest > 0 {
+        text.push('.');
+        // Terminates: a power of 1000 or 1024 only has the prime factors 2 and 5.
+        while rest > 0 {
+            rest *= 10;
+            text.push(char::from(b'0' + (rest / u) as u8));
+            rest %= u;
+        }
+    }
+    let names = if binary { BINARY } else { DECIMAL };
+    format!("{text} {}", names[*i])
 }
 
 fn ok(body: String) -> Result<Response> {
@@ -207,7 +295,10 @@ fn dispatch(shared: &Shared, req: &Request, route: Route) -> Result<Response> {
             .str("commitDate", "2026-07-16T14:59:12.000000000Z")
             .str("pkgVersion", "1.50.0")
             .end()),
-        Route::Stats => global_stats(shared),
+        Route::Stats => {
+            known_params(&params, STATS_PARAMS, |_| Ok(()))?;
+            global_stats(shared)
+        }
         Route::ListIndexes => list_indexes(shared, &params),
         Route::CreateIndex => create_index(shared, req),
         Route::GetIndex(uid) => {
@@ -221,6 +312,7 @@ fn dispatch(shared: &Shared, req: &Request, route: Route) -> Result<Response> {
             Ok(enqueue(shared, &uid, Op::DeleteIndex))
         }
         Route::IndexStats(uid) => {
+            known_params(&params, STATS_PARAMS, |_| Ok(()))?;
             let index = find_index(shared, &uid)?;
             let indexing = lock(&shared.queue).processing_index.as_deref() == Some(uid.as_str());
             let body = read(&index).stats_json(indexing);
@@ -271,10 +363,12 @@ fn dispatch(shared: &Shared, req: &Request, route: Route) -> Result<Response> {
         Route::GetDocuments(uid) => get_documents(shared, &uid, &params),
         Route::AddDocuments(uid, merge) => add_documents(shared, req, &uid, &params, merge),
         Route::ClearDocuments(uid) => {
+            let metadata = write_params(&params)?;
             check_uid(&uid)?;
-            Ok(enqueue(shared, &uid, Op::ClearDocuments))
+            Ok(enqueue_with(shared, &uid, Op::ClearDocuments, metadata))
         }
         Route::DeleteBatch(uid) => {
+            let metadata = write_params(&params)?;
             check_uid(&uid)?;
             let body = json_body(req)?;
             let Value::Array(ids) = body else {
@@ -291,21 +385,24 @@ fn dispatch(shared: &Shared, req: &Request, route: Route) -> Result<Response> {
                     .map(String::from)
                     .unwrap_or_else(|| v.to_string())
             });
-            Ok(enqueue(shared, &uid, Op::DeleteDocuments(ids.collect())))
+            let op = Op::DeleteDocuments(ids.collect());
+            Ok(enqueue_with(shared, &uid, op, metadata))
         }
-        Route::DeleteByFilter(uid) => delete_by_filter(shared, req, &uid),
+        Route::DeleteByFilter(uid) => delete_by_filter(shared, req, &uid, &params),
         Route::FetchDocuments(uid) => fetch_documents(shared, req, &uid),
         Route::GetDocument(uid, id) => get_document(shared, &uid, &id, &params),
         Route::DeleteDocument(uid, id) => {
+            let metadata = write_params(&params)?;
             check_uid(&uid)?;
-            Ok(enqueue(shared, &uid, Op::DeleteDocuments(vec![id])))
+            let op = Op::DeleteDocuments(vec![id]);
+            Ok(enqueue_with(shared, &uid, op, metadata))
         }
         Route::Search(uid) => {
             let body = json_body(req)?;
             search_one(shared, &uid, &body)
         }
         Route::SearchGet(uid) => {
-            let body = search::query_from_params(&params)?;
+            let body = known_params(&params, SEARCH_PARAMS, search::query_from_params)?;
             search_one(shared, &uid, &body)
         }
         Route::MultiSearch => multi_search(shared, req),
@@ -353,7 +450,12 @@ fn dispatch(shared: &Shared, req: &Request, route: Route) -> Result<Response> {
 }
 
 fn enqueue(shared: &Shared, uid: &str, op: Op) -> Response {
-    submit(shared, |queue| queue.register(uid, op))
+    enqueue_with(shared, uid, op, None)
+}
+
+/// Enqueues a document write with its `customMetadata`.
+fn enqueue_with(shared: &Shared, uid: &str, op: Op, metadata: Option<String>) -> Response {
+    submit(shared, |queue| queue.register(uid, op, metadata))
 }
 
 /// Registers a task, wakes the processor and answers 202 with the summarized task.
@@ -418,6 +520,9 @@ fn json_body(req: &Request) -> Result<Value> {
         }
         Some(_) => {}
     }
+    if let Some(too_large) = req.too_large {
+        return Err(json_too_large(too_large, req.limit));
+    }
     if req.body.iter().all(u8::is_ascii_whitespace) {
         return Err(ApiError::new(
             "missing_payload",
@@ -445,10 +550,13 @@ fn object(body: &Value) -> Result<&Map<String, Value>> {
 }
 
 fn unknown_field(key: &str, expected: &[&str]) -> ApiError {
-    let list: Vec<String> = expected.iter().map(|k| format!("`{k}`")).collect();
     ApiError::new(
         "bad_request",
-        format!("Unknown field `{key}`: expected one of {}", list.join(", ")),
+        format!(
+            "Unknown field `{key}`: {}expected one of {}",
+            did_you_mean(key, expected),
+            quoted_list(expected)
+        ),
     )
 }
 
@@ -470,6 +578,120 @@ fn param<'a>(params: &'a [(String, String)], name: &str) -> Option<&'a str> {
         .rev()
         .find(|(k, _)| k == name)
         .map(|(_, v)| v.as_str())
+}
+
+/// The query parameters Meilisearch 1.50 takes on each route that checks them; any other is
+/// refused with 400 `bad_request` (observed: `GET /tasks?foo=1` "Unknown parameter `foo`:
+/// expected one of `limit`, `from`, ...", `GET /tasks?limt=1` "... `limt`: did you mean
+/// `limit`? expected one of ...", `GET /indexes/cm/documents?foo=1` "... expected one of
+/// `offset`, `limit`, `fields`, `retrieveVectors`, `ids`, `filter`, `sort`, `useNetwork`").
+/// Routes without a list ignore unknown parameters, as the real ones do (`GET /indexes/{uid}`,
+/// settings, `POST` search, index writes, swaps, `GET /tasks/{uid}`, health, version).
+/// Accepted parameters this server does not implement (`canceledBy`, date filters,
+/// `retrieveVectors`, `useNetwork`, `skipCreation`, ...) are ignored.
+const TASK_PARAMS: &[&str] = &[
+    "limit",
+    "from",
+    "reverse",
+    "batchUids",
+    "uids",
+    "canceledBy",
+    "types",
+    "statuses",
+    "indexUids",
+    "afterEnqueuedAt",
+    "beforeEnqueuedAt",
+    "afterStartedAt",
+    "beforeStartedAt",
+    "afterFinishedAt",
+    "beforeFinishedAt",
+];
+const INDEX_LIST_PARAMS: &[&str] = &["offset", "limit"];
+const DOCUMENTS_PARAMS: &[&str] = &[
+    "offset",
+    "limit",
+    "fields",
+    "retrieveVectors",
+    "ids",
+    "filter",
+    "sort",
+    "useNetwork",
+];
+const DOCUMENT_PARAMS: &[&str] = &["fields", "retrieveVectors", "useNetwork"];
+const SEARCH_PARAMS: &[&str] = &[
+    "q",
+    "offset",
+    "limit",
+    "page",
+    "hitsPerPage",
+    "attributesToRetrieve",
+    "attributesToCrop",
+    "cropLength",
+    "cropMarker",
+    "attributesToHighlight",
+    "highlightPreTag",
+    "highlightPostTag",
+    "showMatchesPosition",
+    "filter",
+    "sort",
+    "distinct",
+    "facets",
+    "matchingStrategy",
+    "attributesToSearchOn",
+    "rankingScoreThreshold",
+    "locales",
+    "hybridEmbedder",
+    "hybridSemanticRatio",
+    "vector",
+    "retrieveVectors",
+    "personalizeUserContext",
+    "useNetwork",
+    "showRankingScore",
+    "showRankingScoreDetails",
+    "showPerformanceDetails",
+];
+const STATS_PARAMS: &[&str] = &["showInternalDatabaseSizes", "sizeFormat"];
+const ADD_DOCUMENTS_PARAMS: &[&str] = &[
+    "primaryKey",
+    "csvDelimiter",
+    "customMetadata",
+    "skipCreation",
+];
+/// Document deletions (by ids, by filter, one, all).
+const WRITE_PARAMS: &[&str] = &["customMetadata"];
+
+/// Parses query parameters with `parse` after checking their names against `known`. As with
+/// deserr, parameters are taken in order and the first bad one is reported: an unknown name
+/// after a bad value reports the value (observed: `GET /tasks?limit=abc&foo=1` gives
+/// `invalid_task_limit`, `GET /tasks?foo=1&limit=abc` the unknown `foo`).
+fn known_params<T>(
+    params: &[(String, String)],
+    known: &[&str],
+    parse: impl Fn(&[(String, String)]) -> Result<T>,
+) -> Result<T> {
+    let Some(i) = params
+        .iter()
+        .position(|(k, _)| !known.contains(&k.as_str()))
+    else {
+        return parse(params);
+    };
+    parse(&params[..i])?;
+    let name = &params[i].0;
+    Err(ApiError::new(
+        "bad_request",
+        format!(
+            "Unknown parameter `{name}`: {}expected one of {}",
+            did_you_mean(name, known),
+            quoted_list(known)
+        ),
+    ))
+}
+
+/// The `customMetadata` of a document deletion, after checking the parameter names.
+fn write_params(params: &[(String, String)]) -> Result<Option<String>> {
+    known_params(params, WRITE_PARAMS, |p| {
+        Ok(param(p, "customMetadata").map(String::from))
+    })
 }
 
 fn comma_list(v: &str) -> Vec<String> {
@@ -511,8 +733,12 @@ fn global_stats(shared: &Shared) -> Result<Response> {
 }
 
 fn list_indexes(shared: &Shared, params: &[(String, String)]) -> Result<Response> {
-    let offset = param_usize(params, "offset", "invalid_index_offset")?.unwrap_or(0);
-    let limit = param_usize(params, "limit", "invalid_index_limit")?.unwrap_or(20);
+    let (offset, limit) = known_params(params, INDEX_LIST_PARAMS, |p| {
+        Ok((
+            param_usize(p, "offset", "invalid_index_offset")?.unwrap_or(0),
+            param_usize(p, "limit", "invalid_index_limit")?.unwrap_or(20),
+        ))
+    })?;
     let indexes: Vec<Arc<RwLock<Index>>> = lock(&shared.indexes).values().cloned().collect();
     let results = indexes
         .iter()
@@ -591,21 +817,22 @@ fn add_documents(
     params: &[(String, String)],
     merge: bool,
 ) -> Result<Response> {
-    check_uid(uid)?;
-    let primary_key = param(params, "primaryKey").map(String::from);
-    let delimiter = match param(params, "csvDelimiter") {
-        None => None,
-        Some(d) if d.len() == 1 => Some(d.as_bytes()[0]),
-        Some(d) => {
-            return Err(ApiError::new(
+    let delimiter = known_params(params, ADD_DOCUMENTS_PARAMS, |p| {
+        match param(p, "csvDelimiter") {
+            None => Ok(None),
+            Some(d) if d.len() == 1 => Ok(Some(d.as_bytes()[0])),
+            Some(d) => Err(ApiError::new(
                 "invalid_document_csv_delimiter",
                 format!(
                     "Invalid value in parameter `csvDelimiter`: expected a string of one character, but found the following string of {} characters: `{d}`",
                     d.chars().count()
                 ),
-            ))
+            )),
         }
-    };
+    })?;
+    check_uid(uid)?;
+    let primary_key = param(params, "primaryKey").map(String::from);
+    let metadata = param(params, "customMetadata").map(String::from);
     let accepted = "Accepted values for the Content-Type header are: `application/json`, `application/x-ndjson`, `text/csv`";
     let Some(content_type) = req.header("content-type") else {
         return Err(ApiError::new(
@@ -631,19 +858,25 @@ fn add_documents(
             ));
         }
     };
+    if req.too_large.is_some() {
+        return Err(payload_too_large(req.limit));
+    }
     let docs = docs::parse_payload(&req.body, format)?;
-    Ok(enqueue(
-        shared,
-        uid,
-        Op::AddDocuments {
-            docs,
-            primary_key,
-            merge,
-        },
-    ))
+    let op = Op::AddDocuments {
+        docs,
+        primary_key,
+        merge,
+    };
+    Ok(enqueue_with(shared, uid, op, metadata))
 }
 
-fn delete_by_filter(shared: &Shared, req: &Request, uid: &str) -> Result<Response> {
+fn delete_by_filter(
+    shared: &Shared,
+    req: &Request,
+    uid: &str,
+    params: &[(String, String)],
+) -> Result<Response> {
+    let metadata = write_params(params)?;
     check_uid(uid)?;
     let body = json_body(req)?;
     let obj = object(&body)?;
@@ -664,7 +897,8 @@ fn delete_by_filter(shared: &Shared, req: &Request, uid: &str) -> Result<Respons
             "Sending an empty filter is forbidden.",
         ));
     }
-    Ok(enqueue(shared, uid, Op::DeleteByFilter(filter.clone())))
+    let op = Op::DeleteByFilter(filter.clone());
+    Ok(enqueue_with(shared, uid, op, metadata))
 }
 
 /// Options shared by `GET /documents` and `POST /documents/fetch`.
@@ -677,13 +911,15 @@ struct Browse {
 }
 
 fn get_documents(shared: &Shared, uid: &str, params: &[(String, String)]) -> Result<Response> {
-    let browse = Browse {
-        offset: param_usize(params, "offset", "invalid_document_offset")?.unwrap_or(0),
-        limit: param_usize(params, "limit", "invalid_document_limit")?.unwrap_or(20),
-        fields: param(params, "fields").map(comma_list),
-        filter: param(params, "filter").map_or(Value::Null, Value::from),
-        ids: param(params, "ids").map(comma_list),
-    };
+    let browse = known_params(params, DOCUMENTS_PARAMS, |p| {
+        Ok(Browse {
+            offset: param_usize(p, "offset", "invalid_document_offset")?.unwrap_or(0),
+            limit: param_usize(p, "limit", "invalid_document_limit")?.unwrap_or(20),
+            fields: param(p, "fields").map(comma_list),
+            filter: param(p, "filter").map_or(Value::Null, Value::from),
+            ids: param(p, "ids").map(comma_list),
+        })
+    })?;
     browse_documents(shared, uid, browse)
 }
 
@@ -805,6 +1041,7 @@ fn get_document(
     id: &str,
     params: &[(String, String)],
 ) -> Result<Response> {
+    known_params(params, DOCUMENT_PARAMS, |_| Ok(()))?;
     let index = find_index(shared, uid)?;
     let idx = read(&index);
     let doc = idx.get(id).ok_or_else(|| {
@@ -1135,54 +1372,85 @@ fn listed(f: &TaskFilter, t: &tasks::Task) -> bool {
 }
 
 fn list_tasks(shared: &Shared, params: &[(String, String)]) -> Result<Response> {
-    let f = task_filter(params, "invalid_task_uids")?;
+    let f = known_params(params, TASK_PARAMS, |p| task_filter(p, "invalid_task_uids"))?;
     let queue = lock(&shared.queue);
-    let matching: Vec<&tasks::Task> = queue.tasks.iter().filter(|t| matches_task(&f, t)).collect();
-    let total = matching.len();
-    let items: Vec<(u32, &tasks::Task)> = matching
-        .into_iter()
-        .filter(|t| listed(&f, t))
+    let matching: Vec<(u32, &tasks::Task)> = queue
+        .tasks
+        .iter()
+        .filter(|t| matches_task(&f, t))
         .map(|t| (t.uid, t))
         .collect();
-    ok(tasks::page(items, total, f.limit, f.from, f.reverse, |t| {
-        t.to_json()
-    }))
+    let total = matching.len();
+    ok(tasks::page(
+        matching,
+        total,
+        (f.limit, f.from, f.reverse),
+        |t| listed(&f, t),
+        |t| t.to_json(),
+    ))
 }
 
+/// `GET /batches`: unlike tasks, the batches of a swap are listed under `indexUids` (observed:
+/// `GET /batches?indexUids=sa&limit=1` lists the swap's batch, `next` set).
 fn list_batches(shared: &Shared, params: &[(String, String)]) -> Result<Response> {
-    let f = task_filter(params, "invalid_batch_uids")?;
+    let f = known_params(params, TASK_PARAMS, |p| {
+        task_filter(p, "invalid_batch_uids")
+    })?;
     let queue = lock(&shared.queue);
     let task_filter = TaskFilter {
         uids: None,
         batch_uids: None,
         ..f
     };
-    let matching_tasks = |b: &tasks::Batch| {
+    let matches = |b: &tasks::Batch| {
         b.task_uids
             .iter()
             .filter_map(|t| queue.tasks.get(*t as usize))
-            .filter(|t| matches_task(&task_filter, t))
-            .collect::<Vec<_>>()
+            .any(|t| matches_task(&task_filter, t))
     };
-    let matching: Vec<(&tasks::Batch, Vec<&tasks::Task>)> = queue
+    let matching: Vec<(u32, &tasks::Batch)> = queue
         .batches
         .iter()
         .filter(|b| f.uids.as_ref().is_none_or(|u| u.contains(&b.uid)))
-        .map(|b| (b, matching_tasks(b)))
-        .filter(|(_, tasks)| !tasks.is_empty())
+        .filter(|b| matches(b))
+        .map(|b| (b.uid, b))
         .collect();
     let total = matching.len();
-    let items: Vec<(u32, &tasks::Batch)> = matching
-        .into_iter()
-        .filter(|(_, tasks)| tasks.iter().any(|t| listed(&task_filter, t)))
-        .map(|(b, _)| (b.uid, b))
-        .collect();
+    let shown = (task_filter.limit, task_filter.from, task_filter.reverse);
     ok(tasks::page(
-        items,
+        matching,
         total,
-        task_filter.limit,
-        task_filter.from,
-        task_filter.reverse,
+        shown,
+        |_| true,
         |b| b.to_json(&queue.tasks),
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::byte_size;
+
+    #[test]
+    fn byte_sizes_as_meilisearch_prints_them() {
+        // Observed on Meilisearch 1.50 with `--http-payload-size-limit N`.
+        let observed = [
+            (100_000_000, "100 MB"),
+            (1_000_000, "1 MB"),
+            (123_456_789, "123.456789 MB"),
+            (1_048_577, "1.048577 MB"),
+            (1_048_576, "1 MiB"),
+            (2_048_000, "1.953125 MiB"),
+            (1_536_000, "1.46484375 MiB"),
+            (1024, "1 KiB"),
+            (1032, "1.032 KB"),
+            (1040, "1.04 KB"),
+            (1100, "1.1 KB"),
+            (2560, "2.56 KB"),
+            (1500, "1.5 KB"),
+            (999, "999 B"),
+        ];
+        for (n, text) in observed {
+            assert_eq!(byte_size(n), text, "{n}");
+        }
+    }
 }

@@ -140,12 +140,120 @@ impl Op {
         }
     }
 
-    fn batch_key(&self) -> Option<(bool, Option<&str>)> {
+    fn auto(&self) -> Auto<'_> {
         match self {
-            Op::AddDocuments {
-                merge, primary_key, ..
-            } => Some((*merge, primary_key.as_deref())),
-            _ => None,
+            Op::AddDocuments { primary_key, .. } => Auto::Import(primary_key.as_deref()),
+            Op::DeleteDocuments(_) => Auto::Deletion { by_filter: false },
+            Op::DeleteByFilter(_) => Auto::Deletion { by_filter: true },
+            Op::ClearDocuments => Auto::Clear,
+            Op::Settings(_) => Auto::Settings,
+            Op::DeleteIndex => Auto::IndexDeletion,
+            Op::CreateIndex(_) | Op::UpdateIndex(_) => Auto::Alone,
+        }
+    }
+
+    /// Details of a task that ends without being applied: counts still unknown become 0.
+    fn finished_details(&self) -> Vec<(String, Value)> {
+        let mut details = self.details();
+        for (k, v) in details.iter_mut() {
+            if (k == "indexedDocuments" || k == "deletedDocuments") && v.is_null() {
+                *v = json!(0);
+            }
+        }
+        details
+    }
+}
+
+/// How a task takes part in auto-batching (Meilisearch's `AutobatchKind`).
+enum Auto<'a> {
+    /// A document addition or update, with the primary key it asks for.
+    Import(Option<&'a str>),
+    Deletion {
+        by_filter: bool,
+    },
+    Clear,
+    Settings,
+    IndexDeletion,
+    /// Index creation or update: a batch of its own.
+    Alone,
+}
+
+/// What a batch on one index does (Meilisearch's `BatchKind`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum BatchKind {
+    /// Additions, replacements and deletions by id, indexed together in task order.
+    Documents,
+    Deletions {
+        by_filter: bool,
+    },
+    /// Document clears, absorbing the document tasks batched before them.
+    Clear,
+    Settings,
+    ClearAndSettings,
+    /// An index deletion, absorbing the tasks batched before it.
+    IndexDeletion,
+    Alone,
+}
+
+/// What auto-batching does with the next task of the index.
+enum Next {
+    Take(BatchKind),
+    /// Take it and close the batch.
+    TakeLast(BatchKind),
+    Stop,
+}
+
+impl BatchKind {
+    /// The batch the oldest enqueued task starts.
+    fn start(auto: &Auto, index_pk: Option<&str>) -> Next {
+        match auto {
+            Auto::Alone => Next::TakeLast(BatchKind::Alone),
+            Auto::IndexDeletion => Next::TakeLast(BatchKind::IndexDeletion),
+            Auto::Clear => Next::Take(BatchKind::Clear),
+            Auto::Settings => Next::Take(BatchKind::Settings),
+            Auto::Deletion { by_filter } => Next::Take(BatchKind::Deletions {
+                by_filter: *by_filter,
+            }),
+            // An addition asking for another primary key than the index's fails on its own.
+            Auto::Import(Some(pk)) if index_pk.is_some_and(|current| current != *pk) => {
+                Next::TakeLast(BatchKind::Documents)
+            }
+            Auto::Import(_) => Next::Take(BatchKind::Documents),
+        }
+    }
+
+    /// Whether the next task of the index joins the batch, as Meilisearch 1.50's autobatcher
+    /// decides: document additions, updates and deletions by id go together; a clear absorbs
+    /// the document tasks before it; an index deletion joins any batch and ends it; index
+    /// creations, updates and swaps are batched alone.
+    fn accumulate(self, auto: &Auto, index_exists: bool) -> Next {
+        use BatchKind as B;
+        match (self, auto) {
+            (B::IndexDeletion | B::Alone, _) | (_, Auto::Alone) => Next::Stop,
+            (_, Auto::IndexDeletion) => Next::TakeLast(B::IndexDeletion),
+            (B::Clear, Auto::Clear | Auto::Deletion { .. }) => Next::Take(B::Clear),
+            (B::Clear, _) => Next::Stop,
+            (B::Documents, Auto::Clear) => Next::Take(B::Clear),
+            (B::Documents, Auto::Import(_) | Auto::Deletion { by_filter: false }) => {
+                Next::Take(B::Documents)
+            }
+            (B::Documents, _) => Next::Stop,
+            (B::Deletions { .. }, Auto::Clear) => Next::Take(B::Clear),
+            // A deletion by ids and an addition go together if the index exists already.
+            (B::Deletions { by_filter: false }, Auto::Import(_)) if index_exists => {
+                Next::Take(B::Documents)
+            }
+            (B::Deletions { by_filter }, Auto::Deletion { by_filter: more }) => {
+                Next::Take(B::Deletions {
+                    by_filter: by_filter || *more,
+                })
+            }
+            (B::Deletions { .. }, _) => Next::Stop,
+            (B::Settings, Auto::Clear) => Next::Take(B::ClearAndSettings),
+            (B::Settings, Auto::Settings) => Next::Take(B::Settings),
+            (B::Settings, _) => Next::Stop,
+            (B::ClearAndSettings, Auto::Import(_)) => Next::Stop,
+            (B::ClearAndSettings, _) => Next::Take(B::ClearAndSettings),
         }
     }
 }
@@ -171,11 +279,19 @@ enum Target {
     Swaps(Vec<Swap>),
 }
 
-/// A task taken off the queue for processing.
+/// A batch taken off the queue for processing.
 enum Work {
-    Index(String, Op),
-    Swap(Vec<Swap>),
+    Index {
+        index: String,
+        kind: BatchKind,
+        ops: Vec<(u32, Op)>,
+    },
+    Swap(u32, Vec<Swap>),
 }
+
+/// Most tasks in one batch, as Meilisearch's default `--experimental-max-number-of-batched-tasks`
+/// would allow far more; this keeps a test's batches bounded.
+const MAX_BATCH: usize = 1000;
 
 pub(crate) struct Task {
     pub(crate) uid: u32,
@@ -192,6 +308,8 @@ pub(crate) struct Task {
     /// Gone from the task list (as after `DELETE /tasks`, a restore from an older snapshot, or
     /// a wiped instance) while its work, if any, still runs.
     pub(crate) forgotten: bool,
+    /// The `customMetadata` query parameter of the write, shown as is.
+    custom_metadata: Option<String>,
 }
 
 impl Task {
@@ -237,7 +355,7 @@ impl Task {
             .started_at
             .zip(self.finished_at)
             .map(|(s, f)| iso_duration(f.duration_since(s).unwrap_or_default()));
-        Obj::new()
+        let json = Obj::new()
             .num("uid", self.uid)
             .opt_num("batchUid", self.batch_uid.map(u64::from))
             .opt_str("indexUid", self.index_uid())
@@ -252,19 +370,30 @@ impl Task {
             .opt_str("duration", duration.as_deref())
             .str("enqueuedAt", &rfc3339(self.enqueued_at))
             .opt_str("startedAt", self.started_at.map(rfc3339).as_deref())
-            .opt_str("finishedAt", self.finished_at.map(rfc3339).as_deref())
-            .end()
+            .opt_str("finishedAt", self.finished_at.map(rfc3339).as_deref());
+        with_metadata(json, self.custom_metadata.as_deref())
     }
 
     /// The 202 answer to a write.
     fn summary_json(&self) -> String {
-        Obj::new()
+        let json = Obj::new()
             .num("taskUid", self.uid)
             .opt_str("indexUid", self.index_uid())
             .str("status", self.status.name())
             .str("type", self.kind.name())
-            .str("enqueuedAt", &rfc3339(self.enqueued_at))
-            .end()
+            .str("enqueuedAt", &rfc3339(self.enqueued_at));
+        with_metadata(json, self.custom_metadata.as_deref())
+    }
+}
+
+/// Ends a task view; Meilisearch adds `customMetadata` last, and only when the write had one
+/// (observed: `POST /indexes/cm/documents?customMetadata=my-meta-1` answers
+/// `{"taskUid":44,...,"enqueuedAt":"...","customMetadata":"my-meta-1"}`, and the task shows it
+/// after `finishedAt`; an empty value is kept as `""`).
+fn with_metadata(json: Obj, metadata: Option<&str>) -> String {
+    match metadata {
+        Some(m) => json.str("customMetadata", m).end(),
+        None => json.end(),
     }
 }
 
@@ -282,12 +411,14 @@ impl Batch {
             .iter()
             .filter_map(|uid| tasks.get(*uid as usize))
             .collect();
-        // Details add up numbers over the tasks and keep the last value otherwise.
+        // Details add up numbers over the tasks and keep the last value otherwise; nulls are
+        // left out (observed: a batch of a deletion by ids, a clear and a deletion by filter
+        // shows `{"providedIds":1,"deletedDocuments":3,"originalFilter":"\"x = 1\""}`).
         let mut details: Vec<(String, Value)> = Vec::new();
         let (mut statuses, mut types, mut indexes) =
             (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
         for t in &tasks {
-            for (k, v) in &t.details {
+            for (k, v) in t.details.iter().filter(|(_, v)| !v.is_null()) {
                 match details.iter_mut().find(|(dk, _)| dk == k) {
                     Some((_, old)) => {
                         *old = match (old.as_u64(), v.as_u64()) {
@@ -304,6 +435,8 @@ impl Batch {
                 *indexes.entry(uid).or_insert(0u64) += 1;
             }
         }
+        // In the order of Meilisearch's `DetailsView`, settings after the document counts.
+        details.sort_by_key(|(k, _)| detail_rank(k));
         let count_map = |m: BTreeMap<&str, u64>| {
             m.into_iter()
                 .fold(Obj::new(), |o, (k, n)| o.num(k, n))
@@ -361,6 +494,23 @@ impl Batch {
     }
 }
 
+/// Where a key goes in batch details.
+fn detail_rank(key: &str) -> usize {
+    const FIRST: [&str; 6] = [
+        "receivedDocuments",
+        "indexedDocuments",
+        "primaryKey",
+        "providedIds",
+        "deletedDocuments",
+        "originalFilter",
+    ];
+    FIRST
+        .iter()
+        .position(|k| *k == key)
+        .or_else(|| settings::position(key).map(|i| FIRST.len() + i))
+        .unwrap_or(usize::MAX)
+}
+
 #[derive(Default)]
 pub(crate) struct Queue {
     pub(crate) tasks: Vec<Task>,
@@ -372,28 +522,29 @@ pub(crate) struct Queue {
     pub(crate) last_update: Option<SystemTime>,
 }
 
-/// One batch taken off the queue: the uid and each task's uid and work.
-type Taken = (u32, Vec<(u32, Work)>);
+/// One batch taken off the queue: its uid and work.
+type Taken = (u32, Work);
 
 /// Outcome of one task: uid, final details and error.
 type Done = (u32, Vec<(String, Value)>, Option<ApiError>);
 
 impl Queue {
     /// Enqueues a task on one index and returns its summarized view.
-    pub(crate) fn register(&mut self, index_uid: &str, op: Op) -> String {
+    pub(crate) fn register(&mut self, index_uid: &str, op: Op, metadata: Option<String>) -> String {
         let (kind, details) = (op.kind(), op.details());
         self.push(
             Target::Index(index_uid.to_string()),
             kind,
             details,
             Some(op),
+            metadata,
         )
     }
 
     /// Enqueues an index swap and returns its summarized view.
     pub(crate) fn register_swap(&mut self, swaps: Vec<Swap>) -> String {
         let details = swap_details(&swaps);
-        self.push(Target::Swaps(swaps), Kind::IndexSwap, details, None)
+        self.push(Target::Swaps(swaps), Kind::IndexSwap, details, None, None)
     }
 
     fn push(
@@ -402,6 +553,7 @@ impl Queue {
         kind: Kind,
         details: Vec<(String, Value)>,
         op: Option<Op>,
+        custom_metadata: Option<String>,
     ) -> String {
         let uid = self.tasks.len() as u32;
         let task = Task {
@@ -417,6 +569,7 @@ impl Queue {
             finished_at: None,
             op,
             forgotten: false,
+            custom_metadata,
         };
         let summary = task.summary_json();
         self.tasks.push(task);
@@ -425,43 +578,93 @@ impl Queue {
         summary
     }
 
-    /// The oldest enqueued task plus, for document additions, the following compatible
-    /// additions to the same index (auto-batching); marks them processing. Any other task of
-    /// that index, a swap naming it included, ends the batch, so every task runs after all the
-    /// tasks of its indexes enqueued before it.
-    fn take_batch(&mut self) -> Option<Taken> {
+    /// The oldest enqueued task and the following tasks of its index that Meilisearch would
+    /// batch with it ([`BatchKind::accumulate`]); marks them processing. Tasks of other indexes
+    /// are skipped; any task of the index that does not join (a swap naming it included) ends
+    /// the batch, so every task runs after all the tasks of its indexes enqueued before it.
+    /// `index_state` tells whether an index exists and its primary key.
+    fn take_batch(
+        &mut self,
+        index_state: impl Fn(&str) -> (bool, Option<String>),
+    ) -> Option<Taken> {
         let first = *self.enqueued.first()?;
         let head = &self.tasks[first as usize];
         let index_uid = head.index_uid().map(String::from);
-        let key = head.op.as_ref().and_then(Op::batch_key);
         let mut uids = vec![first];
-        if let (Some(key), Some(index_uid)) = (key, &index_uid) {
+        let mut kind = BatchKind::Alone;
+        if let (Some(index_uid), Some(op)) = (&index_uid, head.op.as_ref()) {
+            let (exists, index_pk) = index_state(index_uid);
+            let auto = op.auto();
+            // An addition or a settings change creates the index for the tasks after it.
+            let exists = exists || matches!(auto, Auto::Import(_) | Auto::Settings);
+            let mut batch_pk = match auto {
+                Auto::Import(pk) => pk.map(String::from),
+                _ => None,
+            };
+            let mut open = match BatchKind::start(&auto, index_pk.as_deref()) {
+                Next::Take(k) => {
+                    kind = k;
+                    true
+                }
+                Next::TakeLast(k) => {
+                    kind = k;
+                    false
+                }
+                Next::Stop => false,
+            };
             for uid in self.enqueued.iter().skip(1) {
+                if !open || uids.len() >= MAX_BATCH {
+                    break;
+                }
                 let t = &self.tasks[*uid as usize];
                 if !t.concerns(index_uid) {
                     continue;
                 }
-                if t.op.as_ref().and_then(Op::batch_key) != Some(key) || uids.len() >= 1000 {
-                    break;
+                let Some(auto) = t.op.as_ref().map(Op::auto) else {
+                    break; // a swap
+                };
+                // Observed: an addition asking for another primary key than the index's (or
+                // than an earlier addition of the batch) starts a batch of its own.
+                if let Auto::Import(Some(pk)) = auto {
+                    let expected = index_pk.as_deref().or(batch_pk.as_deref());
+                    if expected.is_some_and(|expected| expected != pk) {
+                        break;
+                    }
+                    batch_pk = Some(pk.to_string());
+                }
+                match kind.accumulate(&auto, exists) {
+                    Next::Take(k) => kind = k,
+                    Next::TakeLast(k) => {
+                        kind = k;
+                        open = false;
+                    }
+                    Next::Stop => break,
                 }
                 uids.push(*uid);
             }
         }
         let batch_uid = self.batches.len() as u32;
         let now = SystemTime::now();
-        let mut work = Vec::new();
+        let (mut ops, mut swaps) = (Vec::new(), None);
         for uid in &uids {
             self.enqueued.remove(uid);
             let t = &mut self.tasks[*uid as usize];
             t.status = Status::Processing;
             t.batch_uid = Some(batch_uid);
             t.started_at = Some(now);
-            let job = match &t.target {
-                Target::Swaps(swaps) => Some(Work::Swap(swaps.clone())),
-                Target::Index(index) => t.op.take().map(|op| Work::Index(index.clone(), op)),
-            };
-            work.extend(job.map(|job| (*uid, job)));
+            match &t.target {
+                Target::Swaps(s) => swaps = Some(s.clone()),
+                Target::Index(_) => ops.extend(t.op.take().map(|op| (*uid, op))),
+            }
         }
+        let work = match swaps {
+            Some(swaps) => Work::Swap(first, swaps),
+            None => Work::Index {
+                index: index_uid.clone().unwrap_or_default(),
+                kind,
+                ops,
+            },
+        };
         self.batches.push(Batch {
             uid: batch_uid,
             task_uids: uids,
@@ -522,7 +725,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
                 if shared.stopping() {
                     return;
                 }
-                if let Some(taken) = queue.take_batch() {
+                if let Some(taken) = queue.take_batch(|uid| index_state(&shared, uid)) {
                     break taken;
                 }
                 queue = shared.cond.wait(queue).unwrap_or_else(|e| e.into_inner());
@@ -553,6 +756,14 @@ fn get_index(shared: &Shared, uid: &str) -> Option<Arc<RwLock<Index>>> {
     lock(&shared.indexes).get(uid).cloned()
 }
 
+/// Whether an index exists, and its primary key.
+fn index_state(shared: &Shared, uid: &str) -> (bool, Option<String>) {
+    match get_index(shared, uid) {
+        Some(index) => (true, read(&index).primary_key.clone()),
+        None => (false, None),
+    }
+}
+
 fn get_or_create(shared: &Shared, uid: &str) -> Arc<RwLock<Index>> {
     lock(&shared.indexes)
         .entry(uid.to_string())
@@ -560,57 +771,40 @@ fn get_or_create(shared: &Shared, uid: &str) -> Arc<RwLock<Index>> {
         .clone()
 }
 
-/// Runs the tasks of a batch. Its document additions (auto-batched: same index, same method
-/// and primary key) run together in [`add_documents`], the other kinds hold one task.
-fn apply_batch(shared: &Shared, work: Vec<(u32, Work)>) -> Vec<Done> {
+/// Runs a batch; returns each task's uid, final details and error.
+fn apply_batch(shared: &Shared, work: Work) -> Vec<Done> {
+    let (index, kind, ops) = match work {
+        Work::Swap(uid, swaps) => {
+            let error = swap_indexes(shared, &swaps).err();
+            return vec![(uid, swap_details(&swaps), error)];
+        }
+        Work::Index { index, kind, ops } => (index, kind, ops),
+    };
     let mut results = Vec::new();
-    let mut additions = Vec::new();
-    let mut index_uid = String::new();
-    for (uid, job) in work {
-        let (index, op) = match job {
-            Work::Index(index, op) => (index, op),
-            Work::Swap(swaps) => {
-                let error = swap_indexes(shared, &swaps).err();
-                results.push((uid, swap_details(&swaps), error));
-                continue;
-            }
-        };
-        if let Some((details, error)) = injected_failure(shared, &op) {
-            results.push((uid, details, Some(error)));
-            continue;
-        }
-        match op {
-            Op::AddDocuments {
-                docs,
-                primary_key,
-                merge,
-            } => {
-                index_uid = index;
-                additions.push((
-                    uid,
-                    Addition {
-                        docs,
-                        primary_key,
-                        merge,
-                    },
-                ));
-            }
-            op => {
-                let (details, error) = apply(shared, &index, op);
-                results.push((uid, details, error));
-            }
+    let mut rest = Vec::with_capacity(ops.len());
+    for (uid, op) in ops {
+        match injected_failure(shared, &op) {
+            Some((details, error)) => results.push((uid, details, Some(error))),
+            None => rest.push((uid, op)),
         }
     }
-    if !additions.is_empty() {
-        let (uids, additions): (Vec<u32>, Vec<Addition>) = additions.into_iter().unzip();
-        let outcomes = add_documents(shared, &index_uid, additions);
-        results.extend(
-            uids.into_iter()
-                .zip(outcomes)
-                .map(|(uid, (details, error))| (uid, details, error)),
-        );
-    }
+    results.extend(run_kind(shared, &index, kind, rest));
     results
+}
+
+fn run_kind(shared: &Shared, index: &str, kind: BatchKind, ops: Vec<(u32, Op)>) -> Vec<Done> {
+    match kind {
+        BatchKind::Documents => document_operation(shared, index, ops),
+        BatchKind::Deletions { .. } => deletions(shared, index, ops),
+        BatchKind::Clear | BatchKind::Settings | BatchKind::ClearAndSettings => {
+            clear_and_settings(shared, index, ops)
+        }
+        BatchKind::IndexDeletion => index_deletion(shared, index, ops),
+        BatchKind::Alone => ops
+            .into_iter()
+            .flat_map(|(uid, op)| alone(shared, index, uid, op))
+            .collect(),
+    }
 }
 
 /// A failure injected with [`crate::Faults::fail_next_tasks`], for document tasks.
@@ -623,12 +817,6 @@ fn injected_failure(shared: &Shared, op: &Op) -> Option<(Vec<(String, Value)>, A
         return None;
     }
     let (code, kind) = shared.faults.take_task_failure()?;
-    let mut details = op.details();
-    for (k, v) in details.iter_mut() {
-        if (k == "indexedDocuments" || k == "deletedDocuments") && v.is_null() {
-            *v = json!(0);
-        }
-    }
     let mut error = ApiError::new(
         &code,
         format!("Injected failure: this task failed with `{code}`."),
@@ -636,83 +824,24 @@ fn injected_failure(shared: &Shared, op: &Op) -> Option<(Vec<(String, Value)>, A
     if let Some(kind) = kind {
         error.kind = kind;
     }
-    Some((details, error))
+    Some((op.finished_details(), error))
 }
 
-/// Runs one task; returns its final details and error.
-fn apply(shared: &Shared, uid: &str, op: Op) -> Outcome {
-    match op {
-        Op::AddDocuments {
-            docs,
-            primary_key,
-            merge,
-        } => {
-            let addition = Addition {
-                docs,
-                primary_key,
-                merge,
-            };
-            add_documents(shared, uid, vec![addition])
-                .pop()
-                .unwrap_or_default()
-        }
-        Op::DeleteDocuments(ids) => {
-            let provided = ids.len();
-            let result = match get_index(shared, uid) {
-                None => Err(ApiError::index_not_found(uid)),
-                Some(index) => {
-                    let mut idx = write(&index);
-                    let deleted = ids.iter().filter(|id| idx.delete(id)).count();
-                    idx.updated_at = SystemTime::now();
-                    Ok(deleted)
-                }
-            };
-            let details = pairs(&[
-                ("providedIds", json!(provided)),
-                ("deletedDocuments", json!(result.as_ref().unwrap_or(&0))),
-                ("originalFilter", Value::Null),
-            ]);
-            (details, result.err())
-        }
-        Op::DeleteByFilter(filter) => {
-            let result = delete_by_filter(shared, uid, &filter);
-            let details = pairs(&[
-                ("providedIds", json!(0)),
-                ("deletedDocuments", json!(result.as_ref().unwrap_or(&0))),
-                ("originalFilter", json!(filter.to_string())),
-            ]);
-            (details, result.err())
-        }
-        Op::ClearDocuments => {
-            let result = match get_index(shared, uid) {
-                None => Err(ApiError::index_not_found(uid)),
-                Some(index) => {
-                    let mut idx = write(&index);
-                    idx.updated_at = SystemTime::now();
-                    Ok(idx.clear())
-                }
-            };
-            (
-                pairs(&[("deletedDocuments", json!(result.as_ref().unwrap_or(&0)))]),
-                result.err(),
-            )
-        }
-        Op::Settings(changes) => {
-            let index = get_or_create(shared, uid);
-            let mut idx = write(&index);
-            let mut updated = idx.settings.clone();
-            settings::apply(&mut updated, &changes);
-            // Turning the geo feature on makes Meilisearch extract (and check) the `_geo`
-            // field of every stored document; one bad field fails the settings task.
-            if settings::geo_enabled(&updated) && !settings::geo_enabled(&idx.settings) {
-                if let Some(error) = stored_geo_error(&idx) {
-                    return (changes, Some(error.prefixed(&format!("Index `{uid}`: "))));
-                }
-            }
-            idx.settings = updated;
-            idx.updated_at = SystemTime::now();
-            (changes, None)
-        }
+/// The error of a task in a batch that cannot run it (auto-batching never makes one).
+fn misplaced() -> ApiError {
+    ApiError::internal("this task cannot be processed in this batch")
+}
+
+/// Fails every task of a batch with one error.
+fn fail_all(ops: Vec<(u32, Op)>, error: &ApiError) -> Vec<Done> {
+    ops.into_iter()
+        .map(|(uid, op)| (uid, op.finished_details(), Some(error.clone())))
+        .collect()
+}
+
+/// Runs a task batched alone (index creation or update).
+fn alone(shared: &Shared, uid: &str, task: u32, op: Op) -> Vec<Done> {
+    let (details, error) = match op {
         Op::CreateIndex(pk) => {
             let details = pairs(&[("primaryKey", json!(pk))]);
             let mut indexes = lock(&shared.indexes);
@@ -721,42 +850,176 @@ fn apply(shared: &Shared, uid: &str, op: Op) -> Outcome {
                     "index_already_exists",
                     format!("Index `{uid}` already exists."),
                 );
-                return (details, Some(error));
+                (details, Some(error))
+            } else {
+                let index = Index::new(uid, pk, SystemTime::now());
+                indexes.insert(uid.to_string(), Arc::new(RwLock::new(index)));
+                (details, None)
             }
-            let index = Index::new(uid, pk, SystemTime::now());
-            indexes.insert(uid.to_string(), Arc::new(RwLock::new(index)));
-            (details, None)
         }
         Op::UpdateIndex(pk) => {
             let details = pairs(&[("primaryKey", json!(pk))]);
             let Some(index) = get_index(shared, uid) else {
-                return (details, Some(ApiError::index_not_found(uid)));
+                return vec![(task, details, Some(ApiError::index_not_found(uid)))];
             };
             let mut idx = write(&index);
-            if let Some(pk) = pk {
-                if idx.len() > 0 && idx.primary_key.as_deref() != Some(pk.as_str()) {
+            match pk {
+                Some(pk) if idx.len() > 0 && idx.primary_key.as_deref() != Some(pk.as_str()) => {
                     let current = idx.primary_key.clone().unwrap_or_default();
-                    return (details, Some(pk_already_exists(&current)));
+                    (details, Some(pk_already_exists(&current)))
                 }
-                idx.primary_key = Some(pk);
+                pk => {
+                    if pk.is_some() {
+                        idx.primary_key = pk;
+                    }
+                    idx.updated_at = SystemTime::now();
+                    (details, None)
+                }
             }
-            idx.updated_at = SystemTime::now();
-            (details, None)
         }
-        Op::DeleteIndex => {
-            let removed = lock(&shared.indexes).remove(uid);
-            match removed {
-                Some(index) => {
-                    let n = read(&index).len();
-                    (pairs(&[("deletedDocuments", json!(n))]), None)
-                }
-                None => (
-                    pairs(&[("deletedDocuments", json!(0))]),
-                    Some(ApiError::index_not_found(uid)),
-                ),
+        // Other kinds start batches of their own kind.
+        other => {
+            let kind = match BatchKind::start(&other.auto(), None) {
+                Next::Take(kind) | Next::TakeLast(kind) => kind,
+                Next::Stop => BatchKind::Alone,
+            };
+            if kind == BatchKind::Alone {
+                return fail_all(vec![(task, other)], &misplaced());
             }
+            return run_kind(shared, uid, kind, vec![(task, other)]);
+        }
+    };
+    vec![(task, details, error)]
+}
+
+/// Runs a batch of deletions by id and by filter as Meilisearch does: each task counts the
+/// documents it adds to the set to delete (ids and filters are looked up before anything is
+/// deleted, so an id deleted by an earlier task of the batch counts once); a bad filter fails
+/// its task alone.
+fn deletions(shared: &Shared, uid: &str, ops: Vec<(u32, Op)>) -> Vec<Done> {
+    let Some(index) = get_index(shared, uid) else {
+        return fail_all(ops, &ApiError::index_not_found(uid));
+    };
+    let mut idx = write(&index);
+    let mut doomed: HashSet<String> = HashSet::new();
+    let mut results = Vec::with_capacity(ops.len());
+    for (task, op) in ops {
+        let before = doomed.len();
+        let (error, provided) = match &op {
+            Op::DeleteDocuments(ids) => {
+                doomed.extend(ids.iter().filter(|id| idx.get(id).is_some()).cloned());
+                (None, ids.len())
+            }
+            Op::DeleteByFilter(filter) => match filter_matches(&idx, uid, filter) {
+                Ok(ids) => {
+                    doomed.extend(ids);
+                    (None, 0)
+                }
+                Err(error) => (Some(error), 0),
+            },
+            _ => (Some(misplaced()), 0),
+        };
+        let original = match &op {
+            Op::DeleteByFilter(filter) => json!(filter.to_string()),
+            _ => Value::Null,
+        };
+        let details = pairs(&[
+            ("providedIds", json!(provided)),
+            ("deletedDocuments", json!(doomed.len() - before)),
+            ("originalFilter", original),
+        ]);
+        results.push((task, details, error));
+    }
+    for id in &doomed {
+        idx.delete(id);
+    }
+    idx.updated_at = SystemTime::now();
+    results
+}
+
+/// Runs a batch of settings changes and document clears as Meilisearch's settings, clear and
+/// clear-and-settings batches do. The settings of the batch are merged and applied at once: if
+/// they fail (turning the geo feature on over a stored bad `_geo`, `oneTypo` above `twoTypos`),
+/// every task of the batch fails (observed: three settings PATCHes in one batch, the second
+/// adding `_geo` to `sortableAttributes` of an index holding `{"id":1,"_geo":"abc"}`, all three
+/// failed with `invalid_document_geo_field`). A clear deletes every document (the first clear
+/// counts them, later ones 0); the document tasks before it are not applied and keep their
+/// enqueued details (observed: `{"receivedDocuments":1,"indexedDocuments":null}`).
+fn clear_and_settings(shared: &Shared, uid: &str, ops: Vec<(u32, Op)>) -> Vec<Done> {
+    let creates = ops
+        .iter()
+        .any(|(_, op)| matches!(op, Op::AddDocuments { .. } | Op::Settings(_)));
+    let index = match get_index(shared, uid) {
+        Some(index) => index,
+        None if creates => get_or_create(shared, uid),
+        None => return fail_all(ops, &ApiError::index_not_found(uid)),
+    };
+    let mut idx = write(&index);
+    let clears = ops.iter().any(|(_, op)| matches!(op, Op::ClearDocuments));
+    let mut updated = idx.settings.clone();
+    for (_, op) in &ops {
+        if let Op::Settings(changes) = op {
+            settings::apply(&mut updated, changes);
         }
     }
+    // Turning the geo feature on makes Meilisearch extract (and check) the `_geo` field of
+    // every stored document; none is left after a clear.
+    let turns_geo_on = settings::geo_enabled(&updated) && !settings::geo_enabled(&idx.settings);
+    let error = settings::check_merged(&updated).err().or_else(|| {
+        (turns_geo_on && !clears)
+            .then(|| stored_geo_error(&idx))
+            .flatten()
+    });
+    if let Some(error) = error {
+        let error = error.prefixed(&format!("Index `{uid}`: "));
+        return ops
+            .into_iter()
+            .map(|(task, op)| match op {
+                Op::Settings(changes) => (task, changes, Some(error.clone())),
+                other => (task, other.finished_details(), Some(error.clone())),
+            })
+            .collect();
+    }
+    let mut cleared = if clears { Some(idx.clear()) } else { None };
+    idx.settings = updated;
+    idx.updated_at = SystemTime::now();
+    ops.into_iter()
+        .map(|(task, op)| {
+            let details = match op {
+                Op::Settings(changes) => changes,
+                Op::ClearDocuments => {
+                    pairs(&[("deletedDocuments", json!(cleared.take().unwrap_or(0)))])
+                }
+                other => other.details(),
+            };
+            (task, details, None)
+        })
+        .collect()
+}
+
+/// Runs an index deletion with the tasks batched before it, which Meilisearch marks succeeded
+/// without applying them (observed: a deletion by ids, a clear and a deletion by filter batched
+/// with `DELETE /indexes/del` ended succeeded with `deletedDocuments` 0, null and 0, the index
+/// deletion with the 3 documents the index held; an addition to a missing index batched with
+/// its deletion ended succeeded with `indexedDocuments` 0 and `deletedDocuments` 0). Without
+/// such a task, a missing index fails the batch.
+fn index_deletion(shared: &Shared, uid: &str, ops: Vec<(u32, Op)>) -> Vec<Done> {
+    let creates = ops
+        .iter()
+        .any(|(_, op)| matches!(op, Op::AddDocuments { .. } | Op::Settings(_)));
+    let removed = lock(&shared.indexes).remove(uid);
+    let deleted = removed.as_ref().map(|index| read(index).len());
+    let error = (deleted.is_none() && !creates).then(|| ApiError::index_not_found(uid));
+    ops.into_iter()
+        .map(|(task, op)| {
+            let details = match op {
+                Op::DeleteIndex => pairs(&[("deletedDocuments", json!(deleted.unwrap_or(0)))]),
+                Op::ClearDocuments if error.is_none() => op.details(),
+                other => other.finished_details(),
+            };
+            (task, details, error.clone())
+        })
+        .collect()
 }
 
 /// Applies every pair of a swap, or none of them: a missing index, or for a rename an existing
@@ -851,15 +1114,28 @@ struct Staged {
     merge: bool,
 }
 
-type Outcome = (Vec<(String, Value)>, Option<ApiError>);
+/// One task of a document batch once staged: an addition's checked documents (or its error),
+/// or the ids a deletion names.
+enum Step {
+    Add {
+        received: usize,
+        staged: Result<Staged, ApiError>,
+    },
+    Delete(Vec<String>),
+}
 
-/// Runs a batch of document additions to one index, as Meilisearch does: each task's documents
-/// are checked first (a bad primary key or id fails that task alone, like the real per-payload
-/// errors); then, if the geo feature is on, the `_geo` fields of what the batch would store. A bad
-/// `_geo` fails the indexing of the whole batch, so every task of it fails with that error
-/// (prefixed with the index) and nothing is written. Otherwise the valid tasks are written in
-/// order. Returns each task's details and error, in order.
-fn add_documents(shared: &Shared, uid: &str, additions: Vec<Addition>) -> Vec<Outcome> {
+/// Runs a batch of document additions, updates and deletions by id on one index, as Meilisearch
+/// indexes them together: each addition's documents are checked first (a bad primary key or id
+/// fails that task alone, like the real per-payload errors); then, if the geo feature is on,
+/// the `_geo` fields of what the batch would store. A bad `_geo` fails the indexing of the
+/// whole batch, so every task of it fails with that error (prefixed with the index), deletions
+/// included, and nothing is written (observed: a POST, a PUT, a delete-batch and two more POSTs
+/// batched together, one with `"_geo":{"lat":"north","lng":0}`: all five failed with
+/// `invalid_document_geo_field`, the deletion with `deletedDocuments` 0, its documents kept).
+/// Otherwise the tasks are applied in order. A deletion reports the distinct ids it names,
+/// stored or not (observed: `[1, 99, 1]` batched with an addition, 99 never stored:
+/// `deletedDocuments` 2).
+fn document_operation(shared: &Shared, uid: &str, ops: Vec<(u32, Op)>) -> Vec<Done> {
     let index = get_index(shared, uid);
     let (mut current, geo) = index.as_ref().map_or((None, false), |index| {
         let idx = read(index);
@@ -868,40 +1144,89 @@ fn add_documents(shared: &Shared, uid: &str, additions: Vec<Addition>) -> Vec<Ou
             settings::geo_enabled(&idx.settings),
         )
     });
-    let mut staged = Vec::with_capacity(additions.len());
-    for addition in additions {
-        let received = addition.docs.len();
-        let result = stage(current.as_deref(), addition);
-        if let Ok(s) = &result {
-            // A task that passes sets the primary key the next ones of the batch see.
-            current = Some(s.pk.clone());
-        }
-        staged.push((received, result));
+    let mut steps = Vec::with_capacity(ops.len());
+    for (task, op) in ops {
+        let step = match op {
+            Op::AddDocuments {
+                docs,
+                primary_key,
+                merge,
+            } => {
+                let received = docs.len();
+                let addition = Addition {
+                    docs,
+                    primary_key,
+                    merge,
+                };
+                let staged = stage(current.as_deref(), addition);
+                if let Ok(s) = &staged {
+                    // A task that passes sets the primary key the next ones of the batch see.
+                    current = Some(s.pk.clone());
+                }
+                Step::Add { received, staged }
+            }
+            Op::DeleteDocuments(ids) => Step::Delete(ids),
+            // Auto-batching puts no other kind of task here.
+            _ => Step::Add {
+                received: 0,
+                staged: Err(misplaced()),
+            },
+        };
+        steps.push((task, step));
     }
-    let details = |received: usize, indexed: usize| {
+    let addition = |received: usize, indexed: usize| {
         pairs(&[
             ("receivedDocuments", json!(received)),
             ("indexedDocuments", json!(indexed)),
         ])
     };
+    let deletion = |provided: usize, deleted: usize| {
+        pairs(&[
+            ("providedIds", json!(provided)),
+            ("deletedDocuments", json!(deleted)),
+            ("originalFilter", Value::Null),
+        ])
+    };
     if geo {
-        let passed = staged.iter().filter_map(|(_, r)| r.as_ref().ok());
-        if let Some(error) = batch_geo_error(passed) {
+        if let Some(error) = batch_geo_error(steps.iter().map(|(_, step)| step)) {
             let error = error.prefixed(&format!("Index `{uid}`: "));
-            return staged
+            return steps
                 .iter()
-                .map(|(received, _)| (details(*received, 0), Some(error.clone())))
+                .map(|(task, step)| {
+                    let details = match step {
+                        Step::Add { received, .. } => addition(*received, 0),
+                        Step::Delete(ids) => deletion(ids.len(), 0),
+                    };
+                    (*task, details, Some(error.clone()))
+                })
                 .collect();
         }
     }
-    staged
+    steps
         .into_iter()
-        .map(|(received, result)| match result {
-            Ok(s) => {
+        .map(|(task, step)| match step {
+            Step::Add {
+                received,
+                staged: Ok(s),
+            } => {
                 let indexed = write_documents(shared, uid, s);
-                (details(received, indexed), None)
+                (task, addition(received, indexed), None)
             }
-            Err(error) => (details(received, 0), Some(error)),
+            Step::Add {
+                received,
+                staged: Err(error),
+            } => (task, addition(received, 0), Some(error)),
+            Step::Delete(ids) => {
+                if let Some(index) = get_index(shared, uid) {
+                    let mut idx = write(&index);
+                    for id in &ids {
+                        idx.delete(id);
+                    }
+                    idx.updated_at = SystemTime::now();
+                }
+                let distinct = ids.iter().collect::<HashSet<_>>().len();
+                (task, deletion(ids.len(), distinct), None)
+            }
         })
         .collect()
 }
@@ -929,23 +1254,34 @@ fn stage(current: Option<&str>, addition: Addition) -> Result<Staged, ApiError> 
 
 /// The first bad `_geo` among the documents a batch would store. A later version of a
 /// document supersedes an earlier one's `_geo` when it replaces the document or (merging)
-/// carries its own `_geo`; a merged `_geo` kept from the stored document is valid already,
-/// since the index holds no bad `_geo` while the geo feature is on.
-fn batch_geo_error<'a>(staged: impl Iterator<Item = &'a Staged>) -> Option<ApiError> {
-    let versions: Vec<(&str, &Doc, bool)> = staged
-        .flat_map(|s| s.keyed.iter().map(|(id, p)| (id.as_str(), &p.doc, s.merge)))
-        .collect();
+/// carries its own `_geo`, and a deletion drops it; a merged `_geo` kept from the stored
+/// document is valid already, since the index holds no bad `_geo` while the geo feature is on.
+fn batch_geo_error<'a>(steps: impl Iterator<Item = &'a Step>) -> Option<ApiError> {
+    let mut versions: Vec<(&str, &Doc)> = Vec::new();
     let mut last = HashMap::new();
-    for (i, (id, doc, merge)) in versions.iter().enumerate() {
-        if !merge || doc.contains_key("_geo") {
-            last.insert(*id, i);
+    for step in steps {
+        match step {
+            Step::Add { staged: Ok(s), .. } => {
+                for (id, p) in &s.keyed {
+                    if !s.merge || p.doc.contains_key("_geo") {
+                        last.insert(id.as_str(), versions.len());
+                    }
+                    versions.push((id, &p.doc));
+                }
+            }
+            Step::Add { staged: Err(_), .. } => {}
+            Step::Delete(ids) => {
+                for id in ids {
+                    last.remove(id.as_str());
+                }
+            }
         }
     }
     versions
         .iter()
         .enumerate()
-        .filter(|(i, (id, _, _))| last.get(id) == Some(i))
-        .find_map(|(_, (id, doc, _))| doc.get("_geo").and_then(|geo| geo_error(id, geo)))
+        .filter(|(i, (id, _))| last.get(id) == Some(i))
+        .find_map(|(_, (id, doc))| doc.get("_geo").and_then(|geo| geo_error(id, geo)))
 }
 
 /// The first stored document with a bad `_geo` (checked when the geo feature is turned on).
@@ -1002,26 +1338,22 @@ fn write_documents(shared: &Shared, uid: &str, staged: Staged) -> usize {
     distinct
 }
 
-fn delete_by_filter(shared: &Shared, uid: &str, filter: &Value) -> Result<usize, ApiError> {
-    let index = get_index(shared, uid).ok_or_else(|| ApiError::index_not_found(uid))?;
+/// The ids of the documents a deletion filter matches.
+fn filter_matches(idx: &Index, uid: &str, filter: &Value) -> Result<Vec<String>, ApiError> {
     let invalid =
         |m: String| ApiError::new("invalid_document_filter", format!("Index `{uid}`: {m}"));
-    let mut idx = write(&index);
     let Some(f) = filter::from_json(filter).map_err(invalid)? else {
-        return Ok(0);
+        return Ok(Vec::new());
     };
     f.check_filterable(&settings::filterable_patterns(&idx.settings))
         .map_err(invalid)?;
     let pk = idx.primary_key.clone().unwrap_or_default();
-    let ids: Vec<String> = idx
+    Ok(idx
         .iter()
         .map(|d| d.parse())
         .filter(|d| f.matches(d))
         .filter_map(|d| document_id(&d, &pk).ok())
-        .collect();
-    let deleted = ids.iter().filter(|id| idx.delete(id)).count();
-    idx.updated_at = SystemTime::now();
-    Ok(deleted)
+        .collect())
 }
 
 pub(crate) fn read(index: &RwLock<Index>) -> std::sync::RwLockReadGuard<'_, Index> {
@@ -1032,14 +1364,18 @@ pub(crate) fn write(index: &RwLock<Index>) -> std::sync::RwLockWriteGuard<'_, In
     index.write().unwrap_or_else(|e| e.into_inner())
 }
 
-/// `GET /tasks` and `GET /batches` listing: newest first unless `reverse`, from `from`;
-/// `total` is the number of matches, which can exceed the items listed.
+/// `GET /tasks` and `GET /batches` listing: newest first unless `reverse`, from `from`, at
+/// most `limit`. As Meilisearch does, the `limit + 1` matches from `from` are taken first (the
+/// last one only tells `next`), then those `listed` refuses are left out, so a page can come out
+/// short or empty (observed with a swap of `sa` and `sb` as tasks 66 and 68 and an addition to
+/// `sa` as task 64: `GET /tasks?indexUids=sa&limit=1` answered `{"results":[],"total":3,
+/// "limit":1,"from":null,"next":null}`, `limit=2` listed task 64 alone, `next` null). `total`
+/// is the number of matches.
 pub(crate) fn page<T>(
     mut items: Vec<(u32, T)>,
     total: usize,
-    limit: usize,
-    from: Option<u32>,
-    reverse: bool,
+    (limit, from, reverse): (usize, Option<u32>, bool),
+    listed: impl Fn(&T) -> bool,
     render: impl Fn(&T) -> String,
 ) -> String {
     if reverse {
@@ -1053,8 +1389,19 @@ pub(crate) fn page<T>(
             .position(|(uid, _)| if reverse { *uid >= from } else { *uid <= from })
             .unwrap_or(items.len())
     });
-    let shown = &items[start..(start + limit).min(items.len())];
-    let next = items.get(start + limit).map(|(uid, _)| u64::from(*uid));
+    let end = start
+        .saturating_add(limit)
+        .saturating_add(1)
+        .min(items.len());
+    let mut shown: Vec<&(u32, T)> = items[start..end]
+        .iter()
+        .filter(|(_, t)| listed(t))
+        .collect();
+    let next = if shown.len() > limit {
+        shown.pop().map(|(uid, _)| u64::from(*uid))
+    } else {
+        None
+    };
     Obj::new()
         .raw("results", &array(shown.iter().map(|(_, t)| render(t))))
         .num("total", total as u64)

@@ -79,11 +79,11 @@ fn document_ids_follow_the_real_rules() {
     }
     let long = |n: usize| format!("{{\"id\":\"{}\"}}\n", "a".repeat(n));
     assert_eq!(
-        api.wait_task(api.add("ids", &long(512)))["status"],
+        api.wait_task(api.add("ids", &long(511)))["status"],
         "succeeded"
     );
     assert_eq!(
-        api.wait_task(api.add("ids", &long(513)))["status"],
+        api.wait_task(api.add("ids", &long(512)))["status"],
         "failed"
     );
     let missing = api.wait_task(api.add("ids", "{\"name\":\"no id\"}\n"));
