@@ -195,7 +195,12 @@ impl Launcher {
     /// One round: read the catalog, reap, start and stop workers, drop orphans, check the slots.
     /// False when the catalog could not be read (the extension is being created, say).
     fn round(&mut self, guard: &mut WalGuard) -> bool {
-        let Some((tasks, orphans)) = read_catalog() else {
+        let Some(CatalogRead {
+            tasks,
+            orphans,
+            installed,
+        }) = read_catalog()
+        else {
             return false;
         };
         self.reap(&tasks);
@@ -211,7 +216,10 @@ impl Launcher {
                 log!("pg_meili_sync: dropped {kind} \"{name}\" of a task that no longer exists");
             }
         }
-        guard.check();
+        // The WAL guard reads the catalog, which exists only with the extension.
+        if installed {
+            guard.check();
+        }
         true
     }
 
@@ -386,12 +394,24 @@ fn start_worker(task_id: i64, database: &str) -> Result<DynamicBackgroundWorker,
 /// A slot or publication of a task that no longer exists: ("slot" | "publication", name).
 type Orphan = (String, String);
 
-fn read_catalog() -> Option<(Vec<TaskSummary>, Vec<Orphan>)> {
+/// What one round reads: the tasks, the slots and publications to drop, and whether the
+/// extension (its catalog) exists.
+struct CatalogRead {
+    tasks: Vec<TaskSummary>,
+    orphans: Vec<Orphan>,
+    installed: bool,
+}
+
+fn read_catalog() -> Option<CatalogRead> {
     BackgroundWorker::transaction(|| {
         if !catalog::extension_installed().ok()? {
             // Not created yet, or dropped: no task runs (reconcile stops any worker still
             // running), and no slot keeps retaining WAL for tasks that are gone.
-            return Some((Vec::new(), catalog::leftovers_without_extension().ok()?));
+            return Some(CatalogRead {
+                tasks: Vec::new(),
+                orphans: catalog::leftovers_without_extension().ok()?,
+                installed: false,
+            });
         }
         // A task held for the swap of a resync whose helper was dropped, stopped or failed
         // streams on (it re-sends from its own slot whatever the abandoned swap may have skipped).
@@ -400,9 +420,11 @@ fn read_catalog() -> Option<(Vec<TaskSummary>, Vec<Orphan>)> {
                 "pg_meili_sync task {task_id}: its resync ended without a swap; streaming resumes"
             );
         }
-        let tasks = catalog::list_tasks().ok()?;
-        let orphans = catalog::orphans().ok()?;
-        Some((tasks, orphans))
+        Some(CatalogRead {
+            tasks: catalog::list_tasks().ok()?,
+            orphans: catalog::orphans().ok()?,
+            installed: true,
+        })
     })
 }
 
