@@ -300,9 +300,10 @@ impl Dispatcher {
             return;
         };
         let (code, message) = error_parts(error);
-        let remedy = match batch.op {
-            Operation::DeleteAll if remedy(error) == Remedy::Split => Remedy::Stop,
-            _ => remedy(error),
+        // A delete-all has no documents to isolate.
+        let remedy = match (batch.op, remedy(error)) {
+            (Operation::DeleteAll, Remedy::Split) => Remedy::Stop,
+            (_, remedy) => remedy,
         };
         if remedy == Remedy::Stop {
             self.failure = Some(format!("Meilisearch refused a batch: {message}"));

@@ -124,7 +124,7 @@ pub fn init() {
 /// The key may come from the configuration files (postgresql.conf, ALTER SYSTEM) only: `SET`
 /// would show it in pg_stat_activity, and `ALTER DATABASE/ROLE … SET` would store it in
 /// pg_db_role_setting, which every role can read.
-unsafe extern "C-unwind" fn check_api_key_source(
+extern "C-unwind" fn check_api_key_source(
     _value: *mut *mut std::ffi::c_char,
     _extra: *mut *mut std::ffi::c_void,
     source: pgrx::pg_sys::GucSource::Type,
@@ -159,7 +159,7 @@ unsafe extern "C-unwind" fn check_api_key_source(
 }
 
 /// What SHOW, current_setting() and error messages print for `meili_sync.api_key`.
-unsafe extern "C-unwind" fn show_api_key() -> *const std::ffi::c_char {
+extern "C-unwind" fn show_api_key() -> *const std::ffi::c_char {
     if default_api_key().is_some() {
         c"********".as_ptr()
     } else {

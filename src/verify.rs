@@ -470,7 +470,7 @@ pub fn resend_dead_letters(task: TaskRecord, ids: &[String]) -> Result<i64, Sync
     let mut sent = 0;
     for chunk in ids.chunks(PAGE_ROWS) {
         let chunk = chunk.to_vec();
-        let mut gone: Vec<Value> = context
+        let gone: Vec<Value> = context
             .absent(&chunk)?
             .into_iter()
             .map(|position| context.id_value(&chunk[position]))
@@ -480,7 +480,6 @@ pub fn resend_dead_letters(task: TaskRecord, ids: &[String]) -> Result<i64, Sync
             .filter_map(|id| key_of_id(id, context.key.len()))
             .collect();
         sent += context.resend(present)?;
-        gone.dedup();
         sent += context.delete_extra(gone)?;
     }
     Ok(sent)

@@ -230,14 +230,7 @@ fn ensure_slot(task: &mut TaskRecord) -> Result<(), Stop> {
                 )));
             }
             BackgroundWorker::transaction(|| catalog::drop_slot(&task.slot_name)).map_err(fail)?;
-            BackgroundWorker::transaction(|| catalog::restart_copy(task.id)).map_err(fail)?;
-            task.snapshot_key = None;
-            task.rows_copied = 0;
-            warning!(
-                "pg_meili_sync task {}: replication slot \"{}\" was invalidated; the copy starts over on a new slot",
-                task.id,
-                task.slot_name
-            );
+            copy_over(task, "was invalidated")?;
         }
         Some(_) => return Ok(()),
         // A failover to a standby, a restore, pg_upgrade or a manual drop: the changes the slot
@@ -249,22 +242,27 @@ fn ensure_slot(task: &mut TaskRecord) -> Result<(), Stop> {
             )));
         }
         // Mid-copy, the pages already copied may have changed since: the copy starts over.
-        None if task.snapshot_key.is_some() => {
-            BackgroundWorker::transaction(|| catalog::restart_copy(task.id)).map_err(fail)?;
-            task.snapshot_key = None;
-            task.rows_copied = 0;
-            warning!(
-                "pg_meili_sync task {}: replication slot \"{}\" is missing; the copy starts over on a new slot",
-                task.id,
-                task.slot_name
-            );
-        }
+        None if task.snapshot_key.is_some() => copy_over(task, "is missing")?,
         None => {}
     }
     // Slot creation must come first in its transaction; changes after its LSN will be streamed.
     BackgroundWorker::transaction(|| catalog::create_slot(&task.slot_name)).map_err(fail)?;
     log!(
         "pg_meili_sync task {}: created replication slot \"{}\"",
+        task.id,
+        task.slot_name
+    );
+    Ok(())
+}
+
+/// The slot the copy relied on is gone: the copy starts over (on the new slot ensure_slot makes).
+fn copy_over(task: &mut TaskRecord, what_happened: &str) -> Result<(), Stop> {
+    BackgroundWorker::transaction(|| catalog::restart_copy(task.id))
+        .map_err(|error| permanent(error.message))?;
+    task.snapshot_key = None;
+    task.rows_copied = 0;
+    warning!(
+        "pg_meili_sync task {}: replication slot \"{}\" {what_happened}; the copy starts over on a new slot",
         task.id,
         task.slot_name
     );
