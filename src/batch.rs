@@ -9,7 +9,7 @@
 //! tells which checkpoint is safe: the newest one such that every batch
 //! sent before it is confirmed by Meilisearch.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -254,6 +254,211 @@ impl Batcher {
 
     fn is_full(&self, open: &OpenBatch) -> bool {
         open.docs >= self.limits.max_docs || open.closed_len() >= self.limits.max_bytes
+    }
+}
+
+/// Batches a change stream, where one transaction mixes inserts, updates and deletes.
+///
+/// Unlike [`Batcher`], a change of operation does not close the batch: a window holds one part
+/// per operation, and operations on *different* documents commute, so the parts can be sent as
+/// separate requests (deletes, then replacements, then partial updates) in any order. Only a
+/// second operation of another kind on a document the window already holds closes it first,
+/// which keeps every document's operations in commit order. A delete-all is a window of its own.
+/// Closed requests wait in a queue for [`ChangeBatcher::next_closed`]; a window's checkpoint
+/// rides on its last request.
+///
+/// Why: with one request per run of one kind, a stream of small transactions that each insert
+/// and delete sends two requests per transaction, and a real Meilisearch (about a second per
+/// auto-batch, at most `max_inflight` tasks in each) then falls behind any steady write load.
+pub struct ChangeBatcher {
+    limits: BatchLimits,
+    /// Parts of the open window, in the order they are sent: Delete, Replace, Update.
+    parts: [Option<OpenBatch>; 3],
+    /// The open window is one delete-all (counting merged repeats).
+    delete_all: usize,
+    /// Each document of the open window, with the operation its part holds.
+    ids: HashMap<Box<[u8]>, Operation>,
+    items: usize,
+    bytes: usize,
+    opened_at: Option<Instant>,
+    checkpoint: Option<u64>,
+    pending_checkpoint: Option<u64>,
+    next_seq: u64,
+    closed: VecDeque<Batch>,
+}
+
+impl ChangeBatcher {
+    pub fn new(limits: BatchLimits) -> Self {
+        ChangeBatcher {
+            limits: BatchLimits {
+                max_docs: limits.max_docs.max(1),
+                max_bytes: limits.max_bytes.max(1),
+                max_age: limits.max_age,
+            },
+            parts: [None, None, None],
+            delete_all: 0,
+            ids: HashMap::new(),
+            items: 0,
+            bytes: 0,
+            opened_at: None,
+            checkpoint: None,
+            pending_checkpoint: None,
+            next_seq: 1,
+            closed: VecDeque::new(),
+        }
+    }
+
+    fn part_index(op: Operation) -> usize {
+        match op {
+            Operation::Delete | Operation::DeleteAll => 0,
+            Operation::Replace => 1,
+            Operation::Update => 2,
+        }
+    }
+
+    /// Adds one operation on the document `id` (its JSON): `item` is the encoded document for
+    /// `Replace`/`Update`, the id again for `Delete`, and nothing (with any `id`) for `DeleteAll`.
+    /// `now` is read only when the item opens a window.
+    pub fn push(&mut self, op: Operation, id: &[u8], item: &[u8], now: &dyn Fn() -> Instant) {
+        if op == Operation::DeleteAll {
+            if self.delete_all == 0 {
+                self.close();
+            }
+            self.open_window(now);
+            self.delete_all += 1;
+            return;
+        }
+        let conflict = self.delete_all > 0
+            || self.ids.get(id).is_some_and(|held| *held != op)
+            || self.items >= self.limits.max_docs
+            || self.window_len_with(op, item.len()) > self.limits.max_bytes;
+        if conflict && !self.is_empty() {
+            self.close();
+        }
+        self.open_window(now);
+        let part = self.parts[Self::part_index(op)].get_or_insert_with(|| OpenBatch {
+            op,
+            body: match op {
+                Operation::Delete => vec![b'['],
+                _ => Vec::new(),
+            },
+            docs: 0,
+            opened_at: self.opened_at.unwrap_or_else(now),
+            checkpoint: None,
+        });
+        let before = part.closed_len();
+        part.add(item);
+        self.bytes = self.bytes + part.closed_len() - before;
+        self.items += 1;
+        if !self.ids.contains_key(id) {
+            self.ids.insert(id.into(), op);
+        }
+        if self.items >= self.limits.max_docs || self.bytes >= self.limits.max_bytes {
+            self.close();
+        }
+    }
+
+    fn open_window(&mut self, now: &dyn Fn() -> Instant) {
+        if self.opened_at.is_none() {
+            self.opened_at = Some(now());
+            // A checkpoint marked while no window was open is completed by this one too.
+            self.checkpoint = self.pending_checkpoint.take();
+        }
+    }
+
+    /// The window's body bytes if `item_len` more bytes went into the part of `op`.
+    fn window_len_with(&self, op: Operation, item_len: usize) -> usize {
+        let grows = match &self.parts[Self::part_index(op)] {
+            Some(part) => part.len_with(item_len) - part.closed_len(),
+            // A new delete part brings its brackets.
+            None if op == Operation::Delete => item_len + 2,
+            None => item_len + 1,
+        };
+        self.bytes + grows
+    }
+
+    /// Everything pushed so far is covered by `checkpoint`.
+    pub fn mark_checkpoint(&mut self, checkpoint: u64) {
+        if self.is_empty() {
+            self.pending_checkpoint = Some(checkpoint);
+        } else {
+            self.checkpoint = Some(checkpoint);
+        }
+    }
+
+    /// A checkpoint marked with nothing pushed after the last window: safe once every request
+    /// sent so far is confirmed (see [`Watermark::standalone`]).
+    pub fn take_pending_checkpoint(&mut self) -> Option<u64> {
+        self.pending_checkpoint.take()
+    }
+
+    /// Closes the open window if it is older than `max_age`.
+    pub fn flush_due(&mut self, now: Instant) {
+        if self
+            .opened_at
+            .is_some_and(|opened| now.saturating_duration_since(opened) >= self.limits.max_age)
+        {
+            self.close();
+        }
+    }
+
+    /// Closes the open window, if any: its requests go to the queue of closed ones.
+    pub fn close(&mut self) {
+        if self.opened_at.take().is_none() {
+            return;
+        }
+        let first = self.closed.len();
+        if self.delete_all > 0 {
+            self.closed.push_back(Batch {
+                seq: self.next_seq,
+                op: Operation::DeleteAll,
+                body: Arc::new(Vec::new()),
+                docs: self.delete_all,
+                checkpoint: None,
+            });
+            self.next_seq += 1;
+        }
+        for part in self.parts.iter_mut() {
+            if let Some(mut part) = part.take() {
+                if part.op == Operation::Delete {
+                    part.body.push(b']');
+                }
+                self.closed.push_back(Batch {
+                    seq: self.next_seq,
+                    op: part.op,
+                    body: Arc::new(part.body),
+                    docs: part.docs,
+                    checkpoint: None,
+                });
+                self.next_seq += 1;
+            }
+        }
+        let checkpoint = self.checkpoint.take();
+        let emitted = self.closed.len() > first;
+        match self.closed.back_mut() {
+            Some(last) if emitted => last.checkpoint = checkpoint,
+            // An empty window cannot be open; keep its checkpoint rather than drop it.
+            _ => self.pending_checkpoint = checkpoint.or(self.pending_checkpoint),
+        }
+        self.delete_all = 0;
+        self.ids.clear();
+        self.items = 0;
+        self.bytes = 0;
+    }
+
+    /// The next closed request, in send order.
+    pub fn next_closed(&mut self) -> Option<Batch> {
+        self.closed.pop_front()
+    }
+
+    /// Closed requests are waiting for [`ChangeBatcher::next_closed`].
+    pub fn has_closed(&self) -> bool {
+        !self.closed.is_empty()
+    }
+
+    /// No window is open.
+    pub fn is_empty(&self) -> bool {
+        self.opened_at.is_none()
     }
 }
 
@@ -579,6 +784,194 @@ mod tests {
     /// Random pushes, checkpoints and confirmation orders: every item comes
     /// out once, in order, and a checkpoint is released only when all batches
     /// holding items pushed before it are confirmed.
+    fn change_batches(batcher: &mut ChangeBatcher) -> Vec<Batch> {
+        std::iter::from_fn(|| batcher.next_closed()).collect()
+    }
+
+    #[test]
+    fn a_change_window_mixes_kinds_until_one_document_changes_kind() {
+        let now = Instant::now();
+        let clock = || now;
+        let mut batcher = ChangeBatcher::new(limits(100, 1 << 20));
+        batcher.push(Operation::Replace, b"1", b"{\"id\":1}", &clock);
+        batcher.push(Operation::Delete, b"2", b"2", &clock);
+        batcher.push(Operation::Update, b"3", b"{\"id\":3}", &clock);
+        batcher.push(Operation::Replace, b"4", b"{\"id\":4}", &clock);
+        batcher.mark_checkpoint(10);
+        batcher.push(Operation::Delete, b"5", b"5", &clock);
+        batcher.push(Operation::Replace, b"1", b"{\"id\":1,\"v\":2}", &clock);
+        assert!(
+            !batcher.has_closed(),
+            "a second replacement of 1 is no change of kind"
+        );
+        batcher.mark_checkpoint(20);
+        // Document 2 was deleted in this window: its new version must come after the delete.
+        batcher.push(Operation::Replace, b"2", b"{\"id\":2}", &clock);
+        let first: Vec<(u64, Operation, String, Option<u64>)> = change_batches(&mut batcher)
+            .into_iter()
+            .map(|b| {
+                let body = String::from_utf8_lossy(&b.body).into_owned();
+                (b.seq, b.op, body, b.checkpoint)
+            })
+            .collect();
+        assert_eq!(
+            first,
+            vec![
+                (1, Operation::Delete, "[2,5]".into(), None),
+                (
+                    2,
+                    Operation::Replace,
+                    "{\"id\":1}\n{\"id\":4}\n{\"id\":1,\"v\":2}\n".into(),
+                    None
+                ),
+                (3, Operation::Update, "{\"id\":3}\n".into(), Some(20)),
+            ]
+        );
+        batcher.push(Operation::DeleteAll, b"", b"", &clock);
+        batcher.push(Operation::DeleteAll, b"", b"", &clock);
+        batcher.mark_checkpoint(30);
+        batcher.push(Operation::Delete, b"6", b"6", &clock);
+        batcher.close();
+        let rest: Vec<(u64, Operation, usize, Option<u64>)> = change_batches(&mut batcher)
+            .into_iter()
+            .map(|b| (b.seq, b.op, b.docs, b.checkpoint))
+            .collect();
+        assert_eq!(
+            rest,
+            vec![
+                (4, Operation::Replace, 1, None),
+                (5, Operation::DeleteAll, 2, Some(30)),
+                (6, Operation::Delete, 1, None),
+            ]
+        );
+        assert!(batcher.is_empty() && batcher.take_pending_checkpoint().is_none());
+    }
+
+    /// Applies a batch the way Meilisearch does to a model index: id → fields.
+    fn apply_to_model(
+        index: &mut HashMap<String, HashMap<String, String>>,
+        op: Operation,
+        items: &[Vec<u8>],
+    ) {
+        for item in items {
+            let text = String::from_utf8_lossy(item).into_owned();
+            let (id, fields) = text.split_once(':').unwrap_or((&text, ""));
+            let fields = fields
+                .split(',')
+                .filter(|field| !field.is_empty())
+                .filter_map(|field| field.split_once('='))
+                .map(|(name, value)| (name.to_owned(), value.to_owned()));
+            match op {
+                Operation::Replace => {
+                    index.insert(id.to_owned(), fields.collect());
+                }
+                Operation::Update => index.entry(id.to_owned()).or_default().extend(fields),
+                Operation::Delete => {
+                    index.remove(id);
+                }
+                Operation::DeleteAll => index.clear(),
+            }
+        }
+    }
+
+    fn items_of(batch: &Batch) -> Vec<Vec<u8>> {
+        match batch.op {
+            Operation::Replace | Operation::Update => batch
+                .body
+                .split(|&b| b == b'\n')
+                .filter(|line| !line.is_empty())
+                .map(<[u8]>::to_vec)
+                .collect(),
+            Operation::Delete => batch.body[1..batch.body.len() - 1]
+                .split(|&b| b == b',')
+                .map(<[u8]>::to_vec)
+                .collect(),
+            Operation::DeleteAll => vec![Vec::new(); batch.docs],
+        }
+    }
+
+    /// Random streams of replacements, partial updates and deletes of a few documents: applying
+    /// the closed requests in order gives the index that applying every change in order gives;
+    /// where a request carries a checkpoint, the index is that of the changes up to at least the
+    /// checkpoint; no request exceeds the limits.
+    #[test]
+    fn change_windows_give_the_index_of_commit_order_at_every_checkpoint() {
+        let ops = [
+            Operation::Replace,
+            Operation::Update,
+            Operation::Delete,
+            Operation::DeleteAll,
+        ];
+        let mut prng = Prng(0x9e37_79b9_7f4a_7c15);
+        for round in 0..500 {
+            let start = Instant::now();
+            let max_docs = 1 + prng.below(8);
+            let max_bytes = 8 + prng.below(60);
+            let mut batcher = ChangeBatcher::new(BatchLimits {
+                max_docs,
+                max_bytes,
+                max_age: Duration::from_millis(prng.below(30) as u64),
+            });
+            let mut expected = HashMap::new();
+            // The model index after each change, and the changes before each checkpoint.
+            let mut states = vec![expected.clone()];
+            let mut at_checkpoint = HashMap::new();
+            let mut standalone = Vec::new();
+            for step in 0..80_u64 {
+                let now = start + Duration::from_millis(step);
+                match prng.below(6) {
+                    0 => {
+                        batcher.mark_checkpoint(step);
+                        at_checkpoint.insert(step, states.len() - 1);
+                        standalone.extend(
+                            batcher
+                                .take_pending_checkpoint()
+                                .filter(|_| prng.below(2) == 0),
+                        );
+                    }
+                    1 => batcher.flush_due(now),
+                    _ => {
+                        let op = ops[prng.below(ops.len())];
+                        let id = prng.below(5).to_string();
+                        let item = match op {
+                            Operation::DeleteAll => String::new(),
+                            Operation::Delete => id.clone(),
+                            _ => format!("{id}:f{}={step}", prng.below(3)),
+                        };
+                        apply_to_model(&mut expected, op, &[item.clone().into_bytes()]);
+                        states.push(expected.clone());
+                        batcher.push(op, id.as_bytes(), item.as_bytes(), &|| now);
+                    }
+                }
+            }
+            batcher.close();
+            let mut index = HashMap::new();
+            for (position, batch) in change_batches(&mut batcher).into_iter().enumerate() {
+                assert_eq!(batch.seq, position as u64 + 1, "round {round}");
+                let items = items_of(&batch);
+                assert_eq!(items.len(), batch.docs, "round {round}");
+                // Repeated delete-alls merge into one request without a body.
+                assert!(
+                    batch.op == Operation::DeleteAll
+                        || batch.docs <= max_docs
+                            && (batch.docs == 1 || batch.body.len() <= max_bytes),
+                    "round {round}: {} items, {} bytes",
+                    batch.docs,
+                    batch.body.len()
+                );
+                apply_to_model(&mut index, batch.op, &items);
+                if let Some(checkpoint) = batch.checkpoint {
+                    let before = at_checkpoint[&checkpoint];
+                    assert!(
+                        states[before..].contains(&index),
+                        "round {round}: checkpoint {checkpoint}"
+                    );
+                }
+            }
+            assert_eq!(index, expected, "round {round}");
+        }
+    }
+
     #[test]
     fn random_streams_keep_order_and_safety() {
         enum Event {
@@ -654,19 +1047,7 @@ mod tests {
             assert_eq!(seqs, (1..=batches.len() as u64).collect::<Vec<_>>());
             let mut rebuilt: Vec<(Operation, Vec<u8>)> = Vec::new();
             for batch in &batches {
-                let items: Vec<Vec<u8>> = match batch.op {
-                    Operation::Replace | Operation::Update => batch
-                        .body
-                        .split(|&b| b == b'\n')
-                        .filter(|line| !line.is_empty())
-                        .map(<[u8]>::to_vec)
-                        .collect(),
-                    Operation::Delete => batch.body[1..batch.body.len() - 1]
-                        .split(|&b| b == b',')
-                        .map(<[u8]>::to_vec)
-                        .collect(),
-                    Operation::DeleteAll => vec![Vec::new(); batch.docs],
-                };
+                let items = items_of(batch);
                 assert_eq!(items.len(), batch.docs, "round {round}");
                 assert!(
                     batch.docs == 1 || batch.body.len() <= max_bytes,

@@ -3,14 +3,15 @@
 //! INSERT/UPDATE → add or replace the document (or a partial update in `upsert` mode, and always
 //! when an UPDATE left TOASTed columns unchanged: those fields are omitted so the document keeps
 //! them); an UPDATE that changes the key → delete the old id, then add the new document; DELETE →
-//! delete by id; TRUNCATE → delete all documents. Every operation goes through one `Batcher`, so
-//! consecutive operations of one kind share a batch and a change of kind closes it.
+//! delete by id; TRUNCATE → delete all documents. Every operation goes through one
+//! [`ChangeBatcher`], so the operations of many transactions share a window, and only a second
+//! operation of another kind on the same document closes it.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
-use crate::batch::{Batch, BatchLimits, Batcher, Operation};
+use crate::batch::{Batch, BatchLimits, ChangeBatcher, Operation};
 use crate::decode::pgoutput::{Message, Relation, Tuple, TupleValue};
 use crate::encode::{check_geo, encode_document, encode_id, ColumnValue, DocumentShape};
 
@@ -37,10 +38,11 @@ const NO_RELATION: &str = "change for a relation without a Relation message";
 
 pub struct ChangeMapper {
     relations: HashMap<u32, RelationShape, BuildHasherDefault<OidHasher>>,
-    batcher: Batcher,
+    batcher: ChangeBatcher,
     upsert: bool,
-    ready: VecDeque<Batch>,
     document: Vec<u8>,
+    /// The id JSON of the last row, reused.
+    id: Vec<u8>,
     /// The allocation of the last row's column values, reused for the next row.
     values: Vec<ColumnValue<'static>>,
     skipped: Vec<SkippedRow>,
@@ -50,10 +52,10 @@ impl ChangeMapper {
     pub fn new(limits: BatchLimits, upsert: bool) -> Self {
         ChangeMapper {
             relations: HashMap::default(),
-            batcher: Batcher::new(limits),
+            batcher: ChangeBatcher::new(limits),
             upsert,
-            ready: VecDeque::new(),
             document: Vec::with_capacity(1024),
+            id: Vec::with_capacity(64),
             values: Vec::new(),
             skipped: Vec::new(),
         }
@@ -86,7 +88,7 @@ impl ChangeMapper {
                     let new_id = self.row_id(relation, &new);
                     if let (Some(old_id), Some(new_id)) = (old_id, new_id) {
                         if old_id != new_id {
-                            self.push(Operation::Delete, &old_id, now);
+                            self.delete(&old_id, now);
                         }
                     }
                 }
@@ -98,13 +100,13 @@ impl ChangeMapper {
                 };
                 self.require_old_key(relation, old_row, "a DELETE")?;
                 if let Some(id) = self.row_id(relation, old_row) {
-                    self.push(Operation::Delete, &id, now);
+                    self.delete(&id, now);
                 }
             }
             Message::Truncate { relations, .. }
                 if relations.iter().any(|oid| self.relations.contains_key(oid)) =>
             {
-                self.push(Operation::DeleteAll, &[], now);
+                self.batcher.push(Operation::DeleteAll, &[], &[], now);
             }
             Message::Commit { end_lsn, .. } => self.batcher.mark_checkpoint(end_lsn),
             _ => {}
@@ -225,8 +227,12 @@ impl ChangeMapper {
         let values = Self::values(shape, row, std::mem::take(&mut self.values));
         let partial = values.contains(&ColumnValue::Unchanged);
         self.document.clear();
-        let encoded = encode_document(&shape.shape, &values, &mut self.document)
-            .and_then(|_| check_geo(&shape.shape, &values));
+        let encoded = encode_document(&shape.shape, &values, &mut self.document).and_then(|id| {
+            check_geo(&shape.shape, &values)?;
+            self.id.clear();
+            id.write_json(&mut self.id);
+            Ok(())
+        });
         match encoded {
             Ok(()) => {
                 let op = if partial || self.upsert {
@@ -234,9 +240,7 @@ impl ChangeMapper {
                 } else {
                     Operation::Replace
                 };
-                if let Some(batch) = self.batcher.push_with(op, &self.document, now) {
-                    self.ready.push_back(batch);
-                }
+                self.batcher.push(op, &self.id, &self.document, now);
             }
             Err(error) => self.skipped.push(SkippedRow {
                 relation,
@@ -248,34 +252,28 @@ impl ChangeMapper {
         self.values = recycle(values);
     }
 
-    fn push(&mut self, op: Operation, item: &[u8], now: &dyn Fn() -> Instant) {
-        if let Some(batch) = self.batcher.push_with(op, item, now) {
-            self.ready.push_back(batch);
-        }
+    fn delete(&mut self, id: &[u8], now: &dyn Fn() -> Instant) {
+        self.batcher.push(Operation::Delete, id, id, now);
     }
 
-    /// Closes the open batch if it is older than the flush interval.
+    /// Closes the open window if it is older than the flush interval.
     pub fn flush_due(&mut self, now: Instant) {
-        if let Some(batch) = self.batcher.flush_due(now) {
-            self.ready.push_back(batch);
-        }
+        self.batcher.flush_due(now);
     }
 
-    /// Closes the open batch now (caught up with the WAL: nothing else is coming to fill it).
+    /// Closes the open window now (caught up with the WAL: nothing else is coming to fill it).
     pub fn flush(&mut self) {
-        if let Some(batch) = self.batcher.flush() {
-            self.ready.push_back(batch);
-        }
+        self.batcher.close();
     }
 
     /// The next batch to send, in order.
     pub fn next_ready(&mut self) -> Option<Batch> {
-        self.ready.pop_front()
+        self.batcher.next_closed()
     }
 
     /// Closed batches are waiting for `next_ready`.
     pub fn has_ready(&self) -> bool {
-        !self.ready.is_empty()
+        self.batcher.has_closed()
     }
 
     /// A commit whose changes produced no document: confirmable once everything before it is.
@@ -289,7 +287,7 @@ impl ChangeMapper {
 
     /// True when no operation is waiting in an open or closed batch.
     pub fn is_idle(&self) -> bool {
-        self.ready.is_empty() && self.batcher.is_empty()
+        !self.batcher.has_closed() && self.batcher.is_empty()
     }
 }
 

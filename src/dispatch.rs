@@ -10,7 +10,7 @@
 //! one, and the watermark does not pass a failed batch until all of its parts are confirmed or
 //! dead-lettered.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -20,6 +20,10 @@ use crate::batch::{Batch, Operation, Watermark};
 use crate::meili::client::{MeiliError, MeiliErrorBody};
 use crate::meili::retry::Backoff;
 use crate::meili::writer::{WriteError, Writer, WriterEvent};
+
+/// How many times a batch is sent again whole because a document of another task failed
+/// Meilisearch's batch, before it is split like one refused for its own documents.
+const MAX_COLLATERAL_RESENDS: u32 = 32;
 
 /// Seqs of repair batches start here, far above any batcher's seqs.
 const REPAIR_SEQ_BASE: u64 = 1 << 62;
@@ -68,6 +72,9 @@ pub struct Dispatcher {
     ready_checkpoint: Option<u64>,
     watermark: Watermark,
     sent: HashMap<u64, SentBatch>,
+    /// Batches confirmed while a batch sent before them was not: should that one fail, its
+    /// resend must know what they wrote (kept until no earlier batch is unresolved).
+    landed: Vec<SentBatch>,
     next_order: u64,
     /// Repair parts not yet sent, with their parent.
     parents: HashMap<u64, u64>,
@@ -78,6 +85,9 @@ pub struct Dispatcher {
     delayed: Vec<(Instant, Batch)>,
     /// Original batch → resends so far, for the backoff.
     resends: HashMap<u64, u32>,
+    /// Original batch → times it was failed by another task's document (see
+    /// [`Dispatcher::failed_by_another_task`]).
+    collateral: HashMap<u64, u32>,
     backoff: Backoff,
     next_repair_seq: u64,
     dead_letters: Vec<DeadLetter>,
@@ -94,12 +104,14 @@ impl Dispatcher {
             ready_checkpoint: None,
             watermark: Watermark::new(),
             sent: HashMap::new(),
+            landed: Vec::new(),
             next_order: 0,
             parents: HashMap::new(),
             open_repairs: HashMap::new(),
             queue: VecDeque::new(),
             delayed: Vec::new(),
             resends: HashMap::new(),
+            collateral: HashMap::new(),
             backoff: Backoff::new(Duration::from_millis(100), Duration::from_secs(30)),
             next_repair_seq: REPAIR_SEQ_BASE,
             dead_letters: Vec::new(),
@@ -134,7 +146,7 @@ impl Dispatcher {
     /// Batches queued or sent and not yet resolved. The owner produces no more while this is at
     /// `max_inflight`: that bounds memory and is the back pressure on reading the source.
     pub fn backlog(&self) -> usize {
-        self.queue.len() + self.sent.len()
+        self.queue.len() + self.sent.len() + self.landed.len()
     }
 
     pub fn has_room(&self) -> bool {
@@ -189,14 +201,23 @@ impl Dispatcher {
         // Due resends go first: nothing sent after them may be older.
         let now = Instant::now();
         let mut index = self.delayed.len();
+        let mut due = 0;
         while index > 0 {
             index -= 1;
             if self.delayed[index].0 <= now {
                 let (_, batch) = self.delayed.swap_remove(index);
                 self.queue.push_front(batch);
+                due += 1;
             }
         }
         while let Some(batch) = self.queue.pop_front() {
+            // While a resend waits out its backoff nothing newer goes: it could touch the same
+            // documents, and the resend would then overwrite it.
+            if due == 0 && !self.delayed.is_empty() {
+                self.queue.push_front(batch);
+                return;
+            }
+            due = usize::saturating_sub(due, 1);
             if batch.seq < REPAIR_SEQ_BASE && batch.docs == 1 && batch.body.len() > self.max_payload
             {
                 self.refuse_oversized(batch);
@@ -245,7 +266,9 @@ impl Dispatcher {
         let Some(batch) = self.sent.remove(&seq) else {
             return;
         };
-        let original = match batch.parent {
+        let parent = batch.parent;
+        self.keep_if_landed_early(batch);
+        let original = match parent {
             Some(parent) => match self.open_repairs.get_mut(&parent) {
                 Some(left) if *left > 1 => {
                     *left -= 1;
@@ -261,6 +284,18 @@ impl Dispatcher {
         if let Some(checkpoint) = self.watermark.confirmed(original) {
             progress.checkpoint = Some(checkpoint);
         }
+    }
+
+    /// Keeps a confirmed batch while a batch sent before it is unresolved (say, a task that
+    /// vanished from Meilisearch and is known to be lost only later), and lets go of those no
+    /// earlier batch can fail behind any more.
+    fn keep_if_landed_early(&mut self, batch: SentBatch) {
+        let earliest_open = self.sent.values().map(|sent| sent.order).min();
+        if earliest_open.is_some_and(|earliest| earliest < batch.order) {
+            self.landed.push(batch);
+        }
+        self.landed
+            .retain(|landed| earliest_open.is_some_and(|earliest| earliest < landed.order));
     }
 
     /// A batch of one document larger than any request Meilisearch accepts: the document is a
@@ -312,24 +347,79 @@ impl Dispatcher {
         let (op, checkpoint, order) = (batch.op, batch.checkpoint, batch.order);
         let original_body = Arc::clone(&batch.body);
         let parent = batch.parent.unwrap_or(seq);
-        let superseded = self.ids_sent_after(order);
-        let items: Vec<Vec<u8>> = if op == Operation::DeleteAll {
+        let later = self.later_writes(order);
+        let items: Vec<(Operation, Vec<u8>)> = if op == Operation::DeleteAll {
             // A delete-all has no items; nothing later can make it unnecessary but another one.
-            if superseded.all {
+            if later.all {
                 Vec::new()
             } else {
-                vec![Vec::new()]
+                vec![(op, Vec::new())]
             }
+        } else if later.all {
+            Vec::new()
         } else {
             split_items(op, &batch.body)
                 .into_iter()
-                .filter(|item| {
-                    !superseded.all
-                        && item_id(op, item, &self.primary_key)
-                            .is_none_or(|id| !superseded.ids.contains(&id.to_string()))
+                .filter_map(|item| {
+                    let id = item_id(op, &item, &self.primary_key);
+                    match id.and_then(|id| later.ids.get(&id.to_string())) {
+                        Some(Later::Replaced) => None,
+                        Some(Later::Updated(partials)) => {
+                            Some(with_later_updates(op, item, partials))
+                        }
+                        None => Some((op, item)),
+                    }
                 })
                 .collect()
         };
+        // A delete that later partial updates followed became a replacement: each kind goes as
+        // a part of its own.
+        let mut kinds: Vec<(Operation, Vec<Vec<u8>>)> = Vec::new();
+        for (kind, item) in items {
+            match kinds.iter_mut().find(|(held, _)| *held == kind) {
+                Some((_, held)) => held.push(item),
+                None => kinds.push((kind, vec![item])),
+            }
+        }
+        if kinds.len() > 1 {
+            self.sent.remove(&seq);
+            *self.open_repairs.entry(parent).or_insert(1) += kinds.len() - 1;
+            let due = Instant::now() + self.backoff.delay(0);
+            for (kind, items) in kinds.into_iter().rev() {
+                let part = Batch {
+                    seq: self.next_part(parent),
+                    op: kind,
+                    body: Arc::new(join_items(kind, &items)),
+                    docs: items.len(),
+                    checkpoint,
+                };
+                match remedy {
+                    Remedy::Resend => self.delayed.push((due, part)),
+                    _ => self.queue.push_front(part),
+                }
+            }
+            return;
+        }
+        let (op, items) = kinds.pop().unwrap_or((op, Vec::new()));
+        if remedy == Remedy::Split
+            && !items.is_empty()
+            && self.failed_by_another_task(parent, &message, op, &items)
+        {
+            // Only the batch that holds the document is split; this one goes again, at once.
+            self.sent.remove(&seq);
+            progress.retries.push(format!(
+                "{message}; that document is not in this batch but in another task Meilisearch indexed with it, so the batch is sent again"
+            ));
+            let part = self.next_part(parent);
+            self.queue.push_front(Batch {
+                seq: part,
+                op,
+                body: Arc::new(join_items(op, &items)),
+                docs: items.len(),
+                checkpoint,
+            });
+            return;
+        }
         if remedy == Remedy::Resend && !items.is_empty() {
             self.sent.remove(&seq);
             let attempt = self.resends.entry(parent).or_insert(0);
@@ -389,6 +479,29 @@ impl Dispatcher {
         self.resolve(seq, progress);
     }
 
+    /// Meilisearch indexes the tasks of an index that are enqueued together as one batch, and a
+    /// document error found while indexing it (a bad `_geo`, `_geojson` or `_vectors`) fails
+    /// every task of that batch, deletions included. The error names the document: when it is
+    /// not one of `items`, this batch failed for another's document. (Bounded, in case a message
+    /// names documents some other way: after that many it is split like any other.)
+    fn failed_by_another_task(
+        &mut self,
+        parent: u64,
+        message: &str,
+        op: Operation,
+        items: &[Vec<u8>],
+    ) -> bool {
+        let Some(blamed) = blamed_document(message) else {
+            return false;
+        };
+        let ours = items.iter().any(|item| {
+            item_id(op, item, &self.primary_key).is_some_and(|id| id_text(&id) == blamed)
+        });
+        let times = self.collateral.entry(parent).or_insert(0);
+        *times += 1;
+        !ours && *times <= MAX_COLLATERAL_RESENDS
+    }
+
     /// A new repair part of batch `parent` (its seq; the part is resolved with the parent).
     fn next_part(&mut self, parent: u64) -> u64 {
         let part = self.next_repair_seq;
@@ -397,28 +510,83 @@ impl Dispatcher {
         part
     }
 
-    fn ids_sent_after(&self, order: u64) -> Superseded {
-        let mut superseded = Superseded {
+    /// What the batches sent after position `order` (in flight, or landed early) wrote, in
+    /// send order, for a resend of a batch sent at `order`.
+    fn later_writes(&self, order: u64) -> LaterWrites {
+        let mut later: Vec<&SentBatch> = self
+            .sent
+            .values()
+            .chain(&self.landed)
+            .filter(|batch| batch.order > order)
+            .collect();
+        later.sort_by_key(|batch| batch.order);
+        let mut writes = LaterWrites {
             all: false,
-            ids: HashSet::new(),
+            ids: HashMap::new(),
         };
-        for batch in self.sent.values().filter(|batch| batch.order > order) {
+        for batch in later {
             if batch.op == Operation::DeleteAll {
-                superseded.all = true;
+                writes.all = true;
+                break;
             }
             for item in split_items(batch.op, &batch.body) {
-                if let Some(id) = item_id(batch.op, &item, &self.primary_key) {
-                    superseded.ids.insert(id.to_string());
+                let Some(id) = item_id(batch.op, &item, &self.primary_key) else {
+                    continue;
+                };
+                match (
+                    batch.op,
+                    writes
+                        .ids
+                        .entry(id.to_string())
+                        .or_insert(Later::Updated(Vec::new())),
+                ) {
+                    (Operation::Update, Later::Updated(partials)) => partials.push(item),
+                    (Operation::Update, Later::Replaced) => {}
+                    (_, later) => *later = Later::Replaced,
                 }
             }
         }
-        superseded
+        writes
     }
 }
 
-struct Superseded {
+/// What batches sent after a failed one wrote.
+struct LaterWrites {
+    /// A delete-all: nothing of the failed batch matters any more.
     all: bool,
-    ids: HashSet<String>,
+    /// By document id (its JSON text).
+    ids: HashMap<String, Later>,
+}
+
+enum Later {
+    /// Replaced or deleted: the failed batch's version is out of date; it is not sent again.
+    Replaced,
+    /// Only partial updates, in order: they changed some fields and kept the others, which the
+    /// failed batch must still bring. Resending it as it was would undo them.
+    Updated(Vec<Vec<u8>>),
+}
+
+/// A failed batch's item with the later partial updates of its document laid over it, which
+/// is what the index holds once everything sent lands: a replacement or update carries their
+/// fields; a delete followed by partial updates leaves a document of those fields alone.
+fn with_later_updates(op: Operation, item: Vec<u8>, partials: &[Vec<u8>]) -> (Operation, Vec<u8>) {
+    let (op, mut document) = match op {
+        Operation::Delete => (Operation::Replace, serde_json::Map::new()),
+        _ => match serde_json::from_slice::<serde_json::Map<String, Value>>(&item) {
+            Ok(document) => (op, document),
+            // Not an object: Meilisearch refuses it anyway, and the split isolates it.
+            Err(_) => return (op, item),
+        },
+    };
+    for partial in partials {
+        if let Ok(fields) = serde_json::from_slice::<serde_json::Map<String, Value>>(partial) {
+            document.extend(fields);
+        }
+    }
+    match serde_json::to_vec(&document) {
+        Ok(merged) => (op, merged),
+        Err(_) => (op, item),
+    }
 }
 
 /// What a failed batch needs.
@@ -434,6 +602,24 @@ enum Remedy {
     /// Nothing the documents or a retry can fix (the index is gone, the primary key is refused,
     /// the client is broken): the task stops with the error.
     Stop,
+}
+
+/// The document a Meilisearch error names: "… in the document with the id: `\"4\"` …" (the id
+/// as Meilisearch prints it, a JSON string even for numeric keys), unquoted.
+fn blamed_document(message: &str) -> Option<String> {
+    const MARK: &str = "document with the id: `";
+    let start = message.find(MARK)? + MARK.len();
+    let rest = message.get(start..)?;
+    let id = rest.get(..rest.find('`')?)?;
+    Some(id.trim_matches('"').to_owned())
+}
+
+/// A document id as Meilisearch prints it in messages, unquoted.
+fn id_text(id: &Value) -> String {
+    match id {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// An `invalid_request` code that blames documents of the batch, not the index or the request.
@@ -715,6 +901,145 @@ mod tests {
         }
     }
 
+    fn batch_of(seq: u64, op: Operation, items: &[Value]) -> Batch {
+        let items: Vec<Vec<u8>> = items.iter().map(|d| d.to_string().into_bytes()).collect();
+        Batch {
+            seq,
+            op,
+            body: Arc::new(join_items(op, &items)),
+            docs: items.len(),
+            checkpoint: Some(seq * 100),
+        }
+    }
+
+    /// Pumps until a failure has been handled (a resend is waiting out its backoff).
+    fn until_a_resend_waits(dispatcher: &mut Dispatcher) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while dispatcher
+            .pump(Some(Duration::from_millis(20)))
+            .retries
+            .is_empty()
+        {
+            assert!(Instant::now() < deadline, "no failure came");
+        }
+    }
+
+    #[test]
+    fn a_resend_keeps_the_fields_a_later_partial_update_did_not_carry() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        let mut dispatcher = dispatcher(&server);
+        dispatcher.push(batch_of(
+            1,
+            Operation::Replace,
+            &[
+                json!({"id": 1, "a": "first", "b": "old"}),
+                json!({"id": 2, "a": "first"}),
+            ],
+        ));
+        settle(&mut dispatcher);
+        // A new version of 1 and a delete of 2 fail for the server's own reasons; partial
+        // updates of both land meanwhile.
+        server
+            .faults()
+            .fail_next_tasks_as(2, "internal", "internal");
+        dispatcher.push(batch_of(
+            2,
+            Operation::Replace,
+            &[json!({"id": 1, "a": "second", "b": "new"})],
+        ));
+        dispatcher.push(batch_of(3, Operation::Delete, &[json!(2)]));
+        dispatcher.push(batch_of(
+            4,
+            Operation::Update,
+            &[
+                json!({"id": 1, "a": "third"}),
+                json!({"id": 2, "c": "third"}),
+            ],
+        ));
+        let (checkpoint, _) = settle_with_retries(&mut dispatcher);
+        assert_eq!(checkpoint, Some(400));
+        assert_eq!(
+            server.documents("books"),
+            vec![
+                json!({"id": 1, "a": "third", "b": "new"}),
+                json!({"id": 2, "c": "third"})
+            ]
+        );
+        assert!(dispatcher.take_dead_letters().is_empty());
+        dispatcher.shutdown();
+    }
+
+    #[test]
+    fn tasks_failed_with_a_document_of_another_task_in_their_batch_are_sent_again() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        let client =
+            Client::new(&server.url(), Some(KEY), Duration::from_secs(5)).expect("valid URL");
+        for uid in [
+            client.create_index("books", "id"),
+            client.update_settings("books", &json!({"filterableAttributes": ["_geo"]})),
+        ] {
+            client
+                .wait_task(uid.expect("enqueued"), Duration::from_secs(5))
+                .expect("done");
+        }
+        // While the first task is processed the next three are enqueued: Meilisearch indexes
+        // them as one batch, and the bad `_geo` of one document fails all three tasks.
+        server.faults().set_task_delay(Duration::from_millis(300));
+        let mut dispatcher = dispatcher(&server);
+        dispatcher.push(batch_of(
+            1,
+            Operation::Replace,
+            &[json!({"id": 1}), json!({"id": 2})],
+        ));
+        dispatcher.push(batch_of(
+            2,
+            Operation::Replace,
+            &[
+                json!({"id": 3}),
+                json!({"id": 4, "_geo": {"lat": "north", "lng": 0}}),
+                json!({"id": 5}),
+            ],
+        ));
+        dispatcher.push(batch_of(3, Operation::Delete, &[json!(1)]));
+        dispatcher.push(batch_of(4, Operation::Replace, &[json!({"id": 6})]));
+        assert_eq!(settle(&mut dispatcher), Some(400));
+        let dead = dispatcher.take_dead_letters();
+        assert_eq!(
+            dead.iter().map(|d| d.id.clone()).collect::<Vec<_>>(),
+            vec![json!("4")],
+            "{dead:?}"
+        );
+        assert_eq!(ids(&server), vec![json!(2), json!(3), json!(5), json!(6)]);
+        assert!(dead[0].message.contains("the id: `\"4\"`"), "{dead:?}");
+        dispatcher.shutdown();
+    }
+
+    #[test]
+    fn nothing_newer_is_sent_while_a_resend_waits_out_its_backoff() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        server
+            .faults()
+            .fail_next_tasks_as(1, "internal", "internal");
+        let mut dispatcher = dispatcher(&server);
+        dispatcher.push(batch_of(
+            1,
+            Operation::Replace,
+            &[json!({"id": 1, "v": "old"})],
+        ));
+        until_a_resend_waits(&mut dispatcher);
+        dispatcher.push(batch_of(
+            2,
+            Operation::Replace,
+            &[json!({"id": 1, "v": "new"})],
+        ));
+        assert_eq!(settle(&mut dispatcher), Some(200));
+        assert_eq!(
+            server.documents("books"),
+            vec![json!({"id": 1, "v": "new"})]
+        );
+        dispatcher.shutdown();
+    }
+
     #[test]
     fn a_document_over_the_payload_limit_is_a_dead_letter_never_sent() {
         let server = TestServer::start(Some(KEY)).expect("server");
@@ -790,12 +1115,8 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_task_meilisearch_no_longer_knows_is_sent_again() {
-        let server = TestServer::start(Some(KEY)).expect("server");
-        server.faults().set_task_delay(Duration::from_millis(500));
-        let mut dispatcher = dispatcher(&server);
-        dispatcher.push(batch(1, &[json!({"id": 1}), json!({"id": 2})]));
+    /// Pumps until Meilisearch has enqueued the first batch.
+    fn until_enqueued(dispatcher: &mut Dispatcher) {
         let deadline = Instant::now() + Duration::from_secs(10);
         while dispatcher
             .writer()
@@ -807,6 +1128,15 @@ mod tests {
             assert!(Instant::now() < deadline, "never enqueued");
             dispatcher.pump(Some(Duration::from_millis(10)));
         }
+    }
+
+    #[test]
+    fn a_task_meilisearch_no_longer_knows_is_sent_again() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        server.faults().set_task_delay(Duration::from_millis(500));
+        let mut dispatcher = dispatcher(&server);
+        dispatcher.push(batch(1, &[json!({"id": 1}), json!({"id": 2})]));
+        until_enqueued(&mut dispatcher);
         server.forget_tasks();
         let (checkpoint, retries) = settle_with_retries(&mut dispatcher);
         assert_eq!(checkpoint, Some(100));
@@ -819,6 +1149,25 @@ mod tests {
         assert_eq!(ids(&server), vec![json!(1), json!(2)]);
         assert_eq!(posted_bodies(&server).len(), 2, "sent once more");
         assert!(dispatcher.take_dead_letters().is_empty());
+        dispatcher.shutdown();
+    }
+
+    #[test]
+    fn a_vanished_task_sent_again_never_overwrites_what_landed_after_it() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        // Each task takes 50 ms, well within the 300 ms the writer waits for a vanished task.
+        server.faults().set_task_delay(Duration::from_millis(50));
+        let mut dispatcher = dispatcher(&server);
+        dispatcher.push(batch(1, &[json!({"id": 1, "v": "old"}), json!({"id": 2})]));
+        until_enqueued(&mut dispatcher);
+        server.forget_tasks();
+        // Confirmed long before the first is known to be lost.
+        dispatcher.push(batch(2, &[json!({"id": 1, "v": "new"})]));
+        assert_eq!(settle(&mut dispatcher), Some(200));
+        assert_eq!(
+            server.documents("books"),
+            vec![json!({"id": 1, "v": "new"}), json!({"id": 2})]
+        );
         dispatcher.shutdown();
     }
 

@@ -496,6 +496,13 @@ pub extern "C-unwind" fn meili_sync_task_main(arg: pg_sys::Datum) {
     let slot = SlotHandle::new(index);
     let outcome = PgTryBuilder::new(|| run(task_id, slot))
         .catch_others(|error| {
+            if should_stop() {
+                // Told to stop inside a transaction replay, where an ERROR is the only way out:
+                // a stop, not a failure of the task.
+                log!("pg_meili_sync task {task_id}: stopped inside a transaction replay; the slot has not moved past it, so the next worker decodes it again");
+                slot.detach(Phase::Exited);
+                error.rethrow()
+            }
             let message = crate::error::caught_message(&error);
             // An ERROR escaping a background worker's main function ends the process without
             // reaching the server log: say it here, before it does.

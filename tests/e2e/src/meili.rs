@@ -5,6 +5,7 @@
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use meili_test_server::TestServer;
@@ -16,8 +17,9 @@ pub struct Meili {
     pub url: String,
     pub key: Option<String>,
     server: Option<TestServer>,
-    /// Held for its Drop, which stops the process.
-    _real: Option<RealServer>,
+    /// A real server of this test's own: stopped on drop, and killed, restarted or frozen by
+    /// the fault tests.
+    real: Option<Mutex<RealServer>>,
     agent: ureq::Agent,
 }
 
@@ -28,7 +30,10 @@ const REAL_KEY: &str = "e2e-master-key-for-a-real-meilisearch";
 /// A real Meilisearch process of one test, with its own data directory; killed and removed on
 /// drop.
 struct RealServer {
-    child: Child,
+    /// None while it is down (see [`Meili::go_down`]).
+    child: Option<Child>,
+    binary: String,
+    port: u16,
     dir: PathBuf,
 }
 
@@ -43,7 +48,24 @@ impl RealServer {
             std::process::id()
         ));
         std::fs::create_dir_all(&dir).expect("the server's directory");
-        let log = std::fs::File::create(dir.join("meilisearch.log")).expect("the server's log");
+        let mut server = RealServer {
+            child: None,
+            binary: binary.to_owned(),
+            port,
+            dir,
+        };
+        server.spawn();
+        (server, format!("http://127.0.0.1:{port}"))
+    }
+
+    /// Starts the process on the server's port and data directory (again, after a kill).
+    fn spawn(&mut self) {
+        let (binary, dir, port) = (&self.binary, &self.dir, self.port);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(dir.join("meilisearch.log"))
+            .expect("the server's log");
         let child = Command::new(binary)
             .arg("--db-path")
             .arg(dir.join("data"))
@@ -63,17 +85,32 @@ impl RealServer {
             .stderr(log)
             .spawn()
             .unwrap_or_else(|error| panic!("cannot start {binary}: {error}"));
-        (
-            RealServer { child, dir },
-            format!("http://127.0.0.1:{port}"),
-        )
+        self.child = Some(child);
+    }
+
+    /// SIGKILL, as a crash or an OOM kill would: nothing is flushed.
+    fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    fn signal(&self, signal: &str) {
+        if let Some(child) = &self.child {
+            let status = Command::new("kill")
+                .args([signal, &child.id().to_string()])
+                .status()
+                .expect("kill");
+            assert!(status.success(), "kill {signal} failed");
+        }
     }
 }
 
 impl Drop for RealServer {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        // A stopped process takes SIGKILL too.
+        self.kill();
         if std::env::var_os("E2E_KEEP_CLUSTER").is_none() {
             let _ = std::fs::remove_dir_all(&self.dir);
         }
@@ -97,7 +134,7 @@ impl Meili {
                     .ok()
                     .filter(|key| !key.is_empty()),
                 server: None,
-                _real: None,
+                real: None,
                 agent,
             },
             None if std::env::var("E2E_MEILI").as_deref() == Ok("real") => {
@@ -108,21 +145,10 @@ impl Meili {
                     url,
                     key: Some(REAL_KEY.to_owned()),
                     server: None,
-                    _real: Some(real),
+                    real: Some(Mutex::new(real)),
                     agent,
                 };
-                let deadline = Instant::now() + Duration::from_secs(120);
-                while meili
-                    .request_once(Method::GET, "/health", None)
-                    .map(|(status, _)| status)
-                    != Ok(200)
-                {
-                    assert!(
-                        Instant::now() < deadline,
-                        "the real Meilisearch did not start"
-                    );
-                    std::thread::sleep(Duration::from_millis(100));
-                }
+                meili.wait_healthy();
                 meili
             }
             None => {
@@ -132,10 +158,82 @@ impl Meili {
                     url: server.url(),
                     key: Some(TEST_KEY.to_owned()),
                     server: Some(server),
-                    _real: None,
+                    real: None,
                     agent,
                 }
             }
+        }
+    }
+
+    fn wait_healthy(&self) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self
+            .request_once(Method::GET, "/health", None)
+            .map(|(status, _)| status)
+            != Ok(200)
+        {
+            assert!(
+                Instant::now() < deadline,
+                "the real Meilisearch did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn real(&self) -> Option<std::sync::MutexGuard<'_, RealServer>> {
+        self.real
+            .as_ref()
+            .map(|real| real.lock().unwrap_or_else(|poisoned| poisoned.into_inner()))
+    }
+
+    /// Whether the outage faults below can be played: the test server, or a real server of this
+    /// test's own (not one at `MEILI_URL`).
+    pub fn can_go_down(&self) -> bool {
+        self.server.is_some() || self.real.is_some()
+    }
+
+    /// Meilisearch becomes unreachable: the test server refuses connections; a real server is
+    /// killed with SIGKILL (what it had enqueued but not applied is in its task store).
+    pub fn go_down(&self) {
+        if let Some(server) = &self.server {
+            server.faults().set_unavailable(true);
+        }
+        if let Some(mut real) = self.real() {
+            real.kill();
+        }
+    }
+
+    /// After [`Meili::go_down`]: reachable again; a real server restarts on its data directory.
+    pub fn come_back(&self) {
+        if let Some(server) = &self.server {
+            server.faults().set_unavailable(false);
+        }
+        if let Some(mut real) = self.real() {
+            real.spawn();
+        }
+        if self.real.is_some() {
+            self.wait_healthy();
+        }
+    }
+
+    /// Meilisearch stops answering without closing anything: a real server gets SIGSTOP (its
+    /// connections hang), the test server refuses connections.
+    pub fn freeze(&self) {
+        if let Some(server) = &self.server {
+            server.faults().set_unavailable(true);
+        }
+        if let Some(real) = self.real() {
+            real.signal("-STOP");
+        }
+    }
+
+    /// After [`Meili::freeze`].
+    pub fn thaw(&self) {
+        if let Some(server) = &self.server {
+            server.faults().set_unavailable(false);
+        }
+        if let Some(real) = self.real() {
+            real.signal("-CONT");
         }
     }
 

@@ -1,6 +1,8 @@
-//! Fault injection, end to end: the test server's fault knobs (these tests are skipped against a
-//! real Meilisearch, which has none) while a backfill or the stream runs. Every case ends with
-//! "the index holds exactly the table's rows" (poison rows aside, which must be dead letters).
+//! Fault injection, end to end, while a backfill or the stream runs. Outages and stalls run on
+//! both servers (a real Meilisearch of the test's own is killed and restarted, or stopped with
+//! SIGSTOP); the other faults need the test server's knobs and are skipped against a real
+//! Meilisearch. Every case ends with "the index holds exactly the table's rows" (poison rows
+//! aside, which must be dead letters).
 
 use std::time::Duration;
 
@@ -22,9 +24,27 @@ fn outage() -> Duration {
 }
 
 fn with_test_server() -> Option<(Cluster, Meili)> {
+    with_meili(
+        |meili| meili.test_server().is_some(),
+        "fault knobs need the test server",
+    )
+}
+
+/// A cluster and a Meilisearch this test may take down: the test server, or a real server of
+/// its own.
+fn with_outages() -> Option<(Cluster, Meili)> {
+    with_meili(
+        Meili::can_go_down,
+        "the Meilisearch at MEILI_URL is not this test's to kill",
+    )
+}
+
+/// A cluster with the extension and the `products` table, and the Meilisearch to sync into;
+/// None (the test is skipped) when that Meilisearch cannot play the test's faults.
+fn with_meili(fits: impl Fn(&Meili) -> bool, why_not: &str) -> Option<(Cluster, Meili)> {
     let meili = Meili::from_env();
-    if meili.test_server().is_none() {
-        eprintln!("skipped: fault knobs need the test server (MEILI_URL is set)");
+    if !fits(&meili) {
+        eprintln!("skipped: {why_not}");
         return None;
     }
     let cluster = Cluster::start(&[]);
@@ -55,12 +75,15 @@ fn faults(meili: &Meili) -> &meili_test_server::Faults {
 
 #[test]
 fn meilisearch_unreachable_during_backfill() {
-    let Some((cluster, meili)) = with_test_server() else {
+    let Some((cluster, meili)) = with_outages() else {
         return;
     };
     cluster.psql(&products::insert_sql(1, 20_000));
-    // Slow tasks keep the copy from finishing before the outage begins (20 batches, 300 ms each).
-    faults(&meili).set_task_delay(Duration::from_millis(300));
+    // Slow tasks keep the copy from finishing before the outage begins (20 batches, 300 ms each;
+    // a real server takes longer than that by itself).
+    if let Some(server) = meili.test_server() {
+        server.faults().set_task_delay(Duration::from_millis(300));
+    }
     let (index, task) = start(
         &cluster,
         &meili,
@@ -70,7 +93,7 @@ fn meilisearch_unreachable_during_backfill() {
         let copied: i64 = cluster.status(task).get("rows_copied")?.parse().ok()?;
         (copied > 0).then_some(())
     });
-    faults(&meili).set_unavailable(true);
+    meili.go_down();
     std::thread::sleep(outage());
     let status = cluster.status(task);
     assert_eq!(
@@ -84,25 +107,28 @@ fn meilisearch_unreachable_during_backfill() {
             .is_some_and(|error| !error.is_empty()),
         "{status:?}"
     );
-    faults(&meili).clear();
+    meili.come_back();
+    if let Some(server) = meili.test_server() {
+        server.faults().clear();
+    }
     cluster.wait_snapshot_done(task, CONVERGE);
     converge(&cluster, &meili, &index);
 }
 
 #[test]
 fn meilisearch_unreachable_during_streaming() {
-    let Some((cluster, meili)) = with_test_server() else {
+    let Some((cluster, meili)) = with_outages() else {
         return;
     };
     cluster.psql(&products::insert_sql(1, 1000));
     let (index, task) = start(&cluster, &meili, json!({}));
     cluster.wait_snapshot_done(task, CONVERGE);
-    faults(&meili).set_unavailable(true);
+    meili.go_down();
     cluster.psql(&products::insert_sql(1001, 3000));
     cluster.psql("UPDATE products SET version = 2 WHERE id % 3 = 0");
     cluster.psql("DELETE FROM products WHERE id % 10 = 0");
     std::thread::sleep(outage());
-    faults(&meili).set_unavailable(false);
+    meili.come_back();
     converge(&cluster, &meili, &index);
     let retries: i64 = cluster
         .status(task)
@@ -362,8 +388,8 @@ fn lag_seconds(status: &std::collections::HashMap<String, String>) -> Option<f64
 #[test]
 fn lag_is_reported_while_meilisearch_stalls() {
     let meili = Meili::from_env();
-    if meili.test_server().is_none() {
-        eprintln!("skipped: fault knobs need the test server (MEILI_URL is set)");
+    if !meili.can_go_down() {
+        eprintln!("skipped: the Meilisearch at MEILI_URL is not this test's to stall");
         return;
     }
     let cluster = Cluster::start(&["meili_sync.lag_warning=2s"]);
@@ -375,13 +401,16 @@ fn lag_is_reported_while_meilisearch_stalls() {
     converge(&cluster, &meili, &index);
     let quiet = cluster.status(task);
     assert_eq!(lag_seconds(&quiet), Some(0.0), "{quiet:?}");
-    faults(&meili).set_unavailable(true);
+    meili.freeze();
     cluster.psql(&products::insert_sql(1001, 1500));
+    // A stopped real server shows as `retrying` once the request times out (30 s).
     let status = wait_for("the lag to be reported", CONVERGE, || {
         let status = cluster.status(task);
         let lag = lag_seconds(&status)?;
-        (lag > 2.0 && status.get("lag_warning").map(String::as_str) == Some("true"))
-            .then_some(status)
+        (lag > 2.0
+            && status.get("lag_warning").map(String::as_str) == Some("true")
+            && status.get("state").map(String::as_str) == Some("retrying"))
+        .then_some(status)
     });
     let lag_bytes: i64 = status
         .get("lag_bytes")
@@ -399,7 +428,7 @@ fn lag_is_reported_while_meilisearch_stalls() {
             .contains("more than meili_sync.lag_warning (2 s)")
             .then_some(())
     });
-    faults(&meili).set_unavailable(false);
+    meili.thaw();
     converge(&cluster, &meili, &index);
     let status = wait_for("the lag to clear", CONVERGE, || {
         let status = cluster.status(task);
