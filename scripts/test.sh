@@ -5,6 +5,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
+echo "== tier 0: no cycle among the extension's modules"
+python3 scripts/check-module-cycles.py
+
 echo "== tier 1a: Meilisearch test server and transcript replay"
 cargo test --release -p meili-test-server
 

@@ -18,9 +18,9 @@ mod gucs;
 mod meili;
 mod meter;
 mod options;
+mod plan;
 mod security;
 mod shmem;
-mod snapshot;
 #[cfg(test)]
 mod test_support;
 mod verify;

@@ -8,9 +8,6 @@ use crate::meter::RateWindow;
 use pgrx::prelude::*;
 use pgrx::shmem::PGRXSharedMemory;
 
-/// Room for this many tasks; `meili_sync.max_tasks` says how many may be used. A fixed array keeps
-/// shared memory a constant size (about 700 bytes a task).
-pub const TASK_SLOTS: usize = 256;
 const ERROR_BYTES: usize = 512;
 
 /// What a task worker is doing right now, as shown in `meili_sync_status.state`.
@@ -206,14 +203,14 @@ impl TaskSlot {
 #[derive(Clone, Copy)]
 pub struct SharedState {
     launcher_latch: usize,
-    slots: [TaskSlot; TASK_SLOTS],
+    slots: [TaskSlot; crate::gucs::TASK_SLOTS],
 }
 
 impl Default for SharedState {
     fn default() -> Self {
         SharedState {
             launcher_latch: 0,
-            slots: [TaskSlot::EMPTY; TASK_SLOTS],
+            slots: [TaskSlot::EMPTY; crate::gucs::TASK_SLOTS],
         }
     }
 }

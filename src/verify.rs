@@ -18,9 +18,8 @@ use crate::encode::{encode_document, key_of_id, ColumnValue, ValueKind};
 use crate::error::{ErrorKind, SyncError};
 use crate::meili::client::{Client, MeiliError, TaskStatus};
 use crate::options::{TaskOptions, WriteMode};
+use crate::plan::{build_plan, PageSizer, SnapshotPlan};
 use crate::security;
-use crate::snapshot::{PageSizer, SnapshotPlan};
-use crate::worker::task::build_plan;
 
 const PAGE_ROWS: usize = 1000;
 const HTTP_TIMEOUT: Duration = Duration::from_secs(60);

@@ -3,8 +3,8 @@
 //! worker's whole life, fed WAL as it is flushed, and our own write callback receiving pgoutput's
 //! messages in memory. Every FFI call of the project's decoding lives here.
 //!
-//! Read ../shared/notes/in-process-decoding.md before changing this file: a mistake here takes the
-//! whole cluster down (a segfault in any backend restarts all of them).
+//! Read ARCHITECTURE.md ("Rules for the decoding code") before changing this file: a mistake here
+//! takes the whole cluster down (a segfault in any backend restarts all of them).
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::ptr;

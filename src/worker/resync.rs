@@ -23,10 +23,10 @@ use serde_json::Value;
 use crate::catalog::{self, TaskRecord};
 use crate::meili::client::{Client, TaskStatus};
 use crate::shmem::{self, Phase, SlotHandle};
-use crate::worker::stream::SwapGate;
-use crate::worker::task::{
+use crate::worker::control::{
     await_meili_task, permanent, should_stop, with_retry, Stop, SETUP_TIMEOUT,
 };
+use crate::worker::stream::SwapGate;
 
 /// How often the helper looks at the task it waits for.
 const GATE_INTERVAL: Duration = Duration::from_millis(200);

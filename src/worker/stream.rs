@@ -10,81 +10,20 @@ use pgrx::prelude::*;
 use crate::batch::BatchLimits;
 use crate::batch::Operation;
 use crate::catalog;
-use crate::changes::{ChangeMapper, RelationShape};
-use crate::decode::pgoutput::{self, Relation};
+use crate::changes::ChangeMapper;
+use crate::decode::pgoutput;
 use crate::decode::session::{DecodingSession, MessageSink};
 use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
-use crate::encode::{Column, DocumentShape};
 use crate::gucs;
 use crate::meili::client::Client;
 use crate::meter::CommitAges;
 use crate::options::{TaskOptions, WriteMode};
+use crate::plan::ColumnRules;
 use crate::shmem::{Phase, SlotHandle};
-use crate::worker::task::{report_progress, should_stop};
+use crate::worker::control::{report_progress, should_stop};
 
 /// WAL records decoded between two looks at confirmations and signals.
 const RECORDS_PER_ROUND: usize = 2000;
-
-/// Which columns of the table become document fields, and which form the key.
-pub struct ColumnRules {
-    pub relation_name: String,
-    pub key: Vec<String>,
-    pub columns: Option<Vec<String>>,
-    pub exclude_columns: Vec<String>,
-}
-
-impl ColumnRules {
-    pub fn new(relation_name: &str, key: &[String], options: &TaskOptions) -> Self {
-        ColumnRules {
-            relation_name: relation_name.to_owned(),
-            key: key.to_vec(),
-            columns: options.columns.clone(),
-            exclude_columns: options.exclude_columns.clone(),
-        }
-    }
-
-    pub fn includes(&self, name: &str) -> bool {
-        self.key.iter().any(|key| key == name)
-            || (self
-                .columns
-                .as_ref()
-                .is_none_or(|names| names.iter().any(|n| n == name))
-                && !self.exclude_columns.iter().any(|n| n == name))
-    }
-
-    /// The document shape of a Relation message; a missing key column stops the task.
-    fn relation_shape(&self, relation: &Relation) -> Result<RelationShape, String> {
-        let mut columns = Vec::new();
-        let mut source_columns = Vec::new();
-        for (position, column) in relation.columns.iter().enumerate() {
-            if self.includes(&column.name) {
-                let kind = catalog::value_kind(pg_sys::Oid::from(column.type_oid))
-                    .map_err(|error| error.message)?;
-                columns.push(Column {
-                    name: column.name.clone(),
-                    kind,
-                });
-                source_columns.push(position);
-            }
-        }
-        let mut key_columns = Vec::new();
-        for name in &self.key {
-            let position = columns.iter().position(|column| &column.name == name).ok_or_else(|| {
-                format!(
-                    "key column \"{name}\" of table {} was dropped or renamed; the task stopped so as not to corrupt the index (drop it and start a new one)",
-                    self.relation_name
-                )
-            })?;
-            key_columns.push(position);
-        }
-        let shape = DocumentShape::new(columns, key_columns).map_err(|error| error.to_string())?;
-        Ok(RelationShape {
-            table: self.relation_name.clone(),
-            shape,
-            source_columns,
-        })
-    }
-}
 
 pub struct Streamer<'d> {
     task_id: i64,

@@ -6,100 +6,26 @@ use std::time::Duration;
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 
-use crate::batch::BatchLimits;
 use crate::catalog::{self, TaskRecord};
-use crate::dispatch::{Dispatcher, Progress};
-use crate::encode::{Column, DocumentShape};
+use crate::dispatch::Dispatcher;
 use crate::error::{ErrorKind, SyncError};
-use crate::meili::client::{Client, MeiliError, TaskStatus};
+use crate::meili::client::Client;
 use crate::meili::retry::Backoff;
 use crate::meili::writer::{Writer, WriterConfig};
 use crate::options::TaskOptions;
+use crate::plan::{build_plan, ColumnRules, SnapshotPlan};
 use crate::shmem::{self, Phase, SlotHandle};
-use crate::snapshot::{self, SnapshotOutcome, SnapshotPlan};
+use crate::worker::control::{
+    await_meili_task, permanent, retry_pause, should_stop, with_retry, Stop,
+};
 use crate::worker::resync::{self, ResyncGate};
-use crate::worker::stream::{self, ColumnRules, IndexWatch, Streamer, SwapGate};
+use crate::worker::snapshot::{self, SnapshotOutcome};
+use crate::worker::stream::{self, IndexWatch, Streamer, SwapGate};
 
 const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
-pub const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
 /// How long an enqueued Meilisearch task may be missing from its task list before its batch is
 /// sent again (at least once: it may have been applied before it vanished).
 const VANISHED_TASK_GRACE: Duration = Duration::from_secs(30);
-
-/// True once SIGTERM arrived or the postmaster died; checked between units of work.
-pub fn should_stop() -> bool {
-    // SAFETY: reads a flag that this process's SIGTERM handler sets.
-    let terminated = unsafe { (&raw const pg_sys::ShutdownRequestPending).read_volatile() != 0 };
-    // A zero-timeout latch wait reports postmaster death (and SIGTERM) without sleeping.
-    terminated || !BackgroundWorker::wait_latch(Some(Duration::ZERO))
-}
-
-/// Why the worker ended without finishing: a permanent error stops the task, anything else is retried.
-pub enum Stop {
-    Terminated,
-    Permanent(String),
-}
-
-pub fn permanent(message: impl Into<String>) -> Stop {
-    Stop::Permanent(message.into())
-}
-
-/// Shows a transient failure in the status view and waits `delay` before the next attempt,
-/// unless the worker is asked to stop.
-pub fn retry_pause(slot: SlotHandle, error: &str, delay: Duration) -> Result<(), Stop> {
-    slot.add_retry();
-    slot.set_error(error);
-    slot.set_phase(Phase::Retrying);
-    let deadline = std::time::Instant::now() + delay;
-    while std::time::Instant::now() < deadline {
-        if should_stop() {
-            return Err(Stop::Terminated);
-        }
-        std::thread::sleep(Duration::from_millis(20).min(delay));
-    }
-    Ok(())
-}
-
-/// Runs a Meilisearch call, retrying transient failures with backoff until it succeeds, fails
-/// for good, or the worker is asked to stop.
-pub fn with_retry<T>(
-    slot: SlotHandle,
-    what: &str,
-    mut call: impl FnMut() -> Result<T, MeiliError>,
-) -> Result<T, Stop> {
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
-    let mut attempt = 0;
-    loop {
-        match call() {
-            Ok(value) => return Ok(value),
-            Err(error) if error.is_retryable() || error.is_auth() => {
-                retry_pause(slot, &format!("{what}: {error}"), backoff.delay(attempt))?;
-                attempt += 1;
-            }
-            Err(error) => return Err(permanent(format!("{what}: {error}"))),
-        }
-    }
-}
-
-/// Waits for a Meilisearch task and turns its failure into a permanent error.
-pub fn await_meili_task(
-    slot: SlotHandle,
-    client: &Client,
-    uid: u64,
-    what: &str,
-) -> Result<(), Stop> {
-    let state = with_retry(slot, what, || client.wait_task(uid, SETUP_TIMEOUT))?;
-    match state.status {
-        TaskStatus::Succeeded => Ok(()),
-        _ => Err(permanent(format!(
-            "{what}: Meilisearch task {uid} {}",
-            state
-                .error
-                .map(|error| format!("failed: {} ({})", error.message, error.code))
-                .unwrap_or_else(|| "did not succeed".into())
-        ))),
-    }
-}
 
 /// Creates the index with the task's key attribute, or checks an existing one; applies settings.
 fn prepare_index(
@@ -160,58 +86,6 @@ struct PreparedIndex {
     created_at: Option<String>,
     /// This worker created it, so it held no documents before the copy.
     created: bool,
-}
-
-pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPlan, SyncError> {
-    let info = catalog::relation_info(task.relid)?;
-    let mut columns = Vec::new();
-    let mut column_names = Vec::new();
-    let mut key_types = Vec::new();
-    let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
-    for column in info.columns.iter().filter(|column| !column.generated) {
-        if rules.includes(&column.name) {
-            columns.push(Column {
-                name: column.name.clone(),
-                kind: catalog::value_kind(column.type_oid)?,
-            });
-            column_names.push(column.name.clone());
-        }
-    }
-    let mut key_columns = Vec::new();
-    for name in &task.primary_key {
-        let Some(position) = column_names.iter().position(|column| column == name) else {
-            return Err(SyncError::new(
-                ErrorKind::UndefinedColumn,
-                format!(
-                    "key column \"{name}\" is no longer in table {}",
-                    task.relation
-                ),
-            ));
-        };
-        key_columns.push(position);
-        key_types.push((name.clone(), info.type_name_of(name)));
-    }
-    let shape = DocumentShape::new(columns, key_columns).map_err(|error| {
-        SyncError::new(
-            ErrorKind::InvalidParameter,
-            format!("cannot build documents of table {}: {error}", task.relation),
-        )
-    })?;
-    let page_rows = options.batch_size.clamp(100, 10_000);
-    let (first_page_query, next_page_query) =
-        catalog::page_queries(&info.qualified_name, &column_names, &key_types);
-    Ok(SnapshotPlan {
-        first_page_query,
-        next_page_query,
-        page_rows,
-        shape,
-        limits: BatchLimits {
-            max_docs: options.batch_size,
-            max_bytes: options.batch_bytes,
-            max_age: Duration::from_millis(options.flush_interval_ms),
-        },
-        table_owner: info.owner,
-    })
 }
 
 /// Creates the task's slot before its copy. A slot that `max_slot_wal_keep_size` invalidated, or
@@ -438,43 +312,6 @@ fn prune_index(task: &TaskRecord, slot: SlotHandle) -> Result<(), Stop> {
             Err(error) => return Err(permanent(error.message)),
         }
     }
-}
-
-/// Acts on what the dispatcher reported: stores dead letters (before any checkpoint that covers
-/// them is saved or confirmed) and shows retries in the status view.
-pub fn report_progress(
-    task_id: i64,
-    slot: SlotHandle,
-    dispatcher: &mut Dispatcher,
-    progress: &Progress,
-    phase: Phase,
-) -> Result<(), SyncError> {
-    for error in &progress.retries {
-        slot.add_retry();
-        slot.set_error(error);
-        slot.set_phase(Phase::Retrying);
-    }
-    if progress.checkpoint.is_some() {
-        slot.confirmed_now();
-        if progress.retries.is_empty() {
-            slot.set_phase(phase);
-        }
-    }
-    let dead_letters = dispatcher.take_dead_letters();
-    if !dead_letters.is_empty() {
-        BackgroundWorker::transaction(|| {
-            catalog::insert_dead_letters(task_id, &dead_letters, phase == Phase::Streaming)
-        })?;
-        slot.add_dead_letters(dead_letters.len());
-        let message = format!(
-            "{} document(s) refused by Meilisearch went to meili_sync_dead_letters: {}",
-            dead_letters.len(),
-            dead_letters[0].message
-        );
-        warning!("pg_meili_sync task {task_id}: {message}");
-        slot.set_error(&message);
-    }
-    Ok(())
 }
 
 #[pg_guard]

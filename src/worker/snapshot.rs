@@ -7,65 +7,15 @@ use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::BackgroundWorker;
 
-use crate::batch::{BatchLimits, Batcher, Operation};
+use crate::batch::{Batcher, Operation};
 use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
-use crate::encode::{check_geo, encode_document, ColumnValue, DocumentShape};
+use crate::encode::{check_geo, encode_document, ColumnValue};
 use crate::error::SyncError;
+use crate::plan::{PageSizer, SnapshotPlan};
 use crate::shmem::{Phase, SlotHandle};
-use crate::worker::task::{report_progress, should_stop};
+use crate::worker::control::{report_progress, should_stop};
 use crate::{catalog, security};
 use serde_json::Value;
-
-/// What the copy reads: the page queries and how rows become documents.
-pub struct SnapshotPlan {
-    pub first_page_query: String,
-    pub next_page_query: String,
-    /// Rows per page at most (pages of wide rows hold fewer, see [`PageSizer`]).
-    pub page_rows: usize,
-    pub shape: DocumentShape,
-    pub limits: BatchLimits,
-    /// The table's owner: pages are read with its rights (see `security::as_table_owner`).
-    pub table_owner: pgrx::pg_sys::Oid,
-}
-
-/// Bytes of row values one page may hold, about: 10,000 rows of 1 MB must not be read at once.
-const PAGE_BYTES: usize = 32 << 20;
-
-/// Sizes each page of the copy by the bytes of the rows read so far, so that a page of wide rows
-/// stays near [`PAGE_BYTES`] while narrow rows still come `max_rows` at a time. The first page is
-/// small, since nothing is known of the rows yet.
-pub struct PageSizer {
-    max_rows: usize,
-    next_rows: usize,
-}
-
-impl PageSizer {
-    pub fn new(max_rows: usize) -> Self {
-        let max_rows = max_rows.max(1);
-        PageSizer {
-            max_rows,
-            next_rows: max_rows.min(100),
-        }
-    }
-
-    /// Rows to ask for next.
-    pub fn rows(&self) -> usize {
-        self.next_rows
-    }
-
-    /// A page came back with these rows (each a row of values).
-    pub fn read(&mut self, rows: &[Vec<Option<String>>]) {
-        let bytes: usize = rows
-            .iter()
-            .flatten()
-            .map(|value| value.as_ref().map_or(1, String::len))
-            .sum();
-        let Some(average) = bytes.checked_div(rows.len()) else {
-            return;
-        };
-        self.next_rows = (PAGE_BYTES / average.max(1)).clamp(1, self.max_rows);
-    }
-}
 
 pub enum SnapshotOutcome {
     Done {
@@ -218,30 +168,5 @@ pub fn run(
         }
         let progress = copy.dispatcher.pump(Some(Duration::from_millis(50)));
         copy.settle(progress)?;
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn rows(count: usize, bytes: usize) -> Vec<Vec<Option<String>>> {
-        (0..count)
-            .map(|_| vec![Some("x".repeat(bytes)), None])
-            .collect()
-    }
-
-    #[test]
-    fn pages_of_wide_rows_stay_near_the_byte_budget() {
-        let mut pages = PageSizer::new(10_000);
-        assert_eq!(pages.rows(), 100, "the first page is small");
-        pages.read(&rows(100, 1 << 20));
-        assert_eq!(pages.rows(), PAGE_BYTES / ((1 << 20) + 1));
-        pages.read(&rows(1, 200 << 20));
-        assert_eq!(pages.rows(), 1, "a row over the budget comes alone");
-        pages.read(&rows(10, 10));
-        assert_eq!(pages.rows(), 10_000, "narrow rows come max_rows at a time");
-        pages.read(&[]);
-        assert_eq!(pages.rows(), 10_000, "an empty page changes nothing");
     }
 }

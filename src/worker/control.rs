@@ -1,0 +1,131 @@
+//! What every phase of a task worker shares: stop checks, the stop reasons, retries of
+//! Meilisearch calls with backoff, and reporting the dispatcher's progress to the status view and
+//! the dead letters. The phases (snapshot, stream, resync) and the orchestrator (`task`) import
+//! it; it imports none of them.
+
+use std::time::Duration;
+
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::prelude::*;
+
+use crate::catalog;
+use crate::dispatch::{Dispatcher, Progress};
+use crate::error::SyncError;
+use crate::meili::client::{Client, MeiliError, TaskStatus};
+use crate::meili::retry::Backoff;
+use crate::shmem::{Phase, SlotHandle};
+
+/// How long setup calls (index creation, settings, swaps) may wait for their Meilisearch task.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// True once SIGTERM arrived or the postmaster died; checked between units of work.
+pub fn should_stop() -> bool {
+    // SAFETY: reads a flag that this process's SIGTERM handler sets.
+    let terminated = unsafe { (&raw const pg_sys::ShutdownRequestPending).read_volatile() != 0 };
+    // A zero-timeout latch wait reports postmaster death (and SIGTERM) without sleeping.
+    terminated || !BackgroundWorker::wait_latch(Some(Duration::ZERO))
+}
+
+/// Why the worker ended without finishing: a permanent error stops the task, anything else is retried.
+pub enum Stop {
+    Terminated,
+    Permanent(String),
+}
+
+pub fn permanent(message: impl Into<String>) -> Stop {
+    Stop::Permanent(message.into())
+}
+
+/// Shows a transient failure in the status view and waits `delay` before the next attempt,
+/// unless the worker is asked to stop.
+pub fn retry_pause(slot: SlotHandle, error: &str, delay: Duration) -> Result<(), Stop> {
+    slot.add_retry();
+    slot.set_error(error);
+    slot.set_phase(Phase::Retrying);
+    let deadline = std::time::Instant::now() + delay;
+    while std::time::Instant::now() < deadline {
+        if should_stop() {
+            return Err(Stop::Terminated);
+        }
+        std::thread::sleep(Duration::from_millis(20).min(delay));
+    }
+    Ok(())
+}
+
+/// Runs a Meilisearch call, retrying transient failures with backoff until it succeeds, fails
+/// for good, or the worker is asked to stop.
+pub fn with_retry<T>(
+    slot: SlotHandle,
+    what: &str,
+    mut call: impl FnMut() -> Result<T, MeiliError>,
+) -> Result<T, Stop> {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+    let mut attempt = 0;
+    loop {
+        match call() {
+            Ok(value) => return Ok(value),
+            Err(error) if error.is_retryable() || error.is_auth() => {
+                retry_pause(slot, &format!("{what}: {error}"), backoff.delay(attempt))?;
+                attempt += 1;
+            }
+            Err(error) => return Err(permanent(format!("{what}: {error}"))),
+        }
+    }
+}
+
+/// Waits for a Meilisearch task and turns its failure into a permanent error.
+pub fn await_meili_task(
+    slot: SlotHandle,
+    client: &Client,
+    uid: u64,
+    what: &str,
+) -> Result<(), Stop> {
+    let state = with_retry(slot, what, || client.wait_task(uid, SETUP_TIMEOUT))?;
+    match state.status {
+        TaskStatus::Succeeded => Ok(()),
+        _ => Err(permanent(format!(
+            "{what}: Meilisearch task {uid} {}",
+            state
+                .error
+                .map(|error| format!("failed: {} ({})", error.message, error.code))
+                .unwrap_or_else(|| "did not succeed".into())
+        ))),
+    }
+}
+
+/// Acts on what the dispatcher reported: stores dead letters (before any checkpoint that covers
+/// them is saved or confirmed) and shows retries in the status view.
+pub fn report_progress(
+    task_id: i64,
+    slot: SlotHandle,
+    dispatcher: &mut Dispatcher,
+    progress: &Progress,
+    phase: Phase,
+) -> Result<(), SyncError> {
+    for error in &progress.retries {
+        slot.add_retry();
+        slot.set_error(error);
+        slot.set_phase(Phase::Retrying);
+    }
+    if progress.checkpoint.is_some() {
+        slot.confirmed_now();
+        if progress.retries.is_empty() {
+            slot.set_phase(phase);
+        }
+    }
+    let dead_letters = dispatcher.take_dead_letters();
+    if !dead_letters.is_empty() {
+        BackgroundWorker::transaction(|| {
+            catalog::insert_dead_letters(task_id, &dead_letters, phase == Phase::Streaming)
+        })?;
+        slot.add_dead_letters(dead_letters.len());
+        let message = format!(
+            "{} document(s) refused by Meilisearch went to meili_sync_dead_letters: {}",
+            dead_letters.len(),
+            dead_letters[0].message
+        );
+        warning!("pg_meili_sync task {task_id}: {message}");
+        slot.set_error(&message);
+    }
+    Ok(())
+}
