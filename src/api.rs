@@ -7,7 +7,7 @@ use pgrx::datum::TimestampWithTimeZone;
 use pgrx::prelude::*;
 use pgrx::{register_xact_callback, JsonB, PgRelation, PgXactCallbackEvent};
 
-use crate::catalog::{self, NewTask, RelationInfo};
+use crate::catalog::{self, NewTask, RelationInfo, TaskState};
 use crate::encode::ValueKind;
 use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::meili::client::{Client, MeiliError};
@@ -325,7 +325,7 @@ fn refuse_index_in_use(
 
 /// A task held for the swap of its resync changes only through the helper, for a moment.
 fn refuse_while_swapping(record: &catalog::TaskRecord) -> Result<(), SyncError> {
-    if record.state != "swapping" {
+    if record.state != TaskState::Swapping {
         return Ok(());
     }
     let helper = catalog::resync_helper(record.id)?.unwrap_or_default();
@@ -372,7 +372,7 @@ fn meili_sync_stop(task: Option<i64>) -> bool {
     let result = (|| {
         require_admin()?;
         let record = require_task(task)?;
-        catalog::set_state(record.id, "stopped")?;
+        catalog::set_state(record.id, TaskState::Stopped)?;
         wake_launcher_at_commit();
         Ok(true)
     })();
@@ -386,7 +386,7 @@ fn meili_sync_pause(task: Option<i64>) -> bool {
         require_admin()?;
         let record = require_task(task)?;
         refuse_while_swapping(&record)?;
-        catalog::set_state(record.id, "paused")?;
+        catalog::set_state(record.id, TaskState::Paused)?;
         wake_launcher_at_commit();
         Ok(true)
     })();
@@ -529,7 +529,7 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
                 "Follow it in meili_sync_status; SELECT meili_sync_drop({helper}, drop_index => true) cancels it."
             )));
         }
-        if record.state != "streaming" {
+        if record.state != TaskState::Streaming {
             return Err(SyncError::new(
                 ErrorKind::Prerequisite,
                 format!(

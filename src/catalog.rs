@@ -40,6 +40,54 @@ pub struct RelationInfo {
     pub unique_keys: Vec<Vec<String>>,
 }
 
+/// What a task should be doing: `meili_sync.tasks.state`, whose CHECK constraint allows exactly
+/// these. (Not to be confused with a worker's live [`crate::shmem::Phase`], nor with the status of a
+/// Meilisearch task.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskState {
+    /// Copying the table (or about to).
+    Snapshot,
+    Streaming,
+    Paused,
+    Stopped,
+    /// Stopped by a failure; `last_error` says why.
+    Error,
+    /// Held by its resync helper for the swap.
+    Swapping,
+}
+
+impl TaskState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Snapshot => "snapshot",
+            TaskState::Streaming => "streaming",
+            TaskState::Paused => "paused",
+            TaskState::Stopped => "stopped",
+            TaskState::Error => "error",
+            TaskState::Swapping => "swapping",
+        }
+    }
+
+    /// The stored text; anything the CHECK constraint would not let in reads as `Error`, a state
+    /// in which no worker runs.
+    fn from_stored(text: &str) -> TaskState {
+        match text {
+            "snapshot" => TaskState::Snapshot,
+            "streaming" => TaskState::Streaming,
+            "paused" => TaskState::Paused,
+            "stopped" => TaskState::Stopped,
+            "swapping" => TaskState::Swapping,
+            _ => TaskState::Error,
+        }
+    }
+}
+
+impl std::fmt::Display for TaskState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
 /// One task row, with its key: only the worker and privileged functions load it.
 #[derive(Debug, Clone)]
 pub struct TaskRecord {
@@ -53,7 +101,7 @@ pub struct TaskRecord {
     pub options: serde_json::Value,
     /// The role that created the task.
     pub owner: pg_sys::Oid,
-    pub state: String,
+    pub state: TaskState,
     /// Bumped by every change that must restart the task's worker.
     pub generation: i32,
     pub slot_name: String,
@@ -484,7 +532,7 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
                 .get::<JsonB>(8)?
                 .map(|json| json.0)
                 .unwrap_or(serde_json::Value::Null),
-            state: row.get(9)?.unwrap_or_default(),
+            state: TaskState::from_stored(&row.get::<String>(9)?.unwrap_or_default()),
             slot_name: object_name(row.get(12)?.unwrap_or(pg_sys::InvalidOid), id),
             publication_name: object_name(row.get(12)?.unwrap_or(pg_sys::InvalidOid), id),
             snapshot_key: names_from(row.get(10)?),
@@ -510,11 +558,11 @@ pub fn require_task(task_id: i64) -> CatalogResult<TaskRecord> {
     })
 }
 
-pub fn set_state(task_id: i64, state: &str) -> CatalogResult<()> {
+pub fn set_state(task_id: i64, state: TaskState) -> CatalogResult<()> {
     as_catalog_owner(|| {
         Spi::run_with_args(
             "UPDATE meili_sync.tasks SET state = $2, generation = generation + 1 WHERE id = $1",
-            &[task_id.into(), state.into()],
+            &[task_id.into(), state.as_str().into()],
         )?;
         Ok(())
     })
@@ -836,7 +884,7 @@ pub fn resync_helper(task_id: i64) -> CatalogResult<Option<i64>> {
 /// What a resync helper needs to know of the task it rebuilds before swapping: its state, and
 /// whether a worker still holds its slot and how far that slot is confirmed.
 pub struct HeldTask {
-    pub state: String,
+    pub state: TaskState,
     pub slot_active: bool,
     pub confirmed: Option<u64>,
 }
@@ -858,7 +906,7 @@ pub fn held_task(task_id: i64) -> CatalogResult<Option<HeldTask>> {
             return Ok(None);
         };
         Ok(Some(HeldTask {
-            state: row.get(1)?.unwrap_or_default(),
+            state: TaskState::from_stored(&row.get::<String>(1)?.unwrap_or_default()),
             slot_active: row.get(2)?.unwrap_or(false),
             confirmed: row.get::<i64>(3)?.map(|lsn| lsn as u64),
         }))

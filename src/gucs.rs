@@ -6,7 +6,7 @@ use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 
 /// Room for this many tasks; `meili_sync.max_tasks` says how many may be used. A fixed array keeps
 /// shared memory a constant size (about 700 bytes a task).
-pub const TASK_SLOTS: usize = 256;
+pub const TASK_ENTRIES: usize = 256;
 
 static URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static API_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
@@ -109,7 +109,7 @@ pub fn init() {
         c"Shared memory holds room for 256; raise max_worker_processes to match.",
         &MAX_TASKS,
         1,
-        TASK_SLOTS as i32,
+        TASK_ENTRIES as i32,
         GucContext::Postmaster,
         GucFlags::default(),
     );
@@ -205,7 +205,7 @@ pub fn index_check_interval() -> std::time::Duration {
 pub fn max_tasks() -> usize {
     usize::try_from(MAX_TASKS.get())
         .unwrap_or(1)
-        .clamp(1, TASK_SLOTS)
+        .clamp(1, TASK_ENTRIES)
 }
 
 /// None when the warning is off (0).

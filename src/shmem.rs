@@ -1,4 +1,5 @@
-//! Shared memory: the launcher's latch (so SQL can wake it) and one live-state slot per task worker.
+//! Shared memory: the launcher's latch (so SQL can wake it) and one live-state entry per task worker (an *entry*, so that "slot" only ever
+//! means a replication slot).
 
 use pgrx::lwlock::PgLwLock;
 use pgrx::pg_shmem_init;
@@ -110,7 +111,7 @@ impl Counters {
 }
 
 #[derive(Clone, Copy)]
-pub struct TaskSlot {
+pub struct LiveEntry {
     task_id: i64,
     pid: i32,
     /// The task's catalog generation the worker runs with, so that a restarted launcher can
@@ -137,7 +138,7 @@ pub struct TaskSlot {
     failed_tasks: i64,
     /// Documents confirmed per second over the last minute.
     docs_per_second: f64,
-    /// WAL position decoded so far, and the slot's confirmed position (0: not streaming yet).
+    /// WAL position decoded so far, and the replication slot's confirmed position (0: not streaming yet).
     received_lsn: u64,
     confirmed_lsn: u64,
     /// Commit time of the oldest change Meilisearch has not confirmed (0: none).
@@ -151,7 +152,7 @@ pub struct TaskSlot {
     error_at: pg_sys::TimestampTz,
 }
 
-impl TaskSlot {
+impl LiveEntry {
     /// This worker's own counters.
     fn worker_counters(&self) -> Counters {
         Counters {
@@ -167,7 +168,7 @@ impl TaskSlot {
         }
     }
 
-    const EMPTY: TaskSlot = TaskSlot {
+    const EMPTY: LiveEntry = LiveEntry {
         task_id: 0,
         pid: 0,
         generation: 0,
@@ -203,14 +204,14 @@ impl TaskSlot {
 #[derive(Clone, Copy)]
 pub struct SharedState {
     launcher_latch: usize,
-    slots: [TaskSlot; crate::gucs::TASK_SLOTS],
+    entries: [LiveEntry; crate::gucs::TASK_ENTRIES],
 }
 
 impl Default for SharedState {
     fn default() -> Self {
         SharedState {
             launcher_latch: 0,
-            slots: [TaskSlot::EMPTY; crate::gucs::TASK_SLOTS],
+            entries: [LiveEntry::EMPTY; crate::gucs::TASK_ENTRIES],
         }
     }
 }
@@ -256,10 +257,10 @@ unsafe extern "C-unwind" fn wake_workers_at_commit(
 
 fn wake_task_workers() {
     let state = STATE.share();
-    for slot in state.slots.iter().filter(|slot| slot.latch != 0) {
+    for entry in state.entries.iter().filter(|entry| entry.latch != 0) {
         // SAFETY: the address is a worker's PGPROC latch in shared memory (valid for the cluster's
         // life); setting the latch of a process that just exited is harmless.
-        unsafe { pg_sys::SetLatch(slot.latch as *mut pg_sys::Latch) };
+        unsafe { pg_sys::SetLatch(entry.latch as *mut pg_sys::Latch) };
     }
 }
 
@@ -309,23 +310,23 @@ pub fn wake_launcher() {
     }
 }
 
-/// Claims the task's slot (or a free one) for the calling worker; None when all slots are taken.
+/// Claims the task's entry (or a free one) for the calling worker; None when all are taken.
 pub fn attach(task_id: i64, pid: i32) -> Option<usize> {
     let mut state = STATE.exclusive();
-    let usable = &state.slots[..crate::gucs::max_tasks()];
+    let usable = &state.entries[..crate::gucs::max_tasks()];
     let index = usable
         .iter()
-        .position(|slot| slot.task_id == task_id)
-        .or_else(|| usable.iter().position(|slot| slot.task_id == 0))?;
-    let slot = &mut state.slots[index];
-    let keep_error = slot.task_id == task_id;
-    let (error_len, error, error_at) = (slot.error_len, slot.error, slot.error_at);
+        .position(|entry| entry.task_id == task_id)
+        .or_else(|| usable.iter().position(|entry| entry.task_id == 0))?;
+    let entry = &mut state.entries[index];
+    let keep_error = entry.task_id == task_id;
+    let (error_len, error, error_at) = (entry.error_len, entry.error, entry.error_at);
     let (base, stats_reset, last_confirmed_at, last_sent_at) = if keep_error {
         (
-            slot.base.plus(slot.worker_counters()),
-            slot.stats_reset,
-            slot.last_confirmed_at,
-            slot.last_sent_at,
+            entry.base.plus(entry.worker_counters()),
+            entry.stats_reset,
+            entry.last_confirmed_at,
+            entry.last_sent_at,
         )
     } else {
         // SAFETY: reads the transaction-independent wall clock.
@@ -336,30 +337,30 @@ pub fn attach(task_id: i64, pid: i32) -> Option<usize> {
             0,
         )
     };
-    *slot = TaskSlot::EMPTY;
-    slot.base = base;
-    slot.stats_reset = stats_reset;
-    slot.last_confirmed_at = last_confirmed_at;
-    slot.last_sent_at = last_sent_at;
-    slot.task_id = task_id;
-    slot.pid = pid;
+    *entry = LiveEntry::EMPTY;
+    entry.base = base;
+    entry.stats_reset = stats_reset;
+    entry.last_confirmed_at = last_confirmed_at;
+    entry.last_sent_at = last_sent_at;
+    entry.task_id = task_id;
+    entry.pid = pid;
     // SAFETY: MyProc is this worker's PGPROC, in shared memory at the same address in every backend.
-    slot.latch = unsafe { &raw mut (*pg_sys::MyProc).procLatch } as usize;
-    slot.phase = Phase::Starting as u8;
+    entry.latch = unsafe { &raw mut (*pg_sys::MyProc).procLatch } as usize;
+    entry.phase = Phase::Starting as u8;
     if keep_error {
-        slot.error_len = error_len;
-        slot.error = error;
-        slot.error_at = error_at;
+        entry.error_len = error_len;
+        entry.error = error;
+        entry.error_at = error_at;
     }
     Some(index)
 }
 
-/// Frees the slots of tasks that no longer exist.
+/// Frees the entries of tasks that no longer exist.
 pub fn release_missing(existing: &[i64]) {
     let mut state = STATE.exclusive();
-    for slot in state.slots.iter_mut() {
-        if slot.task_id != 0 && !existing.contains(&slot.task_id) {
-            *slot = TaskSlot::EMPTY;
+    for entry in state.entries.iter_mut() {
+        if entry.task_id != 0 && !existing.contains(&entry.task_id) {
+            *entry = LiveEntry::EMPTY;
         }
     }
 }
@@ -369,25 +370,25 @@ thread_local! {
     static CONFIRMED_RATE: std::cell::RefCell<RateWindow> = std::cell::RefCell::new(RateWindow::default());
 }
 
-/// A handle on the worker's own slot; every update is a short exclusive lock.
+/// A handle on the worker's own entry; every update is a short exclusive lock.
 #[derive(Clone, Copy)]
-pub struct SlotHandle {
+pub struct LiveStatus {
     index: usize,
 }
 
-impl SlotHandle {
+impl LiveStatus {
     pub fn new(index: usize) -> Self {
-        SlotHandle { index }
+        LiveStatus { index }
     }
 
-    fn update(&self, f: impl FnOnce(&mut TaskSlot)) {
+    fn update(&self, f: impl FnOnce(&mut LiveEntry)) {
         let mut state = STATE.exclusive();
-        f(&mut state.slots[self.index]);
+        f(&mut state.entries[self.index]);
     }
 
     /// Also the worker's `pg_stat_activity.query`, so a DBA sees what it is doing.
     pub fn set_phase(&self, phase: Phase) {
-        self.update(|slot| slot.phase = phase as u8);
+        self.update(|entry| entry.phase = phase as u8);
         let activity = std::ffi::CString::new(phase.as_str()).unwrap_or_default();
         // SAFETY: called from the worker's main thread; Postgres copies the text.
         unsafe {
@@ -408,28 +409,28 @@ impl SlotHandle {
             rate.sample(std::time::Instant::now(), confirmed);
             rate.per_second()
         });
-        self.update(|slot| {
+        self.update(|entry| {
             let docs_sent = counter(&writer.docs_enqueued);
-            if docs_sent > slot.docs_sent {
+            if docs_sent > entry.docs_sent {
                 // SAFETY: reads the transaction-independent wall clock.
-                slot.last_sent_at = unsafe { pg_sys::GetCurrentTimestamp() };
+                entry.last_sent_at = unsafe { pg_sys::GetCurrentTimestamp() };
             }
-            slot.docs_sent = docs_sent;
-            slot.failed_tasks = counter(&writer.batches_failed);
-            slot.docs_per_second = docs_per_second;
-            slot.rows_copied = rows_copied;
-            slot.docs_confirmed = counter(&writer.docs_confirmed);
-            slot.deletes_confirmed = counter(&writer.deletes_confirmed);
-            slot.updates_confirmed = counter(&writer.updates_confirmed);
-            slot.truncates_confirmed = counter(&writer.clears_confirmed);
-            slot.bytes_uncompressed = counter(&writer.bytes_uncompressed);
-            slot.bytes_sent = counter(&writer.bytes_sent);
-            slot.batches_confirmed = counter(&writer.batches_confirmed);
-            slot.batches_inflight = batches_inflight.try_into().unwrap_or(i32::MAX);
+            entry.docs_sent = docs_sent;
+            entry.failed_tasks = counter(&writer.batches_failed);
+            entry.docs_per_second = docs_per_second;
+            entry.rows_copied = rows_copied;
+            entry.docs_confirmed = counter(&writer.docs_confirmed);
+            entry.deletes_confirmed = counter(&writer.deletes_confirmed);
+            entry.updates_confirmed = counter(&writer.updates_confirmed);
+            entry.truncates_confirmed = counter(&writer.clears_confirmed);
+            entry.bytes_uncompressed = counter(&writer.bytes_uncompressed);
+            entry.bytes_sent = counter(&writer.bytes_sent);
+            entry.batches_confirmed = counter(&writer.batches_confirmed);
+            entry.batches_inflight = batches_inflight.try_into().unwrap_or(i32::MAX);
         });
     }
 
-    /// Where the stream stands: decoded up to `received`, slot confirmed up to `confirmed`, and
+    /// Where the stream stands: decoded up to `received`, replication slot confirmed up to `confirmed`, and
     /// the commit time of the oldest change still waiting for Meilisearch.
     pub fn set_stream_position(
         &self,
@@ -437,10 +438,10 @@ impl SlotHandle {
         confirmed: u64,
         oldest_unconfirmed: Option<i64>,
     ) {
-        self.update(|slot| {
-            slot.received_lsn = received;
-            slot.confirmed_lsn = confirmed;
-            slot.oldest_unconfirmed_at = oldest_unconfirmed.unwrap_or(0);
+        self.update(|entry| {
+            entry.received_lsn = received;
+            entry.confirmed_lsn = confirmed;
+            entry.oldest_unconfirmed_at = oldest_unconfirmed.unwrap_or(0);
         });
     }
 
@@ -448,42 +449,42 @@ impl SlotHandle {
     pub fn confirmed_now(&self) {
         // SAFETY: reads the transaction-independent wall clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
-        self.update(|slot| slot.last_confirmed_at = now);
+        self.update(|entry| entry.last_confirmed_at = now);
     }
 
     pub fn add_dead_letters(&self, count: usize) {
-        self.update(|slot| slot.dead_letters += count as i64);
+        self.update(|entry| entry.dead_letters += count as i64);
     }
 
     pub fn add_retry(&self) {
-        self.update(|slot| slot.retries += 1);
+        self.update(|entry| entry.retries += 1);
     }
 
     pub fn set_error(&self, message: &str) {
         // SAFETY: reads the transaction-independent wall clock.
         let now = unsafe { pg_sys::GetCurrentTimestamp() };
-        self.update(|slot| {
+        self.update(|entry| {
             let mut end = message.len().min(ERROR_BYTES);
             while !message.is_char_boundary(end) {
                 end -= 1;
             }
-            slot.error[..end].copy_from_slice(&message.as_bytes()[..end]);
-            slot.error_len = end as u16;
-            slot.error_at = now;
+            entry.error[..end].copy_from_slice(&message.as_bytes()[..end]);
+            entry.error_len = end as u16;
+            entry.error_at = now;
         });
     }
 
     /// The catalog generation this worker loaded.
     pub fn set_generation(&self, generation: i32) {
-        self.update(|slot| slot.generation = generation);
+        self.update(|entry| entry.generation = generation);
     }
 
     pub fn detach(&self, phase: Phase) {
-        self.update(|slot| {
-            slot.pid = 0;
-            slot.latch = 0;
-            slot.phase = phase as u8;
-            slot.batches_inflight = 0;
+        self.update(|entry| {
+            entry.pid = 0;
+            entry.latch = 0;
+            entry.phase = phase as u8;
+            entry.batches_inflight = 0;
         });
     }
 }
@@ -492,44 +493,44 @@ impl SlotHandle {
 pub fn attached_workers() -> Vec<(i64, i32, i32)> {
     let state = STATE.share();
     state
-        .slots
+        .entries
         .iter()
-        .filter(|slot| slot.task_id != 0 && slot.pid > 0)
-        .map(|slot| (slot.task_id, slot.pid, slot.generation))
+        .filter(|entry| entry.task_id != 0 && entry.pid > 0)
+        .map(|entry| (entry.task_id, entry.pid, entry.generation))
         .collect()
 }
 
-/// Every slot in use, for the status view.
+/// Every entry in use, for the status view.
 pub fn live_tasks() -> Vec<TaskLive> {
     let state = STATE.share();
     state
-        .slots
+        .entries
         .iter()
-        .filter(|slot| slot.task_id != 0)
-        .map(|slot| TaskLive {
-            task_id: slot.task_id,
-            pid: (slot.pid > 0).then_some(slot.pid),
-            phase: Phase::from_u8(slot.phase),
-            rows_copied: slot.rows_copied,
-            docs_confirmed: slot.docs_confirmed,
-            deletes_confirmed: slot.deletes_confirmed,
-            batches_inflight: slot.batches_inflight,
-            retries: slot.retries,
-            bytes_uncompressed: slot.bytes_uncompressed,
-            bytes_sent: slot.bytes_sent,
-            docs_sent: slot.docs_sent,
-            failed_tasks: slot.failed_tasks,
-            docs_per_second: slot.docs_per_second,
-            received_lsn: (slot.received_lsn != 0).then_some(slot.received_lsn),
-            confirmed_lsn: (slot.confirmed_lsn != 0).then_some(slot.confirmed_lsn),
-            oldest_unconfirmed_at: (slot.oldest_unconfirmed_at != 0)
-                .then_some(slot.oldest_unconfirmed_at),
-            last_sent_at: (slot.last_sent_at != 0).then_some(slot.last_sent_at),
-            last_confirmed_at: (slot.last_confirmed_at != 0).then_some(slot.last_confirmed_at),
-            last_error: (slot.error_len > 0).then(|| {
-                String::from_utf8_lossy(&slot.error[..slot.error_len as usize]).into_owned()
+        .filter(|entry| entry.task_id != 0)
+        .map(|entry| TaskLive {
+            task_id: entry.task_id,
+            pid: (entry.pid > 0).then_some(entry.pid),
+            phase: Phase::from_u8(entry.phase),
+            rows_copied: entry.rows_copied,
+            docs_confirmed: entry.docs_confirmed,
+            deletes_confirmed: entry.deletes_confirmed,
+            batches_inflight: entry.batches_inflight,
+            retries: entry.retries,
+            bytes_uncompressed: entry.bytes_uncompressed,
+            bytes_sent: entry.bytes_sent,
+            docs_sent: entry.docs_sent,
+            failed_tasks: entry.failed_tasks,
+            docs_per_second: entry.docs_per_second,
+            received_lsn: (entry.received_lsn != 0).then_some(entry.received_lsn),
+            confirmed_lsn: (entry.confirmed_lsn != 0).then_some(entry.confirmed_lsn),
+            oldest_unconfirmed_at: (entry.oldest_unconfirmed_at != 0)
+                .then_some(entry.oldest_unconfirmed_at),
+            last_sent_at: (entry.last_sent_at != 0).then_some(entry.last_sent_at),
+            last_confirmed_at: (entry.last_confirmed_at != 0).then_some(entry.last_confirmed_at),
+            last_error: (entry.error_len > 0).then(|| {
+                String::from_utf8_lossy(&entry.error[..entry.error_len as usize]).into_owned()
             }),
-            last_error_at: (slot.error_len > 0).then_some(slot.error_at),
+            last_error_at: (entry.error_len > 0).then_some(entry.error_at),
         })
         .collect()
 }
@@ -543,16 +544,16 @@ pub fn task_counters() -> Vec<(
 )> {
     let state = STATE.share();
     state
-        .slots
+        .entries
         .iter()
-        .filter(|slot| slot.task_id != 0)
-        .map(|slot| {
-            let confirmed = (slot.last_confirmed_at != 0).then_some(slot.last_confirmed_at);
+        .filter(|entry| entry.task_id != 0)
+        .map(|entry| {
+            let confirmed = (entry.last_confirmed_at != 0).then_some(entry.last_confirmed_at);
             (
-                slot.task_id,
-                slot.base.plus(slot.worker_counters()),
+                entry.task_id,
+                entry.base.plus(entry.worker_counters()),
                 confirmed,
-                slot.stats_reset,
+                entry.stats_reset,
             )
         })
         .collect()
@@ -563,12 +564,12 @@ pub fn reset_counters(task_id: Option<i64>) {
     // SAFETY: reads the transaction-independent wall clock.
     let now = unsafe { pg_sys::GetCurrentTimestamp() };
     let mut state = STATE.exclusive();
-    for slot in state
-        .slots
+    for entry in state
+        .entries
         .iter_mut()
-        .filter(|slot| slot.task_id != 0 && task_id.is_none_or(|id| id == slot.task_id))
+        .filter(|entry| entry.task_id != 0 && task_id.is_none_or(|id| id == entry.task_id))
     {
-        slot.base = Counters::ZERO.minus(slot.worker_counters());
-        slot.stats_reset = now;
+        entry.base = Counters::ZERO.minus(entry.worker_counters());
+        entry.stats_reset = now;
     }
 }

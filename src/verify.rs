@@ -16,7 +16,7 @@ use crate::batch::Operation;
 use crate::catalog::{self, KeyMatch, TaskRecord};
 use crate::encode::{encode_document, key_of_id, ColumnValue, ValueKind};
 use crate::error::{ErrorKind, SyncError};
-use crate::meili::client::{Client, MeiliError, TaskStatus};
+use crate::meili::client::{Client, MeiliError, MeiliTaskStatus};
 use crate::options::{TaskOptions, WriteMode};
 use crate::plan::{build_plan, PageSizer, SnapshotPlan};
 use crate::security;
@@ -368,7 +368,7 @@ impl Context {
             .client
             .wait_task(uid, TASK_TIMEOUT)
             .map_err(meili_error(what))?;
-        if state.status == TaskStatus::Succeeded {
+        if state.status == MeiliTaskStatus::Succeeded {
             return Ok(());
         }
         Err(SyncError::new(

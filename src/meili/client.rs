@@ -121,7 +121,7 @@ impl fmt::Display for MeiliErrorBody {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TaskStatus {
+pub enum MeiliTaskStatus {
     Enqueued,
     Processing,
     Succeeded,
@@ -129,37 +129,57 @@ pub enum TaskStatus {
     Canceled,
 }
 
-impl TaskStatus {
+impl MeiliTaskStatus {
     /// The task will not change any more.
     pub fn is_finished(self) -> bool {
         matches!(
             self,
-            TaskStatus::Succeeded | TaskStatus::Failed | TaskStatus::Canceled
+            MeiliTaskStatus::Succeeded | MeiliTaskStatus::Failed | MeiliTaskStatus::Canceled
         )
+    }
+}
+
+/// What the sync needs to know of an index (`GET /indexes/{uid}`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IndexInfo {
+    pub primary_key: Option<String>,
+    /// Changes when the index is deleted and created again, and when a swap moves another
+    /// index's content under this uid: how workers notice that the index is not the one they
+    /// filled.
+    pub created_at: Option<String>,
+}
+
+impl IndexInfo {
+    fn from_json(index: &Value) -> IndexInfo {
+        let text = |name: &str| index.get(name).and_then(Value::as_str).map(str::to_owned);
+        IndexInfo {
+            primary_key: text("primaryKey"),
+            created_at: text("createdAt"),
+        }
     }
 }
 
 /// What the sync needs to know of a Meilisearch task.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TaskState {
+pub struct MeiliTask {
     pub uid: u64,
-    pub status: TaskStatus,
+    pub status: MeiliTaskStatus,
     /// Set for failed tasks.
     pub error: Option<MeiliErrorBody>,
 }
 
-impl TaskState {
+impl MeiliTask {
     fn from_json(value: &Value) -> Result<Self, MeiliError> {
         let uid = value
             .get("uid")
             .and_then(Value::as_u64)
             .ok_or_else(|| MeiliError::Protocol(format!("task without a uid: {value}")))?;
         let status = match value.get("status").and_then(Value::as_str) {
-            Some("enqueued") => TaskStatus::Enqueued,
-            Some("processing") => TaskStatus::Processing,
-            Some("succeeded") => TaskStatus::Succeeded,
-            Some("failed") => TaskStatus::Failed,
-            Some("canceled") => TaskStatus::Canceled,
+            Some("enqueued") => MeiliTaskStatus::Enqueued,
+            Some("processing") => MeiliTaskStatus::Processing,
+            Some("succeeded") => MeiliTaskStatus::Succeeded,
+            Some("failed") => MeiliTaskStatus::Failed,
+            Some("canceled") => MeiliTaskStatus::Canceled,
             _ => {
                 return Err(MeiliError::Protocol(format!(
                     "task {uid} has no known status: {value}"
@@ -167,7 +187,7 @@ impl TaskState {
             }
         };
         let error = value.get("error").and_then(MeiliErrorBody::from_json);
-        Ok(TaskState { uid, status, error })
+        Ok(MeiliTask { uid, status, error })
     }
 }
 
@@ -302,9 +322,9 @@ impl Client {
     }
 
     /// `GET /indexes/{uid}`: the index object, or `None` if it does not exist.
-    pub fn get_index(&self, uid: &str) -> Result<Option<Value>, MeiliError> {
+    pub fn get_index(&self, uid: &str) -> Result<Option<IndexInfo>, MeiliError> {
         match self.request(Method::GET, &index_path(uid, ""), &[], Payload::Empty) {
-            Ok(index) => Ok(Some(index)),
+            Ok(index) => Ok(Some(IndexInfo::from_json(&index))),
             Err(MeiliError::Http { status: 404, .. }) => Ok(None),
             Err(error) => Err(error),
         }
@@ -421,14 +441,14 @@ impl Client {
     }
 
     /// `GET /tasks/{uid}`.
-    pub fn get_task(&self, uid: u64) -> Result<TaskState, MeiliError> {
+    pub fn get_task(&self, uid: u64) -> Result<MeiliTask, MeiliError> {
         let answer = self.request(Method::GET, &format!("/tasks/{uid}"), &[], Payload::Empty)?;
-        TaskState::from_json(&answer)
+        MeiliTask::from_json(&answer)
     }
 
     /// The states of many tasks in one `GET /tasks?uids=…`. Tasks that
     /// Meilisearch does not know are absent from the result.
-    pub fn get_tasks(&self, uids: &[u64]) -> Result<Vec<TaskState>, MeiliError> {
+    pub fn get_tasks(&self, uids: &[u64]) -> Result<Vec<MeiliTask>, MeiliError> {
         if uids.is_empty() {
             return Ok(Vec::new());
         }
@@ -449,13 +469,13 @@ impl Client {
             .and_then(Value::as_array)
             .ok_or_else(|| MeiliError::Protocol(format!("task list without results: {answer}")))?
             .iter()
-            .map(TaskState::from_json)
+            .map(MeiliTask::from_json)
             .collect()
     }
 
     /// Polls task `uid` until it is finished or `timeout` has passed, and
     /// returns its last state (unfinished only on timeout).
-    pub fn wait_task(&self, uid: u64, timeout: Duration) -> Result<TaskState, MeiliError> {
+    pub fn wait_task(&self, uid: u64, timeout: Duration) -> Result<MeiliTask, MeiliError> {
         let deadline = Instant::now() + timeout;
         let mut pause = Duration::from_millis(10);
         loop {
@@ -778,7 +798,7 @@ mod tests {
     #[test]
     fn task_states_are_read() {
         // 25-invalid-id-batch-task.json, shortened.
-        let failed = TaskState::from_json(&json!({
+        let failed = MeiliTask::from_json(&json!({
             "uid": 7, "batchUid": 7, "indexUid": "products", "status": "failed",
             "type": "documentAdditionOrUpdate", "canceledBy": null,
             "details": {"receivedDocuments": 3, "indexedDocuments": 0},
@@ -790,18 +810,18 @@ mod tests {
         }))
         .expect("a task");
         assert_eq!(failed.uid, 7);
-        assert_eq!(failed.status, TaskStatus::Failed);
+        assert_eq!(failed.status, MeiliTaskStatus::Failed);
         assert_eq!(
             failed.error.map(|e| e.code),
             Some("invalid_document_id".into())
         );
         for (status, expected, finished) in [
-            ("enqueued", TaskStatus::Enqueued, false),
-            ("processing", TaskStatus::Processing, false),
-            ("succeeded", TaskStatus::Succeeded, true),
-            ("canceled", TaskStatus::Canceled, true),
+            ("enqueued", MeiliTaskStatus::Enqueued, false),
+            ("processing", MeiliTaskStatus::Processing, false),
+            ("succeeded", MeiliTaskStatus::Succeeded, true),
+            ("canceled", MeiliTaskStatus::Canceled, true),
         ] {
-            let state = TaskState::from_json(&json!({"uid": 1, "status": status, "error": null}))
+            let state = MeiliTask::from_json(&json!({"uid": 1, "status": status, "error": null}))
                 .expect("a task");
             assert_eq!(
                 (state.status, state.status.is_finished()),
@@ -810,11 +830,11 @@ mod tests {
             assert_eq!(state.error, None);
         }
         assert!(matches!(
-            TaskState::from_json(&json!({"uid": 1, "status": "exploded"})),
+            MeiliTask::from_json(&json!({"uid": 1, "status": "exploded"})),
             Err(MeiliError::Protocol(_))
         ));
         assert!(matches!(
-            TaskState::from_json(&json!({"status": "succeeded"})),
+            MeiliTask::from_json(&json!({"status": "succeeded"})),
             Err(MeiliError::Protocol(_))
         ));
     }
@@ -857,7 +877,7 @@ mod tests {
         fn succeeded(client: &Client, task: Result<u64, MeiliError>) {
             let uid = task.expect("enqueued");
             let state = client.wait_task(uid, WAIT).expect("task state");
-            assert_eq!(state.status, TaskStatus::Succeeded, "{state:?}");
+            assert_eq!(state.status, MeiliTaskStatus::Succeeded, "{state:?}");
         }
 
         #[test]
@@ -868,7 +888,11 @@ mod tests {
             assert_eq!(client.get_index("books"), Ok(None));
             succeeded(&client, client.create_index("books", "id"));
             let index = client.get_index("books").expect("answer").expect("exists");
-            assert_eq!(index["primaryKey"], json!("id"));
+            assert_eq!(index.primary_key.as_deref(), Some("id"));
+            assert!(
+                index.created_at.as_ref().is_some_and(|at| at.contains('T')),
+                "{index:?}"
+            );
             let settings = json!({"filterableAttributes": ["genre"]});
             succeeded(&client, client.update_settings("books", &settings));
             succeeded(&client, client.delete_index("books"));
@@ -897,7 +921,9 @@ mod tests {
             let states = client.get_tasks(&tasks).expect("task states");
             assert_eq!(states.len(), 3);
             assert!(
-                states.iter().all(|s| s.status == TaskStatus::Succeeded),
+                states
+                    .iter()
+                    .all(|s| s.status == MeiliTaskStatus::Succeeded),
                 "{states:?}"
             );
             assert_eq!(
@@ -958,7 +984,7 @@ mod tests {
                 .send_batch("books", "id", Operation::Replace, b"{\"id\":1}\n", false)
                 .expect("enqueued");
             let state = client.wait_task(uid, WAIT).expect("task state");
-            assert_eq!(state.status, TaskStatus::Failed);
+            assert_eq!(state.status, MeiliTaskStatus::Failed);
             assert_eq!(state.error.expect("an error").code, "invalid_document_id");
         }
 

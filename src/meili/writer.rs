@@ -34,7 +34,7 @@ use crossbeam_channel::{after, bounded, select, unbounded, Receiver, RecvTimeout
 use flate2::write::GzEncoder;
 use flate2::Compression;
 
-use super::client::{Client, MeiliError, MeiliErrorBody, TaskStatus};
+use super::client::{Client, MeiliError, MeiliErrorBody, MeiliTaskStatus};
 use super::retry::Backoff;
 use crate::batch::{Batch, Operation};
 
@@ -589,7 +589,7 @@ impl PollerThread {
                 continue;
             }
             let event = match state.status {
-                TaskStatus::Succeeded => {
+                MeiliTaskStatus::Succeeded => {
                     stats.batches_confirmed.fetch_add(1, Ordering::Relaxed);
                     stats
                         .docs_confirmed
@@ -614,7 +614,7 @@ impl PollerThread {
                     WriterEvent::Failed {
                         seq: task.seq,
                         task_uid: Some(task.task_uid),
-                        error: if status == TaskStatus::Canceled {
+                        error: if status == MeiliTaskStatus::Canceled {
                             WriteError::TaskCanceled
                         } else {
                             WriteError::TaskFailed(state.error.clone())

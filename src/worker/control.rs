@@ -11,9 +11,9 @@ use pgrx::prelude::*;
 use crate::catalog;
 use crate::dispatch::{Dispatcher, Progress};
 use crate::error::SyncError;
-use crate::meili::client::{Client, MeiliError, TaskStatus};
+use crate::meili::client::{Client, MeiliError, MeiliTaskStatus};
 use crate::meili::retry::Backoff;
-use crate::shmem::{Phase, SlotHandle};
+use crate::shmem::{LiveStatus, Phase};
 
 /// How long setup calls (index creation, settings, swaps) may wait for their Meilisearch task.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
@@ -38,10 +38,10 @@ pub fn permanent(message: impl Into<String>) -> Stop {
 
 /// Shows a transient failure in the status view and waits `delay` before the next attempt,
 /// unless the worker is asked to stop.
-pub fn retry_pause(slot: SlotHandle, error: &str, delay: Duration) -> Result<(), Stop> {
-    slot.add_retry();
-    slot.set_error(error);
-    slot.set_phase(Phase::Retrying);
+pub fn retry_pause(live: LiveStatus, error: &str, delay: Duration) -> Result<(), Stop> {
+    live.add_retry();
+    live.set_error(error);
+    live.set_phase(Phase::Retrying);
     let deadline = std::time::Instant::now() + delay;
     while std::time::Instant::now() < deadline {
         if should_stop() {
@@ -55,7 +55,7 @@ pub fn retry_pause(slot: SlotHandle, error: &str, delay: Duration) -> Result<(),
 /// Runs a Meilisearch call, retrying transient failures with backoff until it succeeds, fails
 /// for good, or the worker is asked to stop.
 pub fn with_retry<T>(
-    slot: SlotHandle,
+    live: LiveStatus,
     what: &str,
     mut call: impl FnMut() -> Result<T, MeiliError>,
 ) -> Result<T, Stop> {
@@ -65,7 +65,7 @@ pub fn with_retry<T>(
         match call() {
             Ok(value) => return Ok(value),
             Err(error) if error.is_retryable() || error.is_auth() => {
-                retry_pause(slot, &format!("{what}: {error}"), backoff.delay(attempt))?;
+                retry_pause(live, &format!("{what}: {error}"), backoff.delay(attempt))?;
                 attempt += 1;
             }
             Err(error) => return Err(permanent(format!("{what}: {error}"))),
@@ -75,14 +75,14 @@ pub fn with_retry<T>(
 
 /// Waits for a Meilisearch task and turns its failure into a permanent error.
 pub fn await_meili_task(
-    slot: SlotHandle,
+    live: LiveStatus,
     client: &Client,
     uid: u64,
     what: &str,
 ) -> Result<(), Stop> {
-    let state = with_retry(slot, what, || client.wait_task(uid, SETUP_TIMEOUT))?;
+    let state = with_retry(live, what, || client.wait_task(uid, SETUP_TIMEOUT))?;
     match state.status {
-        TaskStatus::Succeeded => Ok(()),
+        MeiliTaskStatus::Succeeded => Ok(()),
         _ => Err(permanent(format!(
             "{what}: Meilisearch task {uid} {}",
             state
@@ -97,20 +97,20 @@ pub fn await_meili_task(
 /// them is saved or confirmed) and shows retries in the status view.
 pub fn report_progress(
     task_id: i64,
-    slot: SlotHandle,
+    live: LiveStatus,
     dispatcher: &mut Dispatcher,
     progress: &Progress,
     phase: Phase,
 ) -> Result<(), SyncError> {
     for error in &progress.retries {
-        slot.add_retry();
-        slot.set_error(error);
-        slot.set_phase(Phase::Retrying);
+        live.add_retry();
+        live.set_error(error);
+        live.set_phase(Phase::Retrying);
     }
     if progress.checkpoint.is_some() {
-        slot.confirmed_now();
+        live.confirmed_now();
         if progress.retries.is_empty() {
-            slot.set_phase(phase);
+            live.set_phase(phase);
         }
     }
     let dead_letters = dispatcher.take_dead_letters();
@@ -118,14 +118,14 @@ pub fn report_progress(
         BackgroundWorker::transaction(|| {
             catalog::insert_dead_letters(task_id, &dead_letters, phase == Phase::Streaming)
         })?;
-        slot.add_dead_letters(dead_letters.len());
+        live.add_dead_letters(dead_letters.len());
         let message = format!(
             "{} document(s) refused by Meilisearch went to meili_sync_dead_letters: {}",
             dead_letters.len(),
             dead_letters[0].message
         );
         warning!("pg_meili_sync task {task_id}: {message}");
-        slot.set_error(&message);
+        live.set_error(&message);
     }
     Ok(())
 }

@@ -20,9 +20,9 @@ use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use serde_json::Value;
 
-use crate::catalog::{self, TaskRecord};
-use crate::meili::client::{Client, TaskStatus};
-use crate::shmem::{self, Phase, SlotHandle};
+use crate::catalog::{self, TaskRecord, TaskState};
+use crate::meili::client::{Client, MeiliTaskStatus};
+use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
     await_meili_task, permanent, should_stop, with_retry, Stop, SETUP_TIMEOUT,
 };
@@ -36,10 +36,6 @@ pub fn helper_index_uid(index_uid: &str) -> String {
     format!("{index_uid}__resync")
 }
 
-fn created_at(index: Option<Value>) -> Option<String> {
-    index?.get("createdAt")?.as_str().map(str::to_owned)
-}
-
 fn fail(error: crate::error::SyncError) -> Stop {
     permanent(error.message)
 }
@@ -48,27 +44,27 @@ fn fail(error: crate::error::SyncError) -> Stop {
 /// earlier resync is deleted first.
 pub fn prepare_fresh_index(
     task_id: i64,
-    slot: SlotHandle,
+    live: LiveStatus,
     client: &Client,
     live_uid: &str,
     fresh_uid: &str,
     key_attribute: &str,
 ) -> Result<(), Stop> {
-    if with_retry(slot, "reading the resync index", || {
+    if with_retry(live, "reading the resync index", || {
         client.get_index(fresh_uid)
     })?
     .is_some()
     {
-        let uid = with_retry(slot, "deleting an old resync index", || {
+        let uid = with_retry(live, "deleting an old resync index", || {
             client.delete_index(fresh_uid)
         })?;
-        await_meili_task(slot, client, uid, "deleting an old resync index")?;
+        await_meili_task(live, client, uid, "deleting an old resync index")?;
     }
-    let uid = with_retry(slot, "creating the resync index", || {
+    let uid = with_retry(live, "creating the resync index", || {
         client.create_index(fresh_uid, key_attribute)
     })?;
-    await_meili_task(slot, client, uid, "creating the resync index")?;
-    let settings = with_retry(slot, "reading the live index's settings", || {
+    await_meili_task(live, client, uid, "creating the resync index")?;
+    let settings = with_retry(live, "reading the live index's settings", || {
         client.get_settings(live_uid)
     })?;
     // Unset settings read back as null; sending them back would be refused by some versions.
@@ -80,7 +76,7 @@ pub fn prepare_fresh_index(
         .map(|(name, value)| (name.clone(), value.clone()))
         .collect();
     if settings.is_empty()
-        || try_settings(slot, client, fresh_uid, Value::Object(settings.clone()))?
+        || try_settings(live, client, fresh_uid, Value::Object(settings.clone()))?
     {
         return Ok(());
     }
@@ -89,7 +85,7 @@ pub fn prepare_fresh_index(
     let mut refused = Vec::new();
     for (name, value) in settings {
         let single = Value::Object([(name.clone(), value)].into_iter().collect());
-        if !try_settings(slot, client, fresh_uid, single)? {
+        if !try_settings(live, client, fresh_uid, single)? {
             refused.push(name);
         }
     }
@@ -102,13 +98,13 @@ pub fn prepare_fresh_index(
 
 /// Applies settings to an index; false when Meilisearch refuses them (a 4xx, or a failed task).
 fn try_settings(
-    slot: SlotHandle,
+    live: LiveStatus,
     client: &Client,
     uid: &str,
     settings: Value,
 ) -> Result<bool, Stop> {
     let what = "copying the live index's settings";
-    let enqueued = with_retry(slot, what, || {
+    let enqueued = with_retry(live, what, || {
         match client.update_settings(uid, &settings) {
             Ok(task_uid) => Ok(Some(task_uid)),
             Err(error) if error.is_retryable() || error.is_auth() => Err(error),
@@ -118,8 +114,8 @@ fn try_settings(
     let Some(task_uid) = enqueued else {
         return Ok(false);
     };
-    let state = with_retry(slot, what, || client.wait_task(task_uid, SETUP_TIMEOUT))?;
-    Ok(state.status == TaskStatus::Succeeded)
+    let state = with_retry(live, what, || client.wait_task(task_uid, SETUP_TIMEOUT))?;
+    Ok(state.status == MeiliTaskStatus::Succeeded)
 }
 
 /// Holds the rebuilt task once the helper has caught up with the WAL, and opens the gate when the
@@ -158,8 +154,8 @@ impl SwapGate for ResyncGate {
         let abreast = held
             .confirmed
             .is_some_and(|confirmed| confirmed <= read_position);
-        match held.state.as_str() {
-            "streaming" if caught_up || abreast => {
+        match held.state {
+            TaskState::Streaming if caught_up || abreast => {
                 BackgroundWorker::transaction(|| catalog::hold_for_swap(self.held_task))
                     .map_err(|error| error.message)?;
                 shmem::wake_launcher();
@@ -169,7 +165,7 @@ impl SwapGate for ResyncGate {
                 );
                 Ok(false)
             }
-            "swapping" => Ok(!held.slot_active
+            TaskState::Swapping => Ok(!held.slot_active
                 && held
                     .confirmed
                     .is_some_and(|confirmed| confirmed <= read_position)),
@@ -180,8 +176,8 @@ impl SwapGate for ResyncGate {
 }
 
 /// Waits until Meilisearch has finished every task matching `filters`.
-fn await_quiet(slot: SlotHandle, client: &Client, filters: &[(&str, &str)]) -> Result<(), Stop> {
-    while with_retry(slot, "reading Meilisearch's task queue", || {
+fn await_quiet(live: LiveStatus, client: &Client, filters: &[(&str, &str)]) -> Result<(), Stop> {
+    while with_retry(live, "reading Meilisearch's task queue", || {
         client.has_unfinished_tasks(filters)
     })? {
         if should_stop() {
@@ -197,15 +193,15 @@ pub fn swap(
     helper: &TaskRecord,
     held: &TaskRecord,
     client: &Client,
-    slot: SlotHandle,
+    live: LiveStatus,
     position: u64,
 ) -> Result<(), Stop> {
-    slot.set_phase(Phase::Swapping);
-    await_quiet(slot, client, &[("indexUids", &held.index_uid)])?;
-    let fresh = with_retry(slot, "reading the resync index", || {
+    live.set_phase(Phase::Swapping);
+    await_quiet(live, client, &[("indexUids", &held.index_uid)])?;
+    let fresh = with_retry(live, "reading the resync index", || {
         client.get_index(&helper.index_uid)
     })?;
-    let Some(fresh_created_at) = created_at(fresh) else {
+    let Some(fresh_created_at) = fresh.and_then(|index| index.created_at) else {
         return Err(permanent(format!(
             "resync index \"{}\" no longer exists",
             helper.index_uid
@@ -215,14 +211,14 @@ pub fn swap(
         catalog::record_swap(helper.id, Some(position), Some(&fresh_created_at))
     })
     .map_err(fail)?;
-    let uid = with_retry(slot, "swapping the indexes", || {
+    let uid = with_retry(live, "swapping the indexes", || {
         client.swap_indexes(&held.index_uid, &helper.index_uid)
     })?;
-    if let Err(stop) = await_meili_task(slot, client, uid, "swapping the indexes") {
+    if let Err(stop) = await_meili_task(live, client, uid, "swapping the indexes") {
         let _ = BackgroundWorker::transaction(|| catalog::record_swap(helper.id, None, None));
         return Err(stop);
     }
-    hand_over(helper, held, client, slot, position)
+    hand_over(helper, held, client, live, position)
 }
 
 /// A helper that restarts in phase `swapping` finds out whether its swap happened; if not, it
@@ -231,25 +227,30 @@ pub fn recover(
     helper: &mut TaskRecord,
     held: &TaskRecord,
     client: &Client,
-    slot: SlotHandle,
+    live: LiveStatus,
 ) -> Result<bool, Stop> {
     match helper.resync_phase.as_deref() {
         Some("swapped") => {
-            clean_up(helper, client, slot)?;
+            clean_up(helper, client, live)?;
             Ok(true)
         }
         Some("swapping") => {
-            await_quiet(slot, client, &[("types", "indexSwap")])?;
-            let live = with_retry(slot, "reading the index", || {
+            await_quiet(live, client, &[("types", "indexSwap")])?;
+            let live_index = with_retry(live, "reading the index", || {
                 client.get_index(&held.index_uid)
             })?;
-            match (helper.swap_lsn, created_at(live)) {
-                (Some(position), Some(live)) if Some(&live) == helper.swap_created_at.as_ref() => {
+            match (
+                helper.swap_lsn,
+                live_index.and_then(|index| index.created_at),
+            ) {
+                (Some(position), Some(created_at))
+                    if Some(&created_at) == helper.swap_created_at.as_ref() =>
+                {
                     log!(
                         "pg_meili_sync task {}: the swap of the interrupted resync happened; handing over",
                         helper.id
                     );
-                    hand_over(helper, held, client, slot, position)?;
+                    hand_over(helper, held, client, live, position)?;
                     Ok(true)
                 }
                 _ => {
@@ -273,7 +274,7 @@ fn hand_over(
     helper: &TaskRecord,
     held: &TaskRecord,
     client: &Client,
-    slot: SlotHandle,
+    live: LiveStatus,
     position: u64,
 ) -> Result<(), Stop> {
     BackgroundWorker::transaction(|| {
@@ -287,20 +288,20 @@ fn hand_over(
         held.index_uid,
         catalog::format_lsn(position)
     );
-    clean_up(helper, client, slot)
+    clean_up(helper, client, live)
 }
 
 /// Deletes the old index (now under the helper's uid), then the helper with its slot.
-fn clean_up(helper: &TaskRecord, client: &Client, slot: SlotHandle) -> Result<(), Stop> {
-    while with_retry(slot, "reading the old index", || {
+fn clean_up(helper: &TaskRecord, client: &Client, live: LiveStatus) -> Result<(), Stop> {
+    while with_retry(live, "reading the old index", || {
         client.get_index(&helper.index_uid)
     })?
     .is_some()
     {
-        let uid = with_retry(slot, "deleting the old index", || {
+        let uid = with_retry(live, "deleting the old index", || {
             client.delete_index(&helper.index_uid)
         })?;
-        await_meili_task(slot, client, uid, "deleting the old index")?;
+        await_meili_task(live, client, uid, "deleting the old index")?;
     }
     BackgroundWorker::transaction(|| {
         catalog::delete_task(helper)?;

@@ -12,7 +12,7 @@ use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
 use crate::encode::{check_geo, encode_document, ColumnValue};
 use crate::error::SyncError;
 use crate::plan::{PageSizer, SnapshotPlan};
-use crate::shmem::{Phase, SlotHandle};
+use crate::shmem::{LiveStatus, Phase};
 use crate::worker::control::{report_progress, should_stop};
 use crate::{catalog, security};
 use serde_json::Value;
@@ -28,7 +28,7 @@ pub enum SnapshotOutcome {
 
 struct Copy<'a> {
     task_id: i64,
-    slot: SlotHandle,
+    live: LiveStatus,
     dispatcher: &'a mut Dispatcher,
     /// Page number → (last key of that page, rows read through it).
     page_ends: BTreeMap<u64, (Vec<String>, i64)>,
@@ -41,7 +41,7 @@ impl Copy<'_> {
     fn settle(&mut self, progress: Progress) -> Result<(), SyncError> {
         report_progress(
             self.task_id,
-            self.slot,
+            self.live,
             self.dispatcher,
             &progress,
             Phase::Snapshot,
@@ -57,7 +57,7 @@ impl Copy<'_> {
             catalog::save_snapshot_progress(self.task_id, &key, rows)
         })?;
         self.rows_confirmed = rows;
-        self.slot.set_progress(
+        self.live.set_progress(
             self.rows_confirmed,
             self.dispatcher.backlog(),
             self.dispatcher.writer().stats(),
@@ -70,11 +70,11 @@ pub fn run(
     task: &catalog::TaskRecord,
     plan: &SnapshotPlan,
     dispatcher: &mut Dispatcher,
-    slot: SlotHandle,
+    live: LiveStatus,
 ) -> Result<SnapshotOutcome, SyncError> {
     let mut copy = Copy {
         task_id: task.id,
-        slot,
+        live,
         dispatcher,
         page_ends: BTreeMap::new(),
         rows_confirmed: task.rows_copied,
@@ -86,7 +86,7 @@ pub fn run(
     let mut done_reading = false;
     let mut document = Vec::with_capacity(1024);
     let mut pages = PageSizer::new(plan.page_rows);
-    slot.set_phase(Phase::Snapshot);
+    live.set_phase(Phase::Snapshot);
     BackgroundWorker::transaction(|| catalog::mark_snapshot_started(task.id))?;
 
     loop {

@@ -19,7 +19,7 @@ use crate::meili::client::Client;
 use crate::meter::CommitAges;
 use crate::options::{TaskOptions, WriteMode};
 use crate::plan::ColumnRules;
-use crate::shmem::{Phase, SlotHandle};
+use crate::shmem::{LiveStatus, Phase};
 use crate::worker::control::{report_progress, should_stop};
 
 /// WAL records decoded between two looks at confirmations and signals.
@@ -27,7 +27,7 @@ const RECORDS_PER_ROUND: usize = 2000;
 
 pub struct Streamer<'d> {
     task_id: i64,
-    slot: SlotHandle,
+    live: LiveStatus,
     dispatcher: &'d mut Dispatcher,
     rules: ColumnRules,
     primary_key: String,
@@ -42,7 +42,7 @@ pub struct Streamer<'d> {
 impl<'d> Streamer<'d> {
     pub fn new(
         task_id: i64,
-        slot: SlotHandle,
+        live: LiveStatus,
         dispatcher: &'d mut Dispatcher,
         rules: ColumnRules,
         limits: BatchLimits,
@@ -51,7 +51,7 @@ impl<'d> Streamer<'d> {
         let primary_key = dispatcher.primary_key().to_owned();
         Streamer {
             task_id,
-            slot,
+            live,
             dispatcher,
             primary_key,
             rules,
@@ -192,10 +192,7 @@ impl IndexWatch {
         self.last_check = Instant::now();
         let created_at = match self.client.get_index(&self.uid) {
             Ok(None) => None,
-            Ok(Some(index)) => index
-                .get("createdAt")
-                .and_then(|at| at.as_str())
-                .map(str::to_owned),
+            Ok(Some(index)) => index.created_at,
             Err(_) => return Ok(()),
         };
         if created_at == self.created_at {
@@ -226,7 +223,7 @@ pub fn run(
     mut gate: Option<&mut dyn SwapGate>,
 ) -> Result<Option<u64>, String> {
     let mut session = DecodingSession::open(&task.slot_name, &task.publication_name)?;
-    streamer.slot.set_phase(Phase::Streaming);
+    streamer.live.set_phase(Phase::Streaming);
     let mut caught_up = false;
     let mut draining = false;
     let result = loop {
@@ -238,7 +235,7 @@ pub fn run(
         let progress = std::mem::take(&mut streamer.progress);
         if let Err(error) = report_progress(
             streamer.task_id,
-            streamer.slot,
+            streamer.live,
             streamer.dispatcher,
             &progress,
             Phase::Streaming,
@@ -292,12 +289,12 @@ pub fn run(
         }
         streamer.send_ready(false);
         // Published before any nap, so that the status view shows a confirmation at once.
-        streamer.slot.set_progress(
+        streamer.live.set_progress(
             task.rows_copied,
             streamer.dispatcher.backlog(),
             streamer.dispatcher.writer().stats(),
         );
-        streamer.slot.set_stream_position(
+        streamer.live.set_stream_position(
             session.read_position(),
             session.confirmed(),
             streamer.ages.oldest(),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
 use pgrx::prelude::*;
 
-use crate::catalog::{self, TaskRecord};
+use crate::catalog::{self, TaskRecord, TaskState};
 use crate::dispatch::Dispatcher;
 use crate::error::{ErrorKind, SyncError};
 use crate::meili::client::Client;
@@ -14,7 +14,7 @@ use crate::meili::retry::Backoff;
 use crate::meili::writer::{Writer, WriterConfig};
 use crate::options::TaskOptions;
 use crate::plan::{build_plan, ColumnRules, SnapshotPlan};
-use crate::shmem::{self, Phase, SlotHandle};
+use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
     await_meili_task, permanent, retry_pause, should_stop, with_retry, Stop,
 };
@@ -29,31 +29,31 @@ const VANISHED_TASK_GRACE: Duration = Duration::from_secs(30);
 
 /// Creates the index with the task's key attribute, or checks an existing one; applies settings.
 fn prepare_index(
-    slot: SlotHandle,
+    live: LiveStatus,
     client: &Client,
     task: &TaskRecord,
     options: &TaskOptions,
     key_attribute: &str,
 ) -> Result<PreparedIndex, Stop> {
     let uid = &task.index_uid;
-    let version = with_retry(slot, "connecting to Meilisearch", || client.version())?;
+    let version = with_retry(live, "connecting to Meilisearch", || client.version())?;
     log!(
         "pg_meili_sync task {}: Meilisearch {version} at {}",
         task.id,
         task.url
     );
-    let existing = with_retry(slot, "reading the index", || client.get_index(uid))?;
+    let existing = with_retry(live, "reading the index", || client.get_index(uid))?;
     let created = existing.is_none();
     match existing {
         None => {
-            let task_uid = with_retry(slot, "creating the index", || client.create_index(uid, key_attribute))?;
+            let task_uid = with_retry(live, "creating the index", || client.create_index(uid, key_attribute))?;
             // Someone else may have created it meanwhile; the check below covers that case.
-            let _ = await_meili_task(slot, client, task_uid, "creating the index");
-            if with_retry(slot, "reading the index", || client.get_index(uid))?.is_none() {
+            let _ = await_meili_task(live, client, task_uid, "creating the index");
+            if with_retry(live, "reading the index", || client.get_index(uid))?.is_none() {
                 return Err(permanent(format!("index \"{uid}\" could not be created")));
             }
         }
-        Some(index) => match index.get("primaryKey").and_then(|key| key.as_str()) {
+        Some(index) => match index.primary_key.as_deref() {
             Some(existing) if existing != key_attribute => {
                 return Err(permanent(format!(
                     "index \"{uid}\" has primary key \"{existing}\" but this task sends \"{key_attribute}\"; drop the index or use another index uid"
@@ -64,19 +64,14 @@ fn prepare_index(
     }
     if let Some(settings) = &options.settings {
         let settings = serde_json::Value::Object(settings.clone());
-        let task_uid = with_retry(slot, "updating index settings", || {
+        let task_uid = with_retry(live, "updating index settings", || {
             client.update_settings(uid, &settings)
         })?;
-        await_meili_task(slot, client, task_uid, "updating index settings")?;
+        await_meili_task(live, client, task_uid, "updating index settings")?;
     }
-    let index = with_retry(slot, "reading the index", || client.get_index(uid))?;
+    let index = with_retry(live, "reading the index", || client.get_index(uid))?;
     Ok(PreparedIndex {
-        created_at: index.and_then(|index| {
-            index
-                .get("createdAt")
-                .and_then(|at| at.as_str())
-                .map(str::to_owned)
-        }),
+        created_at: index.and_then(|index| index.created_at),
         created,
     })
 }
@@ -97,7 +92,7 @@ fn ensure_slot(task: &mut TaskRecord) -> Result<(), Stop> {
         .map_err(fail)?
     {
         Some(status) if status == "lost" => {
-            if task.state != "snapshot" {
+            if task.state != TaskState::Snapshot {
                 return Err(permanent(format!(
                     "replication slot \"{}\" was invalidated because it retained more WAL than max_slot_wal_keep_size allows, so changes were lost; run SELECT meili_sync_snapshot({}) to copy the table again",
                     task.slot_name, task.id
@@ -109,7 +104,7 @@ fn ensure_slot(task: &mut TaskRecord) -> Result<(), Stop> {
         Some(_) => return Ok(()),
         // A failover to a standby, a restore, pg_upgrade or a manual drop: the changes the slot
         // kept since Meilisearch last confirmed are gone, and a new slot would silently skip them.
-        None if task.state != "snapshot" => {
+        None if task.state != TaskState::Snapshot => {
             return Err(permanent(format!(
                 "replication slot \"{}\" is missing (dropped, or lost in a failover, restore or upgrade), so the changes it kept since the last confirmation are lost; run SELECT meili_sync_snapshot({}) to copy the table again",
                 task.slot_name, task.id
@@ -143,7 +138,7 @@ fn copy_over(task: &mut TaskRecord, what_happened: &str) -> Result<(), Stop> {
     Ok(())
 }
 
-fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
+fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
     let task = BackgroundWorker::transaction(|| {
         catalog::set_output_formats(false)?;
         catalog::load_task(task_id)
@@ -152,7 +147,7 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
     let Some(mut task) = task else {
         return Err(Stop::Terminated);
     };
-    slot.set_generation(task.generation);
+    live.set_generation(task.generation);
     // What meili_sync_start checked may have changed since: the table, or its owner's grants.
     BackgroundWorker::transaction(|| catalog::syncable_source(task.relid, task.owner)).map_err(
         |error| match error.hint {
@@ -171,7 +166,7 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
             let held = BackgroundWorker::transaction(|| catalog::load_task(held_id))
                 .map_err(|error| permanent(error.message))?
                 .ok_or(Stop::Terminated)?;
-            if resync::recover(&mut task, &held, &client, slot)? {
+            if resync::recover(&mut task, &held, &client, live)? {
                 return Err(Stop::Terminated);
             }
             Some(held)
@@ -185,10 +180,10 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
     let key_attribute = plan.shape.primary_key_attribute().to_owned();
     let mut fresh_index = false;
     if let Some(held) = &held {
-        if task.state == "snapshot" && task.snapshot_key.is_none() {
+        if task.state == TaskState::Snapshot && task.snapshot_key.is_none() {
             resync::prepare_fresh_index(
                 task.id,
-                slot,
+                live,
                 &client,
                 &held.index_uid,
                 &task.index_uid,
@@ -197,7 +192,7 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
             fresh_index = true;
         }
     }
-    let index = prepare_index(slot, &client, &task, &options, &key_attribute)?;
+    let index = prepare_index(live, &client, &task, &options, &key_attribute)?;
     let watch = IndexWatch::new(client.clone(), &task.index_uid, index.created_at);
 
     let writer = start_writer(WriterConfig {
@@ -224,14 +219,14 @@ fn run(task_id: i64, slot: SlotHandle) -> Result<(), Stop> {
         &plan,
         &options,
         &mut dispatcher,
-        slot,
+        live,
         watch,
         !index.created && !fresh_index,
         gate.as_mut().map(|gate| gate as &mut dyn SwapGate),
     );
     dispatcher.shutdown();
     match (result?, &held) {
-        (Some(position), Some(held)) => resync::swap(&task, held, &client, slot, position),
+        (Some(position), Some(held)) => resync::swap(&task, held, &client, live, position),
         _ => Err(Stop::Terminated),
     }
 }
@@ -259,18 +254,18 @@ fn copy_then_stream(
     plan: &SnapshotPlan,
     options: &TaskOptions,
     dispatcher: &mut Dispatcher,
-    slot: SlotHandle,
+    live: LiveStatus,
     mut watch: IndexWatch,
     index_had_documents: bool,
     gate: Option<&mut dyn SwapGate>,
 ) -> Result<Option<u64>, Stop> {
-    if task.state == "snapshot" {
-        match snapshot::run(task, plan, dispatcher, slot)
+    if task.state == TaskState::Snapshot {
+        match snapshot::run(task, plan, dispatcher, live)
             .map_err(|error| permanent(error.message))?
         {
             SnapshotOutcome::Done { rows } => {
                 if index_had_documents {
-                    prune_index(task, slot)?;
+                    prune_index(task, live)?;
                 }
                 BackgroundWorker::transaction(|| catalog::finish_snapshot(task.id, rows))
                     .map_err(|error| permanent(error.message))?;
@@ -285,13 +280,13 @@ fn copy_then_stream(
         }
     }
     let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
-    let mut streamer = Streamer::new(task.id, slot, dispatcher, rules, plan.limits, options);
+    let mut streamer = Streamer::new(task.id, live, dispatcher, rules, plan.limits, options);
     stream::run(&mut streamer, task, &mut watch, gate).map_err(permanent)
 }
 
 /// Deletes the documents of rows that no longer exist (see `verify::prune`), retrying while
 /// Meilisearch is unreachable.
-fn prune_index(task: &TaskRecord, slot: SlotHandle) -> Result<(), Stop> {
+fn prune_index(task: &TaskRecord, live: LiveStatus) -> Result<(), Stop> {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
     let mut attempt = 0;
     loop {
@@ -306,7 +301,7 @@ fn prune_index(task: &TaskRecord, slot: SlotHandle) -> Result<(), Stop> {
                 return Ok(());
             }
             Err(error) if error.kind == ErrorKind::Meilisearch => {
-                retry_pause(slot, &error.message, backoff.delay(attempt))?;
+                retry_pause(live, &error.message, backoff.delay(attempt))?;
                 attempt += 1;
             }
             Err(error) => return Err(permanent(error.message)),
@@ -325,36 +320,36 @@ pub extern "C-unwind" fn meili_sync_task_main(arg: pg_sys::Datum) {
     let pid = unsafe { pg_sys::MyProcPid };
     let Some(index) = shmem::attach(task_id, pid) else {
         warning!(
-            "pg_meili_sync: no free task slot for task {task_id} (meili_sync.max_tasks is {})",
+            "pg_meili_sync: no free shared-memory entry for task {task_id} (meili_sync.max_tasks is {})",
             crate::gucs::max_tasks()
         );
         return;
     };
-    let slot = SlotHandle::new(index);
-    let outcome = PgTryBuilder::new(|| run(task_id, slot))
+    let live = LiveStatus::new(index);
+    let outcome = PgTryBuilder::new(|| run(task_id, live))
         .catch_others(|error| {
             if should_stop() {
                 // Told to stop inside a transaction replay, where an ERROR is the only way out:
                 // a stop, not a failure of the task.
                 log!("pg_meili_sync task {task_id}: stopped inside a transaction replay; the slot has not moved past it, so the next worker decodes it again");
-                slot.detach(Phase::Exited);
+                live.detach(Phase::Exited);
                 error.rethrow()
             }
             let message = crate::error::caught_message(&error);
             // An ERROR escaping a background worker's main function ends the process without
             // reaching the server log: say it here, before it does.
             warning!("pg_meili_sync task {task_id}: {message}");
-            slot.set_error(&message);
-            slot.detach(Phase::Error);
+            live.set_error(&message);
+            live.detach(Phase::Error);
             error.rethrow()
         })
         .execute();
     match outcome {
-        Ok(()) | Err(Stop::Terminated) => slot.detach(Phase::Exited),
+        Ok(()) | Err(Stop::Terminated) => live.detach(Phase::Exited),
         Err(Stop::Permanent(message)) => {
             warning!("pg_meili_sync task {task_id} stopped: {message}");
-            slot.set_error(&message);
-            slot.detach(Phase::Error);
+            live.set_error(&message);
+            live.detach(Phase::Error);
             let _ = BackgroundWorker::transaction(|| catalog::set_error_state(task_id, &message));
         }
     }
