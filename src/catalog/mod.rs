@@ -1,0 +1,129 @@
+//! All SPI: the task catalog, progress, slots and publications, and reading source pages, in
+//! one module per concern (tasks, dead letters, replication slots and publications, source
+//! tables); the shared helpers live here.
+//!
+//! Every function here expects to run inside a transaction (the caller's, or one a worker opened).
+
+mod dead_letters;
+mod replication;
+mod source;
+mod tasks;
+
+pub use dead_letters::*;
+pub use replication::*;
+pub use source::*;
+pub use tasks::*;
+
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+
+use crate::error::{ErrorKind, SyncError};
+use crate::security;
+
+pub type CatalogResult<T> = Result<T, SyncError>;
+
+/// Runs a read-only query and returns the first column of its first row. pgrx's `Spi::get_one`
+/// and `Spi::run` mark the transaction as writing, which assigns it an xid: a worker polling
+/// the catalog would burn xids, and a slot cannot be created after one.
+fn select_one<T: IntoDatum + FromDatum>(
+    query: &str,
+    args: &[DatumWithOid],
+) -> CatalogResult<Option<T>> {
+    Spi::connect(|client| {
+        let table = client.select(query, Some(1), args)?;
+        if table.is_empty() {
+            Ok(None)
+        } else {
+            Ok(table.first().get_one::<T>()?)
+        }
+    })
+}
+
+fn names_from(value: Option<Vec<Option<String>>>) -> Option<Vec<String>> {
+    value.map(|names| names.into_iter().flatten().collect())
+}
+
+pub fn current_role_is_admin() -> CatalogResult<bool> {
+    Ok(select_one::<bool>(
+        "SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user)
+             OR pg_catalog.pg_has_role(current_user, 'meili_sync_admin', 'MEMBER')",
+        &[],
+    )?
+    .unwrap_or(false))
+}
+
+/// Runs catalog writes as the catalog's owner: `meili_sync_admin` may only read the catalog, so
+/// that every task comes through a function that checked its caller.
+fn as_catalog_owner<T>(work: impl FnOnce() -> CatalogResult<T>) -> CatalogResult<T> {
+    let owner = select_one::<pg_sys::Oid>(
+        "SELECT c.relowner FROM pg_catalog.pg_class c
+          WHERE c.oid = 'meili_sync.tasks'::pg_catalog.regclass",
+        &[],
+    )?
+    .ok_or_else(|| SyncError::new(ErrorKind::Internal, "meili_sync.tasks has no owner"))?;
+    security::as_catalog_owner(owner, work)
+}
+
+/// Whether `role` may SELECT from the table (false if the role no longer exists).
+pub fn may_select(role: pg_sys::Oid, relid: pg_sys::Oid) -> CatalogResult<bool> {
+    Ok(select_one::<bool>(
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = $1)
+                      AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = $2)
+                     THEN pg_catalog.has_table_privilege($1, $2, 'SELECT') ELSE false END",
+        &[role.into(), relid.into()],
+    )?
+    .unwrap_or(false))
+}
+
+/// Whether the current role has the rights of `role` (is it, a member of it, or a superuser).
+pub fn acts_as(role: pg_sys::Oid) -> CatalogResult<bool> {
+    Ok(select_one::<bool>(
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = $1)
+                     THEN pg_catalog.pg_has_role($1, 'USAGE')
+                     ELSE (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) END",
+        &[role.into()],
+    )?
+    .unwrap_or(false))
+}
+
+/// A role's name, or its OID in brackets once it is gone.
+pub fn role_name(role: pg_sys::Oid) -> CatalogResult<String> {
+    Ok(select_one::<String>(
+        "SELECT coalesce((SELECT r.rolname::text FROM pg_catalog.pg_roles r WHERE r.oid = $1),
+                         pg_catalog.format('(dropped role %s)', $1))",
+        &[role.into()],
+    )?
+    .unwrap_or_default())
+}
+
+pub fn wal_level() -> CatalogResult<String> {
+    Ok(
+        select_one::<String>("SELECT pg_catalog.current_setting('wal_level')", &[])?
+            .unwrap_or_default(),
+    )
+}
+
+pub fn current_database() -> CatalogResult<String> {
+    Ok(
+        select_one::<String>("SELECT pg_catalog.current_database()::text", &[])?
+            .unwrap_or_default(),
+    )
+}
+
+/// An LSN in Postgres's text form, `X/X`.
+pub fn format_lsn(lsn: u64) -> String {
+    format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)
+}
+
+pub fn extension_installed() -> CatalogResult<bool> {
+    Ok(select_one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_meili_sync')",
+        &[],
+    )?
+    .unwrap_or(false))
+}
+
+/// The SQL expression of a task's slot and publication name (see [`object_name`]), for queries
+/// over `meili_sync.tasks`.
+const OBJECT_NAME_SQL: &str =
+    "pg_catalog.format('meili_sync_%s_%s', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid, t.id)";

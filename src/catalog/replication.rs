@@ -1,0 +1,130 @@
+//! Replication slots and publications: creating, checking, and dropping them, and finding those
+//! whose task is gone.
+
+use pgrx::prelude::*;
+use pgrx::spi::quote_identifier;
+
+use super::{select_one, CatalogResult, OBJECT_NAME_SQL};
+
+/// A task's slot as the launcher's WAL guard sees it.
+pub struct SlotHealth {
+    pub task_id: i64,
+    pub slot_name: String,
+    pub wal_status: String,
+    /// None once the slot was invalidated (it no longer has a restart position).
+    pub retained_bytes: Option<i64>,
+}
+
+/// The slot's `wal_status` (`lost` once `max_slot_wal_keep_size` invalidated it); None if missing.
+pub fn slot_wal_status(name: &str) -> CatalogResult<Option<String>> {
+    select_one::<String>(
+        "SELECT coalesce(wal_status, 'unknown') FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+        &[name.into()],
+    )
+}
+
+/// Retained WAL and `wal_status` of every task's slot, for the launcher's warnings.
+pub fn slot_health() -> CatalogResult<Vec<SlotHealth>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            &format!(
+                "SELECT t.id, s.slot_name::text, coalesce(s.wal_status, 'unknown'),
+                        pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::bigint
+                   FROM meili_sync.tasks t
+                   JOIN pg_catalog.pg_replication_slots s ON s.slot_name = {OBJECT_NAME_SQL}"
+            ),
+            None,
+            &[],
+        )?;
+        let mut health = Vec::new();
+        for row in rows {
+            if let (Some(task_id), Some(slot_name), Some(wal_status)) = (
+                row.get::<i64>(1)?,
+                row.get::<String>(2)?,
+                row.get::<String>(3)?,
+            ) {
+                health.push(SlotHealth {
+                    task_id,
+                    slot_name,
+                    wal_status,
+                    retained_bytes: row.get::<i64>(4)?,
+                });
+            }
+        }
+        Ok(health)
+    })
+}
+
+/// Creates the task's logical slot; must be the first statement of its transaction.
+pub fn create_slot(name: &str) -> CatalogResult<()> {
+    select_one::<String>(
+        "SELECT slot_name::text FROM pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')",
+        &[name.into()],
+    )?;
+    Ok(())
+}
+
+/// What names the extension's slots and publications (`meili_sync_<install>_<task>`).
+const OBJECT_NAME_PATTERN: &str = "'^meili_sync_[0-9]+_[0-9]+$'";
+
+/// Slots and publications this extension created in this database whose task is gone (dropped,
+/// or from an earlier install of the extension) and which nobody holds: (kind, name).
+pub fn orphans() -> CatalogResult<Vec<(String, String)>> {
+    slots_and_publications(&format!(
+        "SELECT 'slot', s.slot_name::text FROM pg_catalog.pg_replication_slots s
+          WHERE s.database OPERATOR(pg_catalog.=) pg_catalog.current_database() AND NOT s.active
+            AND s.slot_name::text OPERATOR(pg_catalog.~) {OBJECT_NAME_PATTERN}
+            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = s.slot_name)
+         UNION ALL
+         SELECT 'publication', p.pubname::text FROM pg_catalog.pg_publication p
+          WHERE p.pubname::text OPERATOR(pg_catalog.~) {OBJECT_NAME_PATTERN}
+            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = p.pubname)"
+    ))
+}
+
+/// After DROP EXTENSION: every slot (once no worker holds it) and publication its tasks left.
+pub fn leftovers_without_extension() -> CatalogResult<Vec<(String, String)>> {
+    slots_and_publications(&format!(
+        "SELECT 'slot', s.slot_name::text FROM pg_catalog.pg_replication_slots s
+          WHERE s.database OPERATOR(pg_catalog.=) pg_catalog.current_database() AND NOT s.active
+            AND s.slot_name::text OPERATOR(pg_catalog.~) {OBJECT_NAME_PATTERN}
+         UNION ALL
+         SELECT 'publication', p.pubname::text FROM pg_catalog.pg_publication p
+          WHERE p.pubname::text OPERATOR(pg_catalog.~) {OBJECT_NAME_PATTERN}"
+    ))
+}
+
+/// Runs a query of (kind, name) rows.
+fn slots_and_publications(query: &str) -> CatalogResult<Vec<(String, String)>> {
+    Spi::connect(|client| {
+        let mut names = Vec::new();
+        for row in client.select(query, None, &[])? {
+            if let (Some(kind), Some(name)) = (row.get::<String>(1)?, row.get::<String>(2)?) {
+                names.push((kind, name));
+            }
+        }
+        Ok(names)
+    })
+}
+
+pub fn drop_publication(name: &str) -> CatalogResult<()> {
+    Spi::run(&format!(
+        "DROP PUBLICATION IF EXISTS {}",
+        quote_identifier(name)
+    ))?;
+    Ok(())
+}
+
+/// Asks a backend (a task worker) to exit; its SIGTERM handler only sets a flag it checks.
+pub fn terminate_backend(pid: i32) -> CatalogResult<()> {
+    select_one::<bool>("SELECT pg_catalog.pg_terminate_backend($1)", &[pid.into()])?;
+    Ok(())
+}
+
+pub fn drop_slot(name: &str) -> CatalogResult<()> {
+    select_one::<String>(
+        "SELECT pg_catalog.pg_drop_replication_slot($1)::text",
+        &[name.into()],
+    )?;
+    Ok(())
+}

@@ -1,0 +1,425 @@
+//! The source tables: what a table is (columns, key, owner), whether a task may sync it, how its
+//! types become JSON, and reading it: keyset pages, keys that are gone, rows locked for repair.
+
+use std::ffi::CStr;
+
+use pgrx::datum::DatumWithOid;
+use pgrx::prelude::*;
+use pgrx::spi::quote_identifier;
+
+use super::{may_select, names_from, role_name, select_one, CatalogResult};
+use crate::encode::ValueKind;
+use crate::error::{ErrorKind, SyncError};
+
+/// A column of the source table as the catalog describes it.
+#[derive(Debug, Clone)]
+pub struct ColumnInfo {
+    pub name: String,
+    pub type_oid: pg_sys::Oid,
+    pub type_name: String,
+    pub not_null: bool,
+    pub generated: bool,
+}
+
+#[derive(Debug, Clone)]
+pub struct RelationInfo {
+    pub qualified_name: String,
+    /// The table's owner: work on its rows runs with this role's rights.
+    pub owner: pg_sys::Oid,
+    pub relkind: String,
+    pub persistence: String,
+    pub replica_identity: String,
+    pub columns: Vec<ColumnInfo>,
+    pub primary_key: Option<Vec<String>>,
+    pub replica_identity_index: Option<Vec<String>>,
+    pub unique_keys: Vec<Vec<String>>,
+}
+
+pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
+    Spi::connect(|client| {
+        let mut header = client.select(
+            "SELECT c.relkind::text, c.relpersistence::text, c.relreplident::text,
+                    pg_catalog.format('%I.%I', n.nspname, c.relname), c.relowner
+               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
+              WHERE c.oid = $1",
+            Some(1),
+            &[relid.into()],
+        )?;
+        let Some(row) = header.next() else {
+            return Err(SyncError::new(
+                ErrorKind::UndefinedTable,
+                format!("relation with OID {relid} does not exist"),
+            ));
+        };
+        let relkind: String = row.get(1)?.unwrap_or_default();
+        let persistence: String = row.get(2)?.unwrap_or_default();
+        let replica_identity: String = row.get(3)?.unwrap_or_default();
+        let qualified_name: String = row.get(4)?.unwrap_or_default();
+        let owner: pg_sys::Oid = row.get(5)?.unwrap_or(pg_sys::InvalidOid);
+
+        let mut columns = Vec::new();
+        let rows = client.select(
+            "SELECT a.attname::text, a.atttypid, pg_catalog.format_type(a.atttypid, a.atttypmod),
+                    a.attnotnull, a.attgenerated <> ''
+               FROM pg_catalog.pg_attribute a
+              WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
+              ORDER BY a.attnum",
+            None,
+            &[relid.into()],
+        )?;
+        for row in rows {
+            columns.push(ColumnInfo {
+                name: row.get(1)?.unwrap_or_default(),
+                type_oid: row.get(2)?.unwrap_or(pg_sys::InvalidOid),
+                type_name: row.get(3)?.unwrap_or_default(),
+                not_null: row.get(4)?.unwrap_or(false),
+                generated: row.get(5)?.unwrap_or(false),
+            });
+        }
+
+        let mut primary_key = None;
+        let mut replica_identity_index = None;
+        let mut unique_keys = Vec::new();
+        let indexes = client.select(
+            "SELECT i.indisprimary, i.indisreplident,
+                    ARRAY(SELECT a.attname::text
+                            FROM pg_catalog.unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
+                            JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                           ORDER BY k.ord)
+               FROM pg_catalog.pg_index i
+              WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid AND i.indpred IS NULL
+                AND i.indexprs IS NULL AND i.indimmediate",
+            None,
+            &[relid.into()],
+        )?;
+        for row in indexes {
+            let is_primary: bool = row.get(1)?.unwrap_or(false);
+            let is_replica_identity: bool = row.get(2)?.unwrap_or(false);
+            let Some(names) = names_from(row.get::<Vec<Option<String>>>(3)?) else {
+                continue;
+            };
+            if is_primary {
+                primary_key = Some(names.clone());
+            }
+            if is_replica_identity {
+                replica_identity_index = Some(names.clone());
+            }
+            unique_keys.push(names);
+        }
+        Ok(RelationInfo {
+            qualified_name,
+            owner,
+            relkind,
+            persistence,
+            replica_identity,
+            columns,
+            primary_key,
+            replica_identity_index,
+            unique_keys,
+        })
+    })
+}
+
+/// The table a task syncs, checked as `meili_sync_start` checks it and as the worker checks it
+/// again before each copy: an ordinary, permanent user table that `role` may read.
+pub fn syncable_source(relid: pg_sys::Oid, role: pg_sys::Oid) -> CatalogResult<RelationInfo> {
+    let info = relation_info(relid)?;
+    let table = &info.qualified_name;
+    if info.relkind != "r" {
+        return Err(SyncError::new(ErrorKind::InvalidParameter, format!("{table} is not an ordinary table"))
+            .hint("Sync an ordinary table; partitioned tables, views and foreign tables are not supported."));
+    }
+    if u32::from(relid) < pg_sys::FirstNormalObjectId {
+        return Err(SyncError::new(
+            ErrorKind::UnsupportedType,
+            format!("{table} is a system catalog"),
+        )
+        .hint("Sync a user table; system catalogs cannot be published for logical decoding."));
+    }
+    if info.persistence != "p" {
+        return Err(SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!("table {table} is temporary or unlogged, so its changes are not in the WAL"),
+        )
+        .hint(format!(
+            "Run ALTER TABLE {table} SET LOGGED, or sync a permanent table."
+        )));
+    }
+    if !may_select(role, relid)? {
+        let role = role_name(role)?;
+        return Err(SyncError::new(
+            ErrorKind::Privilege,
+            format!("permission denied for table {table}: role {role} may not read it"),
+        )
+        .hint(format!(
+            "A task copies the table's rows out of the database, so it needs SELECT on it: GRANT SELECT ON {table} TO {role}."
+        )));
+    }
+    Ok(info)
+}
+
+impl RelationInfo {
+    /// The SQL type of a column (as `format_type` prints it), for casts in generated queries.
+    pub fn type_name_of(&self, column: &str) -> String {
+        self.columns
+            .iter()
+            .find(|c| c.name == column)
+            .map(|c| c.type_name.clone())
+            .unwrap_or_default()
+    }
+}
+
+/// Resolves how values of a type become JSON: domains to their base type, enums to text,
+/// arrays to their element kind. Uses the syscache, not SPI, so that it also works inside a
+/// decoding callback (where the catalog is read as of the decoded change).
+pub fn value_kind(type_oid: pg_sys::Oid) -> CatalogResult<ValueKind> {
+    // SAFETY: lsyscache lookups by OID; they raise an ERROR for a missing type, which pgrx turns
+    // into a panic handled by the caller's error path.
+    let (base, element, typtype) = unsafe {
+        let base = pg_sys::getBaseType(type_oid);
+        (
+            base,
+            pg_sys::get_element_type(base),
+            pg_sys::get_typtype(base) as u8,
+        )
+    };
+    if element != pg_sys::InvalidOid {
+        return Ok(ValueKind::Array(Box::new(value_kind(element)?)));
+    }
+    match typtype {
+        b'e' => Ok(ValueKind::Text),
+        0 => Err(SyncError::new(
+            ErrorKind::Internal,
+            format!("type with OID {type_oid} does not exist"),
+        )),
+        _ => Ok(builtin_kind(base)),
+    }
+}
+
+fn builtin_kind(oid: pg_sys::Oid) -> ValueKind {
+    use pg_sys::BuiltinOid as B;
+    match B::from_u32(oid.to_u32()) {
+        Ok(B::INT2OID | B::INT4OID | B::INT8OID | B::OIDOID) => ValueKind::Integer,
+        Ok(B::FLOAT4OID | B::FLOAT8OID) => ValueKind::Float,
+        Ok(B::NUMERICOID) => ValueKind::Numeric,
+        Ok(B::BOOLOID) => ValueKind::Bool,
+        Ok(B::TEXTOID | B::VARCHAROID | B::BPCHAROID | B::NAMEOID | B::UUIDOID | B::CHAROID) => {
+            ValueKind::Text
+        }
+        Ok(B::JSONOID | B::JSONBOID) => ValueKind::Json,
+        Ok(B::TIMESTAMPOID) => ValueKind::Timestamp,
+        Ok(B::TIMESTAMPTZOID) => ValueKind::TimestampTz,
+        Ok(B::DATEOID) => ValueKind::Date,
+        Ok(B::TIMEOID) => ValueKind::Time,
+        Ok(B::TIMETZOID) => ValueKind::TimeTz,
+        Ok(B::BYTEAOID) => ValueKind::Bytea,
+        _ => ValueKind::Other,
+    }
+}
+
+/// How a key column is matched against document ids from the index: through the key's type
+/// (uses the key's index; the text must be valid input for the type) or through its text output
+/// (always valid, but scans).
+pub enum KeyMatch {
+    Typed,
+    AsText,
+}
+
+/// The key columns of one key tuple per position, as `text[]` arguments (one per column).
+fn key_arrays(keys: &[Vec<String>], columns: usize) -> Vec<DatumWithOid<'static>> {
+    (0..columns)
+        .map(|column| {
+            let values: Vec<String> = keys
+                .iter()
+                .map(|key| key.get(column).cloned().unwrap_or_default())
+                .collect();
+            values.into()
+        })
+        .collect()
+}
+
+fn key_condition(key: &[(String, String)], matching: &KeyMatch, alias: &str) -> String {
+    key.iter()
+        .enumerate()
+        .map(|(index, (name, type_name))| match matching {
+            KeyMatch::Typed => format!(
+                "{alias}.{} = (${}::text[])[i]::{type_name}",
+                quote_identifier(name),
+                index + 1
+            ),
+            KeyMatch::AsText => format!(
+                "{alias}.{}::text = (${}::text[])[i]",
+                quote_identifier(name),
+                index + 1
+            ),
+        })
+        .collect::<Vec<_>>()
+        .join(" AND ")
+}
+
+/// Positions (0-based) of the key tuples that no row of the table has.
+pub fn absent_keys(
+    qualified_table: &str,
+    key: &[(String, String)],
+    keys: &[Vec<String>],
+    matching: &KeyMatch,
+) -> CatalogResult<Vec<usize>> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let condition = key_condition(key, matching, "t");
+    Spi::connect(|client| {
+        let rows = client.select(
+            &format!(
+                "SELECT i FROM pg_catalog.generate_subscripts($1::text[], 1) i
+                  WHERE NOT EXISTS (SELECT 1 FROM ONLY {qualified_table} t WHERE {condition})
+                  ORDER BY i"
+            ),
+            None,
+            &key_arrays(keys, key.len()),
+        )?;
+        let mut absent = Vec::new();
+        for row in rows {
+            if let Some(position) = row.get::<i32>(1)? {
+                absent.push(usize::try_from(position - 1).unwrap_or_default());
+            }
+        }
+        Ok(absent)
+    })
+}
+
+/// The `columns` of the rows with these keys, locked FOR UPDATE until the end of the transaction so that they cannot change meanwhile.
+pub fn lock_rows(
+    qualified_table: &str,
+    columns: &[String],
+    key: &[(String, String)],
+    keys: &[Vec<String>],
+) -> CatalogResult<Vec<Vec<Option<String>>>> {
+    if keys.is_empty() {
+        return Ok(Vec::new());
+    }
+    let select: Vec<String> = columns
+        .iter()
+        .map(|name| format!("t.{}", quote_identifier(name)))
+        .collect();
+    let condition = key_condition(key, &KeyMatch::Typed, "t");
+    Spi::connect_mut(|client| {
+        let table = client.update(
+            &format!(
+                "SELECT {} FROM ONLY {qualified_table} t
+                  WHERE EXISTS (SELECT 1 FROM pg_catalog.generate_subscripts($1::text[], 1) i WHERE {condition})
+                  FOR UPDATE OF t",
+                select.join(", ")
+            ),
+            None,
+            &key_arrays(keys, key.len()),
+        )?;
+        Ok(page_text_values(&table, select.len()))
+    })
+}
+
+/// Blocks writes to the table until the end of the transaction (reads go on).
+pub fn lock_table_against_writes(qualified_table: &str) -> CatalogResult<()> {
+    Spi::run(&format!("LOCK TABLE ONLY {qualified_table} IN SHARE MODE"))?;
+    Ok(())
+}
+
+/// Sets the session so that every type's text output is the one the encoder expects, in the
+/// snapshot and in the decoded stream alike.
+pub fn set_output_formats(transaction_only: bool) -> CatalogResult<()> {
+    for (name, value) in [
+        ("DateStyle", "ISO, YMD"),
+        ("TimeZone", "UTC"),
+        ("IntervalStyle", "iso_8601"),
+        ("extra_float_digits", "1"),
+        ("bytea_output", "hex"),
+    ] {
+        select_one::<String>(
+            "SELECT pg_catalog.set_config($1, $2, $3)",
+            &[name.into(), value.into(), transaction_only.into()],
+        )?;
+    }
+    Ok(())
+}
+
+/// One page of the source table in key order after `after`, at most `limit` rows, each value as
+/// its type's text output (what pgoutput sends), or None for NULL.
+pub fn read_page(
+    query: &str,
+    after: Option<&[String]>,
+    limit: usize,
+    column_count: usize,
+) -> CatalogResult<Vec<Vec<Option<String>>>> {
+    Spi::connect(|client| {
+        let mut args: Vec<DatumWithOid> = after
+            .map(|key| key.iter().map(|value| value.as_str().into()).collect())
+            .unwrap_or_default();
+        args.push(i64::try_from(limit).unwrap_or(i64::MAX).into());
+        let table = client.select(query, None, &args)?;
+        Ok(page_text_values(&table, column_count))
+    })
+}
+
+fn page_text_values(
+    table: &pgrx::spi::SpiTupleTable<'_>,
+    column_count: usize,
+) -> Vec<Vec<Option<String>>> {
+    let mut rows = Vec::with_capacity(table.len());
+    // SAFETY: `client.select` just filled SPI_tuptable and we are still inside its SPI connection,
+    // so the tuple table, its tuple descriptor and its `table.len()` tuples are valid; SPI_getvalue
+    // calls the column type's output function and returns a palloc'd C string or NULL for NULL.
+    unsafe {
+        let tuptable = pg_sys::SPI_tuptable;
+        if tuptable.is_null() {
+            return rows;
+        }
+        let tupdesc = (*tuptable).tupdesc;
+        let tuples = std::slice::from_raw_parts((*tuptable).vals, table.len());
+        for &tuple in tuples {
+            let mut values = Vec::with_capacity(column_count);
+            for column in 1..=column_count {
+                let text = pg_sys::SPI_getvalue(tuple, tupdesc, column as i32);
+                if text.is_null() {
+                    values.push(None);
+                } else {
+                    values.push(Some(CStr::from_ptr(text).to_string_lossy().into_owned()));
+                    pg_sys::pfree(text.cast());
+                }
+            }
+            rows.push(values);
+        }
+    }
+    rows
+}
+
+/// The keyset page queries (first page, and pages after a key): the document columns, then the
+/// key columns, in key order. The row limit is the last parameter, so that each page can be sized
+/// by the bytes of the rows before it.
+pub fn page_queries(
+    relation: &str,
+    columns: &[String],
+    key: &[(String, String)],
+) -> (String, String) {
+    let select: Vec<String> = columns
+        .iter()
+        .chain(key.iter().map(|(name, _)| name))
+        .map(quote_identifier)
+        .collect();
+    let key_names: Vec<String> = key.iter().map(|(name, _)| quote_identifier(name)).collect();
+    let key_params: Vec<String> = key
+        .iter()
+        .enumerate()
+        .map(|(index, (_, type_name))| format!("${}::{}", index + 1, type_name))
+        .collect();
+    let head = format!("SELECT {} FROM ONLY {}", select.join(", "), relation);
+    let order = format!("ORDER BY {}", key_names.join(", "));
+    (
+        format!("{head} {order} LIMIT $1"),
+        format!(
+            "{head} WHERE ({}) > ({}) {order} LIMIT ${}",
+            key_names.join(", "),
+            key_params.join(", "),
+            key.len() + 1
+        ),
+    )
+}

@@ -1,0 +1,520 @@
+//! Task rows: their state, creation, loading, changes made by the SQL functions, the copy's
+//! progress, and the resync's hold and swap.
+
+use pgrx::prelude::*;
+use pgrx::spi::quote_identifier;
+use pgrx::JsonB;
+
+use super::{as_catalog_owner, format_lsn, names_from, select_one, CatalogResult, OBJECT_NAME_SQL};
+use crate::error::{ErrorKind, SyncError};
+
+/// What a task should be doing: `meili_sync.tasks.state`, whose CHECK constraint allows exactly
+/// these. (Not to be confused with a worker's live [`crate::shmem::Phase`], nor with the status of a
+/// Meilisearch task.)
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TaskState {
+    /// Copying the table (or about to).
+    Snapshot,
+    Streaming,
+    Paused,
+    Stopped,
+    /// Stopped by a failure; `last_error` says why.
+    Error,
+    /// Held by its resync helper for the swap.
+    Swapping,
+}
+
+impl TaskState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TaskState::Snapshot => "snapshot",
+            TaskState::Streaming => "streaming",
+            TaskState::Paused => "paused",
+            TaskState::Stopped => "stopped",
+            TaskState::Error => "error",
+            TaskState::Swapping => "swapping",
+        }
+    }
+
+    /// The stored text; anything the CHECK constraint would not let in reads as `Error`, a state
+    /// in which no worker runs.
+    fn from_stored(text: &str) -> TaskState {
+        match text {
+            "snapshot" => TaskState::Snapshot,
+            "streaming" => TaskState::Streaming,
+            "paused" => TaskState::Paused,
+            "stopped" => TaskState::Stopped,
+            "swapping" => TaskState::Swapping,
+            _ => TaskState::Error,
+        }
+    }
+}
+
+impl std::fmt::Display for TaskState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// One task row, with its key: only the worker and privileged functions load it.
+#[derive(Debug, Clone)]
+pub struct TaskRecord {
+    pub id: i64,
+    pub relid: pg_sys::Oid,
+    pub relation: String,
+    pub index_uid: String,
+    pub url: String,
+    pub api_key: Option<String>,
+    pub primary_key: Vec<String>,
+    pub options: serde_json::Value,
+    /// The role that created the task.
+    pub owner: pg_sys::Oid,
+    pub state: TaskState,
+    /// Bumped by every change that must restart the task's worker.
+    pub generation: i32,
+    pub slot_name: String,
+    pub publication_name: String,
+    pub snapshot_key: Option<Vec<String>>,
+    pub rows_copied: i64,
+    /// Set on a resync helper: the task whose index it rebuilds.
+    pub resync_of: Option<i64>,
+    pub resync_phase: Option<String>,
+    pub swap_lsn: Option<u64>,
+    pub swap_created_at: Option<String>,
+}
+
+/// A task as the launcher sees it.
+#[derive(Debug, Clone, Copy)]
+pub struct TaskSummary {
+    pub id: i64,
+    pub active: bool,
+    pub generation: i32,
+}
+
+/// The task that writes into this index at this URL, if any, and the table it syncs: one index
+/// holds one table's documents (a TRUNCATE of one table would otherwise delete the other's).
+pub fn index_owner_task(url: &str, index_uid: &str) -> CatalogResult<Option<(i64, String)>> {
+    Spi::connect(|client| {
+        let mut rows = client.select(
+            "SELECT t.id, t.source::text FROM meili_sync.tasks t WHERE t.url = $1 AND t.index_uid = $2",
+            Some(1),
+            &[url.into(), index_uid.into()],
+        )?;
+        let Some(row) = rows.next() else {
+            return Ok(None);
+        };
+        Ok(row
+            .get::<i64>(1)?
+            .map(|id| (id, row.get::<String>(2).ok().flatten().unwrap_or_default())))
+    })
+}
+
+pub struct NewTask<'a> {
+    pub relid: pg_sys::Oid,
+    pub owner: pg_sys::Oid,
+    pub index_uid: &'a str,
+    pub url: &'a str,
+    pub api_key: Option<&'a str>,
+    pub primary_key: &'a [String],
+    pub options: serde_json::Value,
+    pub resync_of: Option<i64>,
+}
+
+/// Inserts the task and its publication; returns the task id. The caller checked that
+/// `task.owner` may read the table.
+pub fn insert_task(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i64> {
+    as_catalog_owner(|| insert_task_row(task, qualified_table))
+}
+
+fn insert_task_row(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i64> {
+    Spi::connect_mut(|client| {
+        let id: i64 = client
+            .update(
+                "INSERT INTO meili_sync.tasks (source, index_uid, url, primary_key, options, resync_of, owner)
+                 VALUES ($1::oid::regclass, $2, $3, $4, $5, $6, $7::oid::regrole) RETURNING id",
+                Some(1),
+                &[
+                    task.relid.into(),
+                    task.index_uid.into(),
+                    task.url.into(),
+                    task.primary_key.to_vec().into(),
+                    JsonB(task.options).into(),
+                    task.resync_of.into(),
+                    task.owner.into(),
+                ],
+            )?
+            .first()
+            .get_one::<i64>()?
+            .ok_or_else(|| {
+                SyncError::new(
+                    ErrorKind::Internal,
+                    "INSERT into meili_sync.tasks returned no id",
+                )
+            })?;
+        if let Some(key) = task.api_key {
+            client.update(
+                "INSERT INTO meili_sync.task_secrets (task_id, api_key) VALUES ($1, $2)",
+                None,
+                &[id.into(), key.into()],
+            )?;
+        }
+        let install = client
+            .select("SELECT 'meili_sync.tasks'::regclass::oid", Some(1), &[])?
+            .first()
+            .get_one::<pg_sys::Oid>()?
+            .unwrap_or(pg_sys::InvalidOid);
+        // Publish every column: a column list would have to cover the replica identity, or
+        // UPDATEs on the user's table would fail; the worker picks the columns itself.
+        client.update(
+            &format!(
+                "CREATE PUBLICATION {} FOR TABLE ONLY {} WITH (publish = 'insert, update, delete, truncate')",
+                quote_identifier(object_name(install, id)),
+                qualified_table
+            ),
+            None,
+            &[],
+        )?;
+        Ok(id)
+    })
+}
+
+/// The name of a task's slot and publication. It includes the OID of `meili_sync.tasks`, which
+/// is new each time the extension is created, so that a task id reused after DROP EXTENSION never
+/// meets the slot or publication of an old install (the launcher drops those as orphans).
+pub fn object_name(install: pg_sys::Oid, task_id: i64) -> String {
+    format!("meili_sync_{}_{task_id}", install.to_u32())
+}
+
+pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
+    Spi::connect(|client| {
+        let mut rows = client.select(
+            "SELECT t.id, t.source::oid, t.source::text, t.index_uid, t.url, s.api_key, t.primary_key,
+                    t.options, t.state, t.snapshot_key, t.rows_copied, 'meili_sync.tasks'::regclass::oid,
+                    t.resync_of, t.resync_phase, pg_catalog.pg_wal_lsn_diff(t.swap_lsn, '0/0')::bigint,
+                    t.swap_created_at, t.owner::oid, t.generation
+               FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id = t.id
+              WHERE t.id = $1",
+            Some(1),
+            &[task_id.into()],
+        )?;
+        let Some(row) = rows.next() else {
+            return Ok(None);
+        };
+        let id: i64 = row.get(1)?.unwrap_or(task_id);
+        Ok(Some(TaskRecord {
+            id,
+            relid: row.get(2)?.unwrap_or(pg_sys::InvalidOid),
+            relation: row.get(3)?.unwrap_or_default(),
+            index_uid: row.get(4)?.unwrap_or_default(),
+            url: row.get(5)?.unwrap_or_default(),
+            api_key: row.get(6)?,
+            primary_key: names_from(row.get(7)?).unwrap_or_default(),
+            options: row
+                .get::<JsonB>(8)?
+                .map(|json| json.0)
+                .unwrap_or(serde_json::Value::Null),
+            state: TaskState::from_stored(&row.get::<String>(9)?.unwrap_or_default()),
+            slot_name: object_name(row.get(12)?.unwrap_or(pg_sys::InvalidOid), id),
+            publication_name: object_name(row.get(12)?.unwrap_or(pg_sys::InvalidOid), id),
+            snapshot_key: names_from(row.get(10)?),
+            rows_copied: row.get(11)?.unwrap_or(0),
+            resync_of: row.get(13)?,
+            resync_phase: row.get(14)?,
+            swap_lsn: row.get::<i64>(15)?.map(|lsn| lsn as u64),
+            swap_created_at: row.get(16)?,
+            owner: row.get(17)?.unwrap_or(pg_sys::InvalidOid),
+            generation: row.get(18)?.unwrap_or(0),
+        }))
+    })
+}
+
+/// For the task-changing functions: the task's id, index and connection, or "no such task".
+pub fn require_task(task_id: i64) -> CatalogResult<TaskRecord> {
+    load_task(task_id)?.ok_or_else(|| {
+        SyncError::new(
+            ErrorKind::UndefinedTask,
+            format!("meili_sync task {task_id} does not exist"),
+        )
+        .hint("SELECT task FROM meili_sync_status lists the tasks.")
+    })
+}
+
+pub fn set_state(task_id: i64, state: TaskState) -> CatalogResult<()> {
+    as_catalog_owner(|| {
+        Spi::run_with_args(
+            "UPDATE meili_sync.tasks SET state = $2, generation = generation + 1 WHERE id = $1",
+            &[task_id.into(), state.as_str().into()],
+        )?;
+        Ok(())
+    })
+}
+
+/// Stores changed options (and URL, and key when given) and restarts the task's worker.
+pub fn alter_task(
+    task_id: i64,
+    url: &str,
+    api_key: Option<&str>,
+    options: serde_json::Value,
+) -> CatalogResult<()> {
+    as_catalog_owner(|| {
+        Spi::connect_mut(|client| {
+            client.update(
+            "UPDATE meili_sync.tasks SET url = $2, options = $3, generation = generation + 1 WHERE id = $1",
+            None,
+            &[task_id.into(), url.trim_end_matches('/').into(), JsonB(options).into()],
+        )?;
+            if let Some(key) = api_key {
+                client.update(
+                    "INSERT INTO meili_sync.task_secrets (task_id, api_key) VALUES ($1, $2)
+                 ON CONFLICT (task_id) DO UPDATE SET api_key = EXCLUDED.api_key",
+                    None,
+                    &[task_id.into(), key.into()],
+                )?;
+            }
+            Ok(())
+        })
+    })
+}
+
+pub fn resume(task_id: i64) -> CatalogResult<()> {
+    as_catalog_owner(|| {
+        Ok(Spi::run_with_args(
+            "UPDATE meili_sync.tasks
+            SET state = CASE WHEN snapshot_finished_at IS NULL THEN 'snapshot' ELSE 'streaming' END,
+                generation = generation + 1, last_error = NULL, last_error_at = NULL
+          WHERE id = $1",
+            &[task_id.into()],
+        )?)
+    })
+}
+
+pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
+    as_catalog_owner(|| {
+        Ok(Spi::run_with_args(
+        "UPDATE meili_sync.tasks
+            SET state = 'snapshot', generation = generation + 1, snapshot_key = NULL, rows_copied = 0,
+                snapshot_started_at = NULL, snapshot_finished_at = NULL, last_error = NULL, last_error_at = NULL
+          WHERE id = $1",
+        &[task_id.into()],
+    )?)
+    })
+}
+
+pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
+    as_catalog_owner(|| {
+        Spi::connect_mut(|client| {
+            client.update(
+                &format!(
+                    "DROP PUBLICATION IF EXISTS {}",
+                    quote_identifier(&task.publication_name)
+                ),
+                None,
+                &[],
+            )?;
+            client.update(
+                "DELETE FROM meili_sync.tasks WHERE id = $1",
+                None,
+                &[task.id.into()],
+            )?;
+            Ok(())
+        })
+    })
+}
+
+/// The copy begins (a resumed copy keeps its first start).
+pub fn mark_snapshot_started(task_id: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET snapshot_started_at = coalesce(snapshot_started_at, pg_catalog.now()) WHERE id = $1",
+        &[task_id.into()],
+    )?;
+    Ok(())
+}
+
+pub fn save_snapshot_progress(task_id: i64, key: &[String], rows_copied: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks
+            SET snapshot_key = $2, rows_copied = $3, snapshot_started_at = coalesce(snapshot_started_at, pg_catalog.now())
+          WHERE id = $1",
+        &[task_id.into(), key.to_vec().into(), rows_copied.into()],
+    )?;
+    Ok(())
+}
+
+pub fn finish_snapshot(task_id: i64, rows_copied: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks
+            SET state = 'streaming', rows_copied = $2, snapshot_started_at = coalesce(snapshot_started_at, pg_catalog.now()),
+                snapshot_finished_at = pg_catalog.now()
+          WHERE id = $1 AND state = 'snapshot'",
+        &[task_id.into(), rows_copied.into()],
+    )?;
+    Ok(())
+}
+
+pub fn set_error_state(task_id: i64, message: &str) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET state = 'error', last_error = $2, last_error_at = pg_catalog.now() WHERE id = $1",
+        &[task_id.into(), message.into()],
+    )?;
+    Ok(())
+}
+
+pub fn task_count() -> CatalogResult<i64> {
+    Ok(select_one::<i64>("SELECT pg_catalog.count(*) FROM meili_sync.tasks", &[])?.unwrap_or(0))
+}
+
+/// The resync helper of a task, if one is running.
+pub fn resync_helper(task_id: i64) -> CatalogResult<Option<i64>> {
+    select_one::<i64>(
+        "SELECT id FROM meili_sync.tasks WHERE resync_of = $1",
+        &[task_id.into()],
+    )
+}
+
+/// What a resync helper needs to know of the task it rebuilds before swapping: its state, and
+/// whether a worker still holds its slot and how far that slot is confirmed.
+pub struct HeldTask {
+    pub state: TaskState,
+    pub slot_active: bool,
+    pub confirmed: Option<u64>,
+}
+
+pub fn held_task(task_id: i64) -> CatalogResult<Option<HeldTask>> {
+    Spi::connect(|client| {
+        let mut rows = client.select(
+            &format!(
+                "SELECT t.state, coalesce(s.active, false),
+                        pg_catalog.pg_wal_lsn_diff(s.confirmed_flush_lsn, '0/0')::bigint
+                   FROM meili_sync.tasks t
+                   LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = {OBJECT_NAME_SQL}
+                  WHERE t.id = $1"
+            ),
+            Some(1),
+            &[task_id.into()],
+        )?;
+        let Some(row) = rows.next() else {
+            return Ok(None);
+        };
+        Ok(Some(HeldTask {
+            state: TaskState::from_stored(&row.get::<String>(1)?.unwrap_or_default()),
+            slot_active: row.get(2)?.unwrap_or(false),
+            confirmed: row.get::<i64>(3)?.map(|lsn| lsn as u64),
+        }))
+    })
+}
+
+/// Holds a streaming task for the swap of its index: the launcher stops its worker.
+pub fn hold_for_swap(task_id: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET state = 'swapping', generation = generation + 1
+          WHERE id = $1 AND state = 'streaming'",
+        &[task_id.into()],
+    )?;
+    Ok(())
+}
+
+/// The helper is about to swap: where it stopped, and its index's createdAt before the swap.
+pub fn record_swap(
+    helper_id: i64,
+    lsn: Option<u64>,
+    created_at: Option<&str>,
+) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks
+            SET resync_phase = CASE WHEN $2::text IS NULL THEN NULL ELSE 'swapping' END,
+                swap_lsn = $2::text::pg_lsn, swap_created_at = $3
+          WHERE id = $1",
+        &[
+            helper_id.into(),
+            lsn.map(format_lsn).into(),
+            created_at.into(),
+        ],
+    )?;
+    Ok(())
+}
+
+/// After the swap: the held task's slot moves to where the helper stopped (everything before is
+/// in the new index), and the task streams on from there.
+pub fn finish_swap(helper_id: i64, task_id: i64, slot_name: &str, lsn: u64) -> CatalogResult<()> {
+    let position = format_lsn(lsn);
+    select_one::<String>(
+        "SELECT pg_catalog.pg_replication_slot_advance(slot_name, $2::text::pg_lsn)::text
+           FROM pg_catalog.pg_replication_slots
+          WHERE slot_name = $1 AND confirmed_flush_lsn < $2::text::pg_lsn",
+        &[slot_name.into(), position.into()],
+    )?;
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET state = 'streaming', generation = generation + 1
+          WHERE id = $1 AND state = 'swapping'",
+        &[task_id.into()],
+    )?;
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET resync_phase = 'swapped' WHERE id = $1",
+        &[helper_id.into()],
+    )?;
+    Ok(())
+}
+
+/// Tasks held for a swap whose helper is gone or no longer running (dropped, stopped, failed)
+/// stream on; returns their ids.
+pub fn release_held_tasks() -> CatalogResult<Vec<i64>> {
+    const ORPHANED: &str = "m.state = 'swapping'
+        AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks r
+                         WHERE r.resync_of = m.id AND r.state IN ('snapshot', 'streaming'))";
+    // Read-only first: the launcher asks every round and must not burn an xid each time.
+    let any = select_one::<bool>(
+        &format!("SELECT EXISTS (SELECT 1 FROM meili_sync.tasks m WHERE {ORPHANED})"),
+        &[],
+    )?;
+    if any != Some(true) {
+        return Ok(Vec::new());
+    }
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            &format!(
+                "UPDATE meili_sync.tasks m SET state = 'streaming', generation = generation + 1
+                  WHERE {ORPHANED} RETURNING m.id"
+            ),
+            None,
+            &[],
+        )?;
+        let mut ids = Vec::new();
+        for row in rows {
+            if let Some(id) = row.get::<i64>(1)? {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    })
+}
+
+pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT id, state IN ('snapshot', 'streaming'), generation FROM meili_sync.tasks ORDER BY id",
+            None,
+            &[],
+        )?;
+        let mut tasks = Vec::new();
+        for row in rows {
+            let Some(id) = row.get::<i64>(1)? else {
+                continue;
+            };
+            tasks.push(TaskSummary {
+                id,
+                active: row.get(2)?.unwrap_or(false),
+                generation: row.get(3)?.unwrap_or(0),
+            });
+        }
+        Ok(tasks)
+    })
+}
+
+/// Starts the copy over (the slot it relied on was replaced).
+pub fn restart_copy(task_id: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET snapshot_key = NULL, rows_copied = 0 WHERE id = $1",
+        &[task_id.into()],
+    )?;
+    Ok(())
+}
