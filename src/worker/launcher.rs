@@ -362,17 +362,25 @@ fn stop_crash_loop(task_id: i64, crashes: u32) {
         "worker crashed {crashes} times in a row; last error: {last_error}; fix the cause, then run SELECT meili_sync_resume({task_id})"
     );
     warning!("pg_meili_sync task {task_id} stopped: {message}");
-    BackgroundWorker::transaction(|| {
-        let _ = catalog::set_error_state(task_id, &message);
-    });
+    if let Err(error) =
+        BackgroundWorker::transaction(|| catalog::set_error_state(task_id, &message))
+    {
+        warning!(
+            "pg_meili_sync task {task_id}: could not set state error: {}",
+            error.message
+        );
+    }
 }
 
 /// Sends SIGTERM to a task worker (its handler only sets a flag that the worker checks).
 fn terminate(handle: &Worker) {
     if let Some(pid) = handle.pid() {
-        BackgroundWorker::transaction(|| {
-            let _ = catalog::terminate_backend(pid);
-        });
+        if let Err(error) = BackgroundWorker::transaction(|| catalog::terminate_backend(pid)) {
+            warning!(
+                "pg_meili_sync: could not signal the worker with pid {pid}: {}",
+                error.message
+            );
+        }
     }
 }
 

@@ -215,7 +215,17 @@ pub fn swap(
         client.swap_indexes(&held.index_uid, &helper.index_uid)
     })?;
     if let Err(stop) = await_meili_task(live, client, uid, "swapping the indexes") {
-        let _ = BackgroundWorker::transaction(|| catalog::record_swap(helper.id, None, None));
+        // Forget the recorded swap so that a restarted helper tries it again; should that fail
+        // too, the restarted helper reads the index's createdAt to tell whether it happened.
+        if let Err(error) =
+            BackgroundWorker::transaction(|| catalog::record_swap(helper.id, None, None))
+        {
+            warning!(
+                "pg_meili_sync task {}: could not clear the recorded swap: {}",
+                helper.id,
+                error.message
+            );
+        }
         return Err(stop);
     }
     hand_over(helper, held, client, live, position)

@@ -350,7 +350,15 @@ pub extern "C-unwind" fn meili_sync_task_main(arg: pg_sys::Datum) {
             warning!("pg_meili_sync task {task_id} stopped: {message}");
             live.set_error(&message);
             live.detach(Phase::Error);
-            let _ = BackgroundWorker::transaction(|| catalog::set_error_state(task_id, &message));
+            if let Err(error) =
+                BackgroundWorker::transaction(|| catalog::set_error_state(task_id, &message))
+            {
+                // The launcher then restarts the worker, which meets the same failure again.
+                warning!(
+                    "pg_meili_sync task {task_id}: could not set state error: {}",
+                    error.message
+                );
+            }
         }
     }
 }
