@@ -442,7 +442,7 @@ impl SenderThread {
                     });
                     return true;
                 }
-                // A wrong key is retried too (slowly, at the backoff cap) until someone fixes it.
+                // A wrong key is retried too, with the same backoff, until someone fixes it.
                 Err(error) if error.is_retryable() || error.is_auth() => {
                     if self.shared.is_stopping() {
                         return false;
