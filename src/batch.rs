@@ -10,6 +10,7 @@
 //! sent before it is confirmed by Meilisearch.
 
 use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -276,8 +277,8 @@ pub struct ChangeBatcher {
     parts: [Option<OpenBatch>; 3],
     /// The open window is one delete-all (counting merged repeats).
     delete_all: usize,
-    /// Each document of the open window, with the operation its part holds.
-    ids: HashMap<Box<[u8]>, Operation>,
+    /// Each document of the open window (by [`id_hash`]), with the operation its part holds.
+    ids: HashMap<u64, Operation, BuildHasherDefault<PreHashed>>,
     items: usize,
     bytes: usize,
     opened_at: Option<Instant>,
@@ -297,7 +298,7 @@ impl ChangeBatcher {
             },
             parts: [None, None, None],
             delete_all: 0,
-            ids: HashMap::new(),
+            ids: HashMap::default(),
             items: 0,
             bytes: 0,
             opened_at: None,
@@ -328,8 +329,9 @@ impl ChangeBatcher {
             self.delete_all += 1;
             return;
         }
+        let id = id_hash(id);
         let conflict = self.delete_all > 0
-            || self.ids.get(id).is_some_and(|held| *held != op)
+            || self.ids.get(&id).is_some_and(|held| *held != op)
             || self.items >= self.limits.max_docs
             || self.window_len_with(op, item.len()) > self.limits.max_bytes;
         if conflict && !self.is_empty() {
@@ -350,9 +352,7 @@ impl ChangeBatcher {
         part.add(item);
         self.bytes = self.bytes + part.closed_len() - before;
         self.items += 1;
-        if !self.ids.contains_key(id) {
-            self.ids.insert(id.into(), op);
-        }
+        self.ids.entry(id).or_insert(op);
         if self.items >= self.limits.max_docs || self.bytes >= self.limits.max_bytes {
             self.close();
         }
@@ -459,6 +459,45 @@ impl ChangeBatcher {
     /// No window is open.
     pub fn is_empty(&self) -> bool {
         self.opened_at.is_none()
+    }
+}
+
+/// A 64-bit hash of a document id (FxHash's mixing, 8 bytes at a time): cheap, and computed for
+/// every change. Two ids that collide only close a window early; an id never escapes its own
+/// conflicts, so order is kept either way.
+fn id_hash(id: &[u8]) -> u64 {
+    const SEED: u64 = 0x517c_c1b7_2722_0a95;
+    let mix = |hash: u64, word: u64| (hash.rotate_left(5) ^ word).wrapping_mul(SEED);
+    let mut chunks = id.chunks_exact(8);
+    let mut hash = id.len() as u64;
+    for chunk in &mut chunks {
+        let mut word = [0_u8; 8];
+        word.copy_from_slice(chunk);
+        hash = mix(hash, u64::from_le_bytes(word));
+    }
+    chunks
+        .remainder()
+        .iter()
+        .fold(hash, |hash, &byte| mix(hash, u64::from(byte)))
+}
+
+/// The hasher of a map keyed by [`id_hash`]: the key is a hash already.
+#[derive(Default)]
+struct PreHashed(u64);
+
+impl Hasher for PreHashed {
+    fn write(&mut self, bytes: &[u8]) {
+        self.0 = bytes
+            .iter()
+            .fold(self.0, |hash, &byte| hash.rotate_left(8) ^ u64::from(byte));
+    }
+
+    fn write_u64(&mut self, value: u64) {
+        self.0 = value;
+    }
+
+    fn finish(&self) -> u64 {
+        self.0
     }
 }
 
