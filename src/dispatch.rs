@@ -281,6 +281,8 @@ impl Dispatcher {
             },
             None => seq,
         };
+        self.resends.remove(&original);
+        self.collateral.remove(&original);
         if let Some(checkpoint) = self.watermark.confirmed(original) {
             progress.checkpoint = Some(checkpoint);
         }
@@ -1011,6 +1013,10 @@ mod tests {
         );
         assert_eq!(ids(&server), vec![json!(2), json!(3), json!(5), json!(6)]);
         assert!(dead[0].message.contains("the id: `\"4\"`"), "{dead:?}");
+        assert!(
+            dispatcher.collateral.is_empty(),
+            "the counts go with their batches"
+        );
         dispatcher.shutdown();
     }
 
@@ -1149,6 +1155,10 @@ mod tests {
         assert_eq!(ids(&server), vec![json!(1), json!(2)]);
         assert_eq!(posted_bodies(&server).len(), 2, "sent once more");
         assert!(dispatcher.take_dead_letters().is_empty());
+        assert!(
+            dispatcher.resends.is_empty(),
+            "the resend count goes with its batch"
+        );
         dispatcher.shutdown();
     }
 
