@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Criterion micro benchmarks (benches/micro.rs): the value encoder per type, one products
+# Criterion micro benchmarks (crates/core/benches/micro.rs): the value encoder per type, one products
 # document, NDJSON batching, gzip levels, and the pipeline alone (pgoutput Insert bytes → documents
 # → batches, no HTTP). About three minutes on two cores; then a summary table.
 #
@@ -7,19 +7,14 @@
 #   bash scripts/bench-micro.sh pipeline                 # a criterion name filter (regex)
 #   bash scripts/bench-micro.sh --measurement-time 10    # any criterion option
 #
-# Builds with the release profile in target/ (set CARGO_TARGET_DIR to build elsewhere). Starts no
-# PostgreSQL and installs nothing, but the build needs PostgreSQL 15's headers: scripts/setup.sh.
+# Builds the core crate with the release profile in target/ (set CARGO_TARGET_DIR to build
+# elsewhere). Needs neither PostgreSQL nor pgrx: the stages measured are in the pure core crate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! grep -qs pg15 "${PGRX_HOME:-$HOME/.pgrx}/config.toml"; then
-    echo "bench-micro: run scripts/setup.sh first (pgrx needs PostgreSQL 15's headers to build)" >&2
-    exit 1
-fi
-
 log=$(mktemp)
 trap 'rm -f "$log"' EXIT
-cargo bench --bench micro -- "$@" | tee "$log"
+cargo bench -p pg_meili_sync_core --bench micro -- "$@" | tee "$log"
 
 echo
 echo "== summary (criterion's estimate per iteration; documents/s for document groups)"

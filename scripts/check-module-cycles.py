@@ -1,21 +1,23 @@
 #!/usr/bin/env python3
-"""Fails when the extension's modules import each other in a cycle.
+"""Fails when the modules of a crate import each other in a cycle.
 
-The graph comes from the paths `crate::a::b` and `super::b` named in src/ (in `use` statements
-and inline, not in comments),
-outside `#[cfg(test)]` modules: an edge from each file's module to the deepest module of the
-path that is a file. Run from the repository root; prints the graph with -v.
+The graph comes from the paths `crate::a::b` and `super::b` named in a crate's source folder (in
+`use` statements and inline, not in comments), outside `#[cfg(test)]` modules: an edge from each
+file's module to the deepest module of the path that is a file of that crate. Paths to modules the
+crate imports from elsewhere (the extension's `crate::batch` is the core crate's) are not edges.
+Run from the repository root with the source folders to check (default: the extension's src and
+the core crate's crates/core/src); prints each graph with -v.
 """
 import os
 import re
 import sys
 
-SRC = "src"
+DEFAULT_ROOTS = ["src", "crates/core/src"]
 
 
-def module_of(path):
+def module_of(path, src):
     """src/worker/task.rs -> worker::task; src/decode/mod.rs -> decode; src/lib.rs -> crate."""
-    parts = os.path.relpath(path, SRC)[: -len(".rs")].split(os.sep)
+    parts = os.path.relpath(path, src)[: -len(".rs")].split(os.sep)
     if parts[-1] == "mod":
         parts = parts[:-1]
     return "::".join(parts) if parts != ["lib"] else "crate"
@@ -38,12 +40,18 @@ def non_test_text(text):
 
 
 def main():
+    roots = [arg for arg in sys.argv[1:] if arg != "-v"] or DEFAULT_ROOTS
+    return 1 if any([check(root) for root in roots]) else 0
+
+
+def check(src):
+    """Prints the cycles among the modules under src; returns whether there is one."""
     files = {}
-    for root, _, names in os.walk(SRC):
+    for root, _, names in os.walk(src):
         for name in names:
             if name.endswith(".rs"):
                 path = os.path.join(root, name)
-                files[module_of(path)] = path
+                files[module_of(path, src)] = path
     modules = set(files)
     graph = {module: set() for module in modules}
     for module, path in files.items():
@@ -70,6 +78,7 @@ def main():
                         graph[module].add(candidate)
                     break
     if "-v" in sys.argv:
+        print(f"# {src}")
         for module in sorted(graph):
             print(f"{module} -> {', '.join(sorted(graph[module])) or '-'}")
     # Depth-first search for a back edge; report each cycle once.
@@ -90,8 +99,8 @@ def main():
         if module not in state:
             visit(module)
     for cycle in cycles:
-        print("module cycle: " + " -> ".join(cycle))
-    return 1 if cycles else 0
+        print(f"module cycle in {src}: " + " -> ".join(cycle))
+    return bool(cycles)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,21 @@
 #!/usr/bin/env bash
-# Runs every test tier: the test server against the recorded transcripts, the plain and in-Postgres
-# unit tests, the golden SQL files, and the end-to-end suite (set MEILI_URL and MEILI_MASTER_KEY to use a real Meilisearch).
+# Runs every test tier: the module-cycle check and the pure core crate's tests, the test server
+# against the recorded transcripts, the in-Postgres unit tests, the golden SQL files, and the
+# end-to-end suite (set MEILI_URL and MEILI_MASTER_KEY to use a real Meilisearch).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
-echo "== tier 0: no cycle among the extension's modules"
+echo "== tier 0: no cycle among the modules of the extension and of the core crate"
 python3 scripts/check-module-cycles.py
+
+echo "== tier 0b: the pure core crate under plain cargo test (no Postgres)"
+cargo test --release -p pg_meili_sync_core
 
 echo "== tier 1a: Meilisearch test server and transcript replay"
 cargo test --release -p meili-test-server
 
-echo "== tier 1b+2: plain #[test]s and #[pg_test]s inside PostgreSQL"
+echo "== tier 1b+2: the extension's plain #[test]s and #[pg_test]s inside PostgreSQL"
 pgdata=$(mktemp -d /tmp/pg_meili_sync_pgrx.XXXXXX)
 trap 'rm -rf "$pgdata"' EXIT
 rmdir "$pgdata"

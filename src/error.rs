@@ -87,6 +87,12 @@ impl std::fmt::Display for SyncError {
     }
 }
 
+impl From<crate::options::InvalidOption> for SyncError {
+    fn from(error: crate::options::InvalidOption) -> Self {
+        SyncError::new(ErrorKind::InvalidParameter, error.message).hint(error.hint)
+    }
+}
+
 impl From<pgrx::spi::SpiError> for SyncError {
     fn from(error: pgrx::spi::SpiError) -> Self {
         SyncError::new(

@@ -7,40 +7,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use pgrx::prelude::*;
 
 mod api;
-mod batch;
 mod catalog;
-mod changes;
 mod decode;
-mod dispatch;
-mod encode;
 mod error;
 mod gucs;
-mod meili;
-mod meter;
-mod options;
 mod plan;
 mod security;
 mod shmem;
-#[cfg(test)]
-mod test_support;
 mod verify;
 mod worker;
 
-/// The pure (pgrx-free) stages of the streaming pipeline, for the micro benchmarks
-/// (`benches/micro.rs`), which link this crate as an ordinary Rust library: the linker keeps only
-/// what they reach, so the Postgres symbols the rest of the crate needs (resolved by the server
-/// when it loads the extension) are never asked for. Re-exports rather than `pub mod`, so the
-/// compiler still reports dead code in the rest of these modules. Not an API.
-#[doc(hidden)]
-pub mod bench {
-    pub use crate::batch::{Batch, BatchLimits, Batcher, Operation};
-    pub use crate::changes::{ChangeMapper, RelationShape};
-    pub use crate::decode::pgoutput::{parse, Message, Relation};
-    pub use crate::encode::{
-        encode_document, write_value, Column, ColumnValue, DocumentShape, ValueKind,
-    };
-    pub use crate::meili::writer::gzip;
-}
+// The pure stages, under the paths the modules here name them by (`crate::batch`, …).
+use pg_meili_sync_core::{batch, changes, dispatch, encode, meili, meter, options, pgoutput};
 
 ::pgrx::pg_module_magic!(name, version);
 

@@ -9,10 +9,10 @@ use pgrx::prelude::*;
 use crate::batch::BatchLimits;
 use crate::catalog::{self, TaskRecord};
 use crate::changes::RelationShape;
-use crate::decode::pgoutput::Relation;
 use crate::encode::{Column, DocumentShape};
 use crate::error::{ErrorKind, SyncError};
 use crate::options::TaskOptions;
+use crate::pgoutput::Relation;
 
 /// Which columns of the table become document fields, and which form the key.
 pub struct ColumnRules {

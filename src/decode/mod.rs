@@ -1,4 +1,4 @@
-//! Logical decoding: the in-process decoding session (all of its FFI) and the pgoutput parser (pure).
+//! Logical decoding in the worker's process: the decoding session, which holds all of the
+//! decoding FFI. The pgoutput parser it feeds is pure and lives in the core crate.
 
-pub mod pgoutput;
 pub mod session;

@@ -12,8 +12,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 use crate::batch::{Batch, BatchLimits, ChangeBatcher, Operation};
-use crate::decode::pgoutput::{Message, Relation, Tuple, TupleValue};
 use crate::encode::{check_geo, encode_document, encode_id, ColumnValue, DocumentShape};
+use crate::pgoutput::{Message, Relation, Tuple, TupleValue};
 
 /// How one published relation's columns become a document.
 pub struct RelationShape {
@@ -324,8 +324,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::decode::pgoutput::RelationColumn;
     use crate::encode::{Column, ValueKind};
+    use crate::pgoutput::RelationColumn;
 
     const OID: u32 = 16384;
 

@@ -3,15 +3,11 @@
 //! the streaming pipeline alone (pgoutput Insert bytes → parse → change mapping → encoding →
 //! batcher) into a sink that drops the batches, in documents per second.
 //!
-//! Run with `bash scripts/bench-micro.sh` (or `cargo bench --bench micro`; criterion arguments
-//! such as a name filter or `--measurement-time 10` after `--`).
+//! Run with `bash scripts/bench-micro.sh` (or `cargo bench -p pg_meili_sync_core --bench micro`;
+//! criterion arguments such as a name filter or `--measurement-time 10` after `--`).
 //!
-//! These call the crate's own functions, the ones the worker calls (re-exported by
-//! `pg_meili_sync::bench`), built with the release profile. The crate is also a pgrx extension
-//! whose other modules reference Postgres symbols that only the server resolves when it loads the
-//! library; an executable linking it still links on Linux because the linker keeps only the code
-//! reachable from `main` (`--gc-sections`), and none of these stages reaches Postgres. The one
-//! piece replaced here is the worker's `Relation` → document shape (its type lookups ask the
+//! These call the core crate's own functions, the ones the worker calls, built with the release
+//! profile. The one piece replaced here is the worker's `Relation` → document shape (its type lookups ask the
 //! catalog): [`products_shape`] maps the `products` columns' type OIDs as `catalog::value_kind`
 //! does, once per stream, outside the timed loop.
 
@@ -20,10 +16,13 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use flate2::Compression;
-use pg_meili_sync::bench::{
-    encode_document, gzip, parse, write_value, Batch, BatchLimits, Batcher, ChangeMapper, Column,
-    ColumnValue, DocumentShape, Message, Operation, Relation, RelationShape, ValueKind,
+use pg_meili_sync_core::batch::{Batch, BatchLimits, Batcher, Operation};
+use pg_meili_sync_core::changes::{ChangeMapper, RelationShape};
+use pg_meili_sync_core::encode::{
+    encode_document, write_value, Column, ColumnValue, DocumentShape, ValueKind,
 };
+use pg_meili_sync_core::meili::writer::gzip;
+use pg_meili_sync_core::pgoutput::{parse, Message, Relation};
 use pg_meili_sync_e2e::products;
 
 /// Documents per batch: the `batch_size` default.

@@ -1,0 +1,16 @@
+//! The pure stages of pg_meili_sync: everything between a pgoutput message and a confirmed
+//! Meilisearch task that needs no Postgres. No pgrx here, by construction: these modules may run
+//! on any thread, and their tests run under plain `cargo test`. The extension crate
+//! (`pg_meili_sync`) owns the SQL API, the catalog, shared memory, decoding and the workers, and
+//! maps these modules' errors to SQLSTATEs.
+
+pub mod batch;
+pub mod changes;
+pub mod dispatch;
+pub mod encode;
+pub mod meili;
+pub mod meter;
+pub mod options;
+pub mod pgoutput;
+#[cfg(test)]
+mod test_support;
