@@ -1,11 +1,13 @@
 //! What every phase of a task worker shares: stop checks, the stop reasons, retries of
-//! Meilisearch calls with backoff, and reporting the dispatcher's progress to the status view and
-//! the dead letters. The phases (snapshot, stream, resync) and the orchestrator (`task`) import
-//! it; it imports none of them.
+//! Meilisearch calls and of catalog transactions with backoff, and reporting the dispatcher's
+//! progress to the status view and the dead letters. The phases (snapshot, stream, resync) and the
+//! orchestrator (`task`) import it; it imports none of them.
 
+use std::panic::AssertUnwindSafe;
 use std::time::Duration;
 
 use pgrx::bgworkers::BackgroundWorker;
+use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 
 use crate::catalog;
@@ -34,6 +36,73 @@ pub enum Stop {
 
 pub fn permanent(message: impl Into<String>) -> Stop {
     Stop::Permanent(message.into())
+}
+
+impl From<SyncError> for Stop {
+    /// A catalog or input error that trying again cannot cure: the task stops with the message,
+    /// and the hint when there is one, as its `last_error`.
+    fn from(error: SyncError) -> Self {
+        Stop::Permanent(match error.hint {
+            Some(hint) => format!("{}; {hint}", error.message),
+            None => error.message,
+        })
+    }
+}
+
+/// SQLSTATEs of ERRORs in our own catalog work that pass by themselves: another session held a
+/// lock past `lock_timeout`, a serialization failure or a deadlock victim, a statement cancelled
+/// (`statement_timeout`, `pg_cancel_backend`). Every other ERROR ends the worker, and the launcher
+/// restarts it.
+const PASSING_ERRORS: [PgSqlErrorCode; 4] = [
+    PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
+    PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
+    PgSqlErrorCode::ERRCODE_T_R_DEADLOCK_DETECTED,
+    PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
+];
+
+/// Runs `work` in a transaction of its own. An ERROR of [`PASSING_ERRORS`] rolls the transaction
+/// back, shows itself in the status view, and `work` runs again after a backoff (100 ms doubling
+/// to 30 s) until it succeeds or the worker is told to stop; any other ERROR propagates. An `Err`
+/// that `work` returns stops the task. Only from the main loop of a phase, never inside a decoding
+/// callback: aborting a transaction there would abort the decoding's own.
+pub fn in_transaction<T>(
+    live: LiveStatus,
+    what: &str,
+    mut work: impl FnMut() -> Result<T, SyncError>,
+) -> Result<T, Stop> {
+    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+    let mut attempt = 0;
+    loop {
+        let mut guarded = PgTryBuilder::new(AssertUnwindSafe(|| {
+            Ok(BackgroundWorker::transaction(AssertUnwindSafe(&mut work)))
+        }));
+        for code in PASSING_ERRORS {
+            guarded = guarded.catch_when(code, roll_back);
+        }
+        match guarded.execute() {
+            Ok(result) => return Ok(result?),
+            Err(message) => {
+                let delay = backoff.delay(attempt);
+                let error = format!(
+                    "{what}: {message}; rolled back, tried again in {} ms",
+                    delay.as_millis()
+                );
+                warning!("pg_meili_sync: {error}");
+                retry_pause(live, &error, delay)?;
+                attempt += 1;
+            }
+        }
+    }
+}
+
+/// Rolls back the transaction a passing ERROR interrupted; returns the ERROR's message.
+fn roll_back<T>(error: CaughtError) -> Result<T, String> {
+    let message = crate::error::caught_message(&error);
+    // SAFETY: in the worker's main thread, after pgrx copied and flushed the error, outside any
+    // decoding callback: rolls back the transaction as a backend's error recovery does. It leaves
+    // the replication slot acquired (Postgres releases slots only at top-level error recovery).
+    unsafe { pg_sys::AbortCurrentTransaction() };
+    Err(message)
 }
 
 /// Shows a transient failure in the status view and waits `delay` before the next attempt,
@@ -101,7 +170,7 @@ pub fn report_progress(
     dispatcher: &mut Dispatcher,
     progress: &Progress,
     phase: Phase,
-) -> Result<(), SyncError> {
+) -> Result<(), Stop> {
     for error in &progress.retries {
         live.add_retry();
         live.set_error(error);
@@ -115,7 +184,7 @@ pub fn report_progress(
     }
     let dead_letters = dispatcher.take_dead_letters();
     if !dead_letters.is_empty() {
-        BackgroundWorker::transaction(|| {
+        in_transaction(live, "storing dead letters", || {
             catalog::insert_dead_letters(task_id, &dead_letters, phase == Phase::Streaming)
         })?;
         live.add_dead_letters(dead_letters.len());

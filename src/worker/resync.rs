@@ -24,7 +24,7 @@ use crate::catalog::{self, TaskRecord, TaskState};
 use crate::meili::client::{Client, MeiliTaskStatus};
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
-    await_meili_task, permanent, should_stop, with_retry, Stop, SETUP_TIMEOUT,
+    await_meili_task, in_transaction, permanent, should_stop, with_retry, Stop, SETUP_TIMEOUT,
 };
 use crate::worker::stream::SwapGate;
 
@@ -34,10 +34,6 @@ const GATE_INTERVAL: Duration = Duration::from_millis(200);
 /// The uid of the index a resync builds for `index_uid`.
 pub fn helper_index_uid(index_uid: &str) -> String {
     format!("{index_uid}__resync")
-}
-
-fn fail(error: crate::error::SyncError) -> Stop {
-    permanent(error.message)
 }
 
 /// Before the copy: a new, empty index with the live index's key and settings. A leftover of an
@@ -122,20 +118,22 @@ fn try_settings(
 /// helper has applied everything the held task's slot confirmed and no worker holds that slot.
 pub struct ResyncGate {
     held_task: i64,
+    live: LiveStatus,
     last_check: Option<Instant>,
 }
 
 impl ResyncGate {
-    pub fn new(held_task: i64) -> Self {
+    pub fn new(held_task: i64, live: LiveStatus) -> Self {
         ResyncGate {
             held_task,
+            live,
             last_check: None,
         }
     }
 }
 
 impl SwapGate for ResyncGate {
-    fn ready_to_drain(&mut self, read_position: u64, caught_up: bool) -> Result<bool, String> {
+    fn ready_to_drain(&mut self, read_position: u64, caught_up: bool) -> Result<bool, Stop> {
         if self
             .last_check
             .is_some_and(|at| at.elapsed() < GATE_INTERVAL)
@@ -143,9 +141,10 @@ impl SwapGate for ResyncGate {
             return Ok(false);
         }
         self.last_check = Some(Instant::now());
-        let held = BackgroundWorker::transaction(|| catalog::held_task(self.held_task))
-            .map_err(|error| error.message)?
-            .ok_or_else(|| format!("task {} no longer exists", self.held_task))?;
+        let held = in_transaction(self.live, "reading the task to swap", || {
+            catalog::held_task(self.held_task)
+        })?
+        .ok_or_else(|| permanent(format!("task {} no longer exists", self.held_task)))?;
         // Held only once the helper has caught up, so that the task pauses for a moment, not
         // for the helper's catch-up after its copy: when it has read all the WAL there is, or at
         // least all the task has confirmed. Under a steady write load and a slow sink (a real
@@ -156,8 +155,9 @@ impl SwapGate for ResyncGate {
             .is_some_and(|confirmed| confirmed <= read_position);
         match held.state {
             TaskState::Streaming if caught_up || abreast => {
-                BackgroundWorker::transaction(|| catalog::hold_for_swap(self.held_task))
-                    .map_err(|error| error.message)?;
+                in_transaction(self.live, "holding the task for the swap", || {
+                    catalog::hold_for_swap(self.held_task)
+                })?;
                 shmem::wake_launcher();
                 log!(
                     "pg_meili_sync task {}: resync caught up; the task is held for the swap",
@@ -207,10 +207,9 @@ pub fn swap(
             helper.index_uid
         )));
     };
-    BackgroundWorker::transaction(|| {
+    in_transaction(live, "recording the swap", || {
         catalog::record_swap(helper.id, Some(position), Some(&fresh_created_at))
-    })
-    .map_err(fail)?;
+    })?;
     let uid = with_retry(live, "swapping the indexes", || {
         client.swap_indexes(&held.index_uid, &helper.index_uid)
     })?;
@@ -268,8 +267,9 @@ pub fn recover(
                         "pg_meili_sync task {}: the swap of the interrupted resync did not happen; it will be tried again",
                         helper.id
                     );
-                    BackgroundWorker::transaction(|| catalog::record_swap(helper.id, None, None))
-                        .map_err(fail)?;
+                    in_transaction(live, "clearing the recorded swap", || {
+                        catalog::record_swap(helper.id, None, None)
+                    })?;
                     helper.resync_phase = None;
                     Ok(false)
                 }
@@ -287,10 +287,9 @@ fn hand_over(
     live: LiveStatus,
     position: u64,
 ) -> Result<(), Stop> {
-    BackgroundWorker::transaction(|| {
+    in_transaction(live, "handing the swapped index over", || {
         catalog::finish_swap(helper.id, held.id, &held.slot_name, position)
-    })
-    .map_err(fail)?;
+    })?;
     shmem::wake_launcher();
     log!(
         "pg_meili_sync task {}: resync swapped in the new index \"{}\"; streaming goes on from {}",
@@ -313,14 +312,13 @@ fn clean_up(helper: &TaskRecord, client: &Client, live: LiveStatus) -> Result<()
         })?;
         await_meili_task(live, client, uid, "deleting the old index")?;
     }
-    BackgroundWorker::transaction(|| {
+    in_transaction(live, "removing the resync helper", || {
         catalog::delete_task(helper)?;
         if catalog::slot_wal_status(&helper.slot_name)?.is_some() {
             catalog::drop_slot(&helper.slot_name)?;
         }
         Ok(())
-    })
-    .map_err(fail)?;
+    })?;
     shmem::wake_launcher();
     Ok(())
 }

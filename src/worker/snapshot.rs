@@ -5,15 +5,12 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use pgrx::bgworkers::BackgroundWorker;
-
 use crate::batch::{Batcher, Operation};
 use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
 use crate::encode::{check_geo, encode_document, ColumnValue};
-use crate::error::SyncError;
 use crate::plan::{PageSizer, SnapshotPlan};
 use crate::shmem::{LiveStatus, Phase};
-use crate::worker::control::{report_progress, should_stop};
+use crate::worker::control::{in_transaction, report_progress, should_stop, Stop};
 use crate::{catalog, security};
 use serde_json::Value;
 
@@ -38,7 +35,7 @@ struct Copy<'a> {
 impl Copy<'_> {
     /// Records dead letters, then saves the newest fully confirmed page (in that order, so a
     /// crash in between re-sends rather than forgets).
-    fn settle(&mut self, progress: Progress) -> Result<(), SyncError> {
+    fn settle(&mut self, progress: Progress) -> Result<(), Stop> {
         report_progress(
             self.task_id,
             self.live,
@@ -53,7 +50,7 @@ impl Copy<'_> {
             return Ok(());
         };
         self.page_ends = self.page_ends.split_off(&(page + 1));
-        BackgroundWorker::transaction(|| {
+        in_transaction(self.live, "saving the copy's progress", || {
             catalog::save_snapshot_progress(self.task_id, &key, rows)
         })?;
         self.rows_confirmed = rows;
@@ -71,7 +68,7 @@ pub fn run(
     plan: &SnapshotPlan,
     dispatcher: &mut Dispatcher,
     live: LiveStatus,
-) -> Result<SnapshotOutcome, SyncError> {
+) -> Result<SnapshotOutcome, Stop> {
     let mut copy = Copy {
         task_id: task.id,
         live,
@@ -87,7 +84,9 @@ pub fn run(
     let mut document = Vec::with_capacity(1024);
     let mut pages = PageSizer::new(plan.page_rows);
     live.set_phase(Phase::Snapshot);
-    BackgroundWorker::transaction(|| catalog::mark_snapshot_started(task.id))?;
+    in_transaction(live, "starting the copy", || {
+        catalog::mark_snapshot_started(task.id)
+    })?;
 
     loop {
         if should_stop() {
@@ -108,7 +107,7 @@ pub fn run(
             };
             let column_count = plan.shape.columns().len();
             let limit = pages.rows();
-            let rows = BackgroundWorker::transaction(|| {
+            let rows = in_transaction(live, "reading a page of the table", || {
                 security::as_table_owner(plan.table_owner, || {
                     catalog::read_page(query, key, limit, column_count)
                 })

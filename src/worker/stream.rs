@@ -20,7 +20,7 @@ use crate::options::{TaskOptions, WriteMode};
 use crate::pgoutput;
 use crate::plan::ColumnRules;
 use crate::shmem::{LiveStatus, Phase};
-use crate::worker::control::{report_progress, should_stop};
+use crate::worker::control::{permanent, report_progress, should_stop, Stop};
 
 /// WAL records decoded between two looks at confirmations and signals.
 const RECORDS_PER_ROUND: usize = 2000;
@@ -210,10 +210,10 @@ impl IndexWatch {
 pub trait SwapGate {
     /// Called with the position read so far, and whether the last read found the end of the WAL;
     /// true to stop reading, drain, and end the stream at that position.
-    fn ready_to_drain(&mut self, read_position: u64, caught_up: bool) -> Result<bool, String>;
+    fn ready_to_drain(&mut self, read_position: u64, caught_up: bool) -> Result<bool, Stop>;
 }
 
-/// Streams until SIGTERM or a permanent failure (returned as Err). With a `gate`, also until it
+/// Streams until SIGTERM (`Stop::Terminated`) or a permanent failure. With a `gate`, also until it
 /// asks to drain: then reading stops, everything read is confirmed, and the position where the
 /// stream ended is returned.
 pub fn run(
@@ -221,8 +221,9 @@ pub fn run(
     task: &catalog::TaskRecord,
     watch: &mut IndexWatch,
     mut gate: Option<&mut dyn SwapGate>,
-) -> Result<Option<u64>, String> {
-    let mut session = DecodingSession::open(&task.slot_name, &task.publication_name)?;
+) -> Result<Option<u64>, Stop> {
+    let mut session =
+        DecodingSession::open(&task.slot_name, &task.publication_name).map_err(permanent)?;
     streamer.live.set_phase(Phase::Streaming);
     let mut caught_up = false;
     let mut draining = false;
@@ -240,10 +241,10 @@ pub fn run(
             &progress,
             Phase::Streaming,
         ) {
-            break Err(error.message);
+            break Err(error);
         }
         if let Some(failure) = streamer.failure.take() {
-            break Err(failure);
+            break Err(permanent(failure));
         }
         if let Some(lsn) = progress.checkpoint {
             session.confirm(lsn);
@@ -276,11 +277,14 @@ pub fn run(
             }
             continue;
         }
-        let records = session.read(streamer, RECORDS_PER_ROUND)?;
+        let records = match session.read(streamer, RECORDS_PER_ROUND) {
+            Ok(records) => records,
+            Err(error) => break Err(permanent(error)),
+        };
         caught_up = records == 0;
         if caught_up {
             if let Err(error) = watch.check(task.id) {
-                break Err(error);
+                break Err(permanent(error));
             }
             // Nothing else is coming to fill the open batch, so send it now.
             streamer.mapper.flush();

@@ -16,7 +16,7 @@ use crate::options::TaskOptions;
 use crate::plan::{build_plan, ColumnRules, SnapshotPlan};
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
-    await_meili_task, permanent, retry_pause, should_stop, with_retry, Stop,
+    await_meili_task, in_transaction, permanent, retry_pause, should_stop, with_retry, Stop,
 };
 use crate::worker::resync::{self, ResyncGate};
 use crate::worker::snapshot::{self, SnapshotOutcome};
@@ -86,11 +86,10 @@ struct PreparedIndex {
 /// Creates the task's slot before its copy. A slot that `max_slot_wal_keep_size` invalidated, or
 /// one that is gone, lost changes: a copy starts over on a new slot; a stream stops with an error
 /// asking for a new copy.
-fn ensure_slot(task: &mut TaskRecord) -> Result<(), Stop> {
-    let fail = |error: SyncError| permanent(error.message);
-    match BackgroundWorker::transaction(|| catalog::slot_wal_status(&task.slot_name))
-        .map_err(fail)?
-    {
+fn ensure_slot(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
+    match in_transaction(live, "reading the replication slot", || {
+        catalog::slot_wal_status(&task.slot_name)
+    })? {
         Some(status) if status == "lost" => {
             if task.state != TaskState::Snapshot {
                 return Err(permanent(format!(
@@ -98,8 +97,10 @@ fn ensure_slot(task: &mut TaskRecord) -> Result<(), Stop> {
                     task.slot_name, task.id
                 )));
             }
-            BackgroundWorker::transaction(|| catalog::drop_slot(&task.slot_name)).map_err(fail)?;
-            copy_over(task, "was invalidated")?;
+            in_transaction(live, "dropping the invalidated slot", || {
+                catalog::drop_slot(&task.slot_name)
+            })?;
+            copy_over(task, live, "was invalidated")?;
         }
         Some(_) => return Ok(()),
         // A failover to a standby, a restore, pg_upgrade or a manual drop: the changes the slot
@@ -111,11 +112,13 @@ fn ensure_slot(task: &mut TaskRecord) -> Result<(), Stop> {
             )));
         }
         // Mid-copy, the pages already copied may have changed since: the copy starts over.
-        None if task.snapshot_key.is_some() => copy_over(task, "is missing")?,
+        None if task.snapshot_key.is_some() => copy_over(task, live, "is missing")?,
         None => {}
     }
     // Slot creation must come first in its transaction; changes after its LSN will be streamed.
-    BackgroundWorker::transaction(|| catalog::create_slot(&task.slot_name)).map_err(fail)?;
+    in_transaction(live, "creating the replication slot", || {
+        catalog::create_slot(&task.slot_name)
+    })?;
     log!(
         "pg_meili_sync task {}: created replication slot \"{}\"",
         task.id,
@@ -125,9 +128,10 @@ fn ensure_slot(task: &mut TaskRecord) -> Result<(), Stop> {
 }
 
 /// The slot the copy relied on is gone: the copy starts over (on the new slot ensure_slot makes).
-fn copy_over(task: &mut TaskRecord, what_happened: &str) -> Result<(), Stop> {
-    BackgroundWorker::transaction(|| catalog::restart_copy(task.id))
-        .map_err(|error| permanent(error.message))?;
+fn copy_over(task: &mut TaskRecord, live: LiveStatus, what_happened: &str) -> Result<(), Stop> {
+    in_transaction(live, "starting the copy over", || {
+        catalog::restart_copy(task.id)
+    })?;
     task.snapshot_key = None;
     task.rows_copied = 0;
     warning!(
@@ -139,33 +143,33 @@ fn copy_over(task: &mut TaskRecord, what_happened: &str) -> Result<(), Stop> {
 }
 
 fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
-    let task = BackgroundWorker::transaction(|| {
+    let task = in_transaction(live, "reading the task", || {
         catalog::set_output_formats(false)?;
         catalog::load_task(task_id)
-    })
-    .map_err(|error| permanent(error.message))?;
+    })?;
     let Some(mut task) = task else {
         return Err(Stop::Terminated);
     };
     live.set_generation(task.generation);
     // What meili_sync_start checked may have changed since: the table, or its owner's grants.
-    BackgroundWorker::transaction(|| catalog::syncable_source(task.relid, task.owner)).map_err(
-        |error| match error.hint {
-            Some(hint) => permanent(format!(
-                "{}; {hint} Then run SELECT meili_sync_resume({task_id}).",
-                error.message
-            )),
-            None => permanent(error.message),
-        },
-    )?;
-    let options = TaskOptions::parse(&task.options).map_err(|error| permanent(error.message))?;
+    in_transaction(live, "checking the table", || {
+        catalog::syncable_source(task.relid, task.owner).map_err(|error| match error.hint {
+            Some(ref hint) => {
+                let hint = format!("{hint} Then run SELECT meili_sync_resume({task_id}).");
+                error.hint(hint)
+            }
+            None => error,
+        })
+    })?;
+    let options = TaskOptions::parse(&task.options).map_err(SyncError::from)?;
     let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
         .map_err(|error| permanent(error.to_string()))?;
     let held = match task.resync_of {
         Some(held_id) => {
-            let held = BackgroundWorker::transaction(|| catalog::load_task(held_id))
-                .map_err(|error| permanent(error.message))?
-                .ok_or(Stop::Terminated)?;
+            let held = in_transaction(live, "reading the task to rebuild", || {
+                catalog::load_task(held_id)
+            })?
+            .ok_or(Stop::Terminated)?;
             if resync::recover(&mut task, &held, &client, live)? {
                 return Err(Stop::Terminated);
             }
@@ -173,9 +177,10 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
         }
         None => None,
     };
-    let plan = BackgroundWorker::transaction(|| build_plan(&task, &options))
-        .map_err(|error| permanent(error.message))?;
-    ensure_slot(&mut task)?;
+    let plan = in_transaction(live, "planning the documents", || {
+        build_plan(&task, &options)
+    })?;
+    ensure_slot(&mut task, live)?;
 
     let key_attribute = plan.shape.primary_key_attribute().to_owned();
     let mut fresh_index = false;
@@ -213,7 +218,7 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
         options.max_inflight,
         options.max_payload_bytes,
     );
-    let mut gate = held.as_ref().map(|held| ResyncGate::new(held.id));
+    let mut gate = held.as_ref().map(|held| ResyncGate::new(held.id, live));
     let result = copy_then_stream(
         &task,
         &plan,
@@ -260,15 +265,14 @@ fn copy_then_stream(
     gate: Option<&mut dyn SwapGate>,
 ) -> Result<Option<u64>, Stop> {
     if task.state == TaskState::Snapshot {
-        match snapshot::run(task, plan, dispatcher, live)
-            .map_err(|error| permanent(error.message))?
-        {
+        match snapshot::run(task, plan, dispatcher, live)? {
             SnapshotOutcome::Done { rows } => {
                 if index_had_documents {
                     prune_index(task, live)?;
                 }
-                BackgroundWorker::transaction(|| catalog::finish_snapshot(task.id, rows))
-                    .map_err(|error| permanent(error.message))?;
+                in_transaction(live, "finishing the copy", || {
+                    catalog::finish_snapshot(task.id, rows)
+                })?;
                 log!(
                     "pg_meili_sync task {}: snapshot of {} finished, {rows} rows",
                     task.id,
@@ -281,7 +285,7 @@ fn copy_then_stream(
     }
     let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
     let mut streamer = Streamer::new(task.id, live, dispatcher, rules, plan.limits, options);
-    stream::run(&mut streamer, task, &mut watch, gate).map_err(permanent)
+    stream::run(&mut streamer, task, &mut watch, gate)
 }
 
 /// Deletes the documents of rows that no longer exist (see `verify::prune`), retrying while
@@ -304,7 +308,7 @@ fn prune_index(task: &TaskRecord, live: LiveStatus) -> Result<(), Stop> {
                 retry_pause(live, &error.message, backoff.delay(attempt))?;
                 attempt += 1;
             }
-            Err(error) => return Err(permanent(error.message)),
+            Err(error) => return Err(error.into()),
         }
     }
 }

@@ -381,6 +381,88 @@ fn a_crash_loop_ends_in_state_error_with_the_last_error() {
     );
 }
 
+#[test]
+fn a_lock_timeout_while_streaming_is_retried_in_place_not_a_crash() {
+    // Needs no fault knob: runs against the test server and a real Meilisearch alike.
+    let Some((cluster, meili)) = with_meili(|_| true, "") else {
+        return;
+    };
+    // Every new session of the database gives up on a lock after 100 ms: the task's worker too.
+    let database = cluster.psql("SELECT current_database()");
+    cluster.psql(&format!(
+        "ALTER DATABASE \"{database}\" SET lock_timeout = '100ms'"
+    ));
+    cluster.psql("ALTER TABLE products ADD COLUMN _geo jsonb");
+    cluster.psql(&products::insert_sql(1, 1000));
+    let (index, task) = start(
+        &cluster,
+        &meili,
+        json!({"settings": {"filterableAttributes": ["_geo"]}}),
+    );
+    cluster.wait_snapshot_done(task, CONVERGE);
+    let pid = cluster.status(task)["worker_pid"].clone();
+    // Another session holds the dead letters' table for 4 s, so storing one times out.
+    let retrying = std::thread::scope(|scope| {
+        let holder = scope.spawn(|| {
+            cluster.psql(
+                "SET lock_timeout = 0; BEGIN; \
+                 LOCK TABLE meili_sync.dead_letters IN ACCESS EXCLUSIVE MODE; \
+                 SELECT pg_sleep(4); COMMIT;",
+            )
+        });
+        wait_for("the lock to be held", CONVERGE, || {
+            let held = cluster.psql(
+                "SELECT count(*) FROM pg_locks WHERE granted AND mode = 'AccessExclusiveLock' \
+                 AND relation = 'meili_sync.dead_letters'::regclass",
+            );
+            (held == "1").then_some(())
+        });
+        cluster.psql(r#"UPDATE products SET _geo = '"somewhere"' WHERE id = 500"#);
+        cluster.psql(&products::insert_sql(1001, 1100));
+        let retrying = wait_for("the worker to retry the blocked write", CONVERGE, || {
+            let status = cluster.status(task);
+            let error = status.get("last_error").cloned().unwrap_or_default();
+            error.contains("lock timeout").then_some(error)
+        });
+        holder.join().expect("the lock holder");
+        retrying
+    });
+    assert!(
+        retrying.contains("storing dead letters") && retrying.contains("tried again"),
+        "{retrying}"
+    );
+    wait_for("the poison row as a dead letter", CONVERGE, || {
+        let ids = cluster.psql("SELECT string_agg(document_id, ',') FROM meili_sync_dead_letters");
+        (ids == "500").then_some(())
+    });
+    // Everything else is in the index; row 500 keeps its last good version.
+    wait_for("the index to hold every row", CONVERGE, || {
+        (meili.document_count(&index) == Some(1100)).then_some(())
+    });
+    cluster.psql("CREATE VIEW good_products AS SELECT * FROM products WHERE id <> 500");
+    let documents: Vec<_> = meili
+        .all_documents(&index)
+        .into_iter()
+        .filter(|d| d["id"] != json!(500))
+        .collect();
+    assert_eq!(
+        products::diff_documents(
+            &documents,
+            &products::table_documents(&cluster, "good_products")
+        ),
+        None
+    );
+    // The same worker did it all: nothing crashed, nothing restarted.
+    let status = cluster.status(task);
+    assert_eq!(status["worker_pid"], pid, "{status:?}");
+    assert_eq!(status["state"], "streaming", "{status:?}");
+    assert!(
+        !cluster.server_log().contains("exited with exit code 1"),
+        "{}",
+        cluster.tail_log()
+    );
+}
+
 fn lag_seconds(status: &std::collections::HashMap<String, String>) -> Option<f64> {
     status.get("lag_seconds")?.parse().ok()
 }

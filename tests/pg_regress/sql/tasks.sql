@@ -1,0 +1,54 @@
+-- The task functions (stop, pause, resume, snapshot, alter, drop): NULL and unknown task ids,
+-- and meili_sync_alter refusing bad changes while the task stays as it was.
+\set SHOW_CONTEXT never
+
+-- NULL arguments.
+SELECT meili_sync_stop(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_pause(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_resume(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_snapshot(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(NULL, '{}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_drop(NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+
+-- Tasks that do not exist.
+SELECT meili_sync_stop(-1);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_pause(9223372036854775807);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_resume(0);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_snapshot(42);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(42, '{"batch_size": 10}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_drop(42, true);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+
+-- A task to alter.
+SELECT meili_sync_start('"Weird ""Table""; DROP TABLE products; --"', 'weird', '{"url": "http://127.0.0.1:1", "columns": ["id", "select"]}') AS task \gset
+SELECT meili_sync_alter(:task, '{"primary_key": "select"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:task, '{"columns": ["id"]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:task, '{"batch_size": -5}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:task, '{"url": "ftp://127.0.0.1:1"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:task, '"batch_size"');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:task, NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_drop(:task, NULL);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- Unchanged by all of the above.
+SELECT url, options FROM meili_sync.tasks WHERE id = :task;
+
+-- Dropping it removes everything it made.
+SELECT meili_sync_drop(:task);
+SELECT * FROM leftovers;
