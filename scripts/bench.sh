@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Every benchmark, one command: installs what is missing and the extension, then runs the criterion
 # micro benchmarks, the load command's end-to-end runs (each beside Meilisearch's own ceiling in
-# the same run), Postgres's own decoders against ours, and the sweep of the batching knobs. About
-# 15 minutes on two cores. Set MEILI_URL and MEILI_MASTER_KEY to run the load against a real
-# Meilisearch (the micro benchmarks and the decoders' SQL side never touch it).
+# the same run), Postgres's own decoders against ours, and the sweep of the batching knobs.
+#
+# The load runs go to the bundled test server (what the extension alone costs and can push) and,
+# when a real Meilisearch binary is found (MEILI_BIN, ../shared/bin/meilisearch, or `meilisearch`
+# on PATH), again to a real server of their own started from it: the figures that count. Set
+# MEILI_URL and MEILI_MASTER_KEY to use a running Meilisearch instead. About 15 minutes on two
+# cores with the test server alone, 30 with a real server.
 #   bash scripts/bench.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,14 +16,35 @@ bash scripts/install.sh
 cargo build --release -q -p pg_meili_sync_load
 load=target/release/load
 
+real=""
+if [ -z "${MEILI_URL:-}" ]; then
+    if [ -n "${MEILI_BIN:-}" ]; then
+        real=$MEILI_BIN
+    elif [ -x ../shared/bin/meilisearch ]; then
+        real=$(realpath ../shared/bin/meilisearch)
+    elif command -v meilisearch > /dev/null; then
+        real=$(command -v meilisearch)
+    fi
+fi
+
+# One load run on the test server (or MEILI_URL), then on a real server of its own if there is one.
+run_load() {
+    echo "-- ${MEILI_URL:-test server}"
+    env -u E2E_MEILI "$load" "$@"
+    if [ -n "$real" ]; then
+        echo "-- real Meilisearch ($real)"
+        E2E_MEILI=real MEILI_BIN=$real "$load" "$@"
+    fi
+}
+
 echo "== micro benchmarks"
 bash scripts/bench-micro.sh
 echo "== backfill, 200,000 rows"
-"$load" backfill 200000 10000 8 0
+run_load backfill 200000 10000 8 0 32
 echo "== stream, 50,000 rows in 500-row transactions"
-"$load" stream 50000 500
+run_load stream 50000 500
 echo "== latency, 200 one-row transactions at 10/s"
-"$load" latency 200 10
+run_load latency 200 10
 echo "== decoders, 200,000 rows"
 "$load" decoders 200000 500
 echo "== sweep of the batching knobs, 100,000 rows per run"

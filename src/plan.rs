@@ -79,6 +79,11 @@ impl ColumnRules {
 pub struct SnapshotPlan {
     pub first_page_query: String,
     pub next_page_query: String,
+    /// Batches of the copy enqueued in Meilisearch at once (the `snapshot_depth` option).
+    pub depth: usize,
+    /// Key ranges, to read a batch of the copy again (see `catalog::PageQueries`).
+    pub first_range_query: String,
+    pub next_range_query: String,
     /// Rows per page at most (pages of wide rows hold fewer, see [`PageSizer`]).
     pub page_rows: usize,
     pub shape: DocumentShape,
@@ -123,11 +128,13 @@ pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPl
         )
     })?;
     let page_rows = options.batch_size.clamp(100, 10_000);
-    let (first_page_query, next_page_query) =
-        catalog::page_queries(&info.qualified_name, &column_names, &key_types);
+    let queries = catalog::page_queries(&info.qualified_name, &column_names, &key_types);
     Ok(SnapshotPlan {
-        first_page_query,
-        next_page_query,
+        first_page_query: queries.first_page,
+        next_page_query: queries.next_page,
+        depth: options.snapshot_depth,
+        first_range_query: queries.first_range,
+        next_range_query: queries.next_range,
         page_rows,
         shape,
         limits: BatchLimits {

@@ -392,34 +392,73 @@ fn page_text_values(
     rows
 }
 
-/// The keyset page queries (first page, and pages after a key): the document columns, then the
+/// The keyset queries of the copy (see [`PageQueries`]): the document columns, then the
 /// key columns, in key order. The row limit is the last parameter, so that each page can be sized
 /// by the bytes of the rows before it.
-pub fn page_queries(
-    relation: &str,
-    columns: &[String],
-    key: &[(String, String)],
-) -> (String, String) {
+pub fn page_queries(relation: &str, columns: &[String], key: &[(String, String)]) -> PageQueries {
     let select: Vec<String> = columns
         .iter()
         .chain(key.iter().map(|(name, _)| name))
         .map(quote_identifier)
         .collect();
-    let key_names: Vec<String> = key.iter().map(|(name, _)| quote_identifier(name)).collect();
-    let key_params: Vec<String> = key
+    let key_names = key
         .iter()
-        .enumerate()
-        .map(|(index, (_, type_name))| format!("${}::{}", index + 1, type_name))
-        .collect();
+        .map(|(name, _)| quote_identifier(name))
+        .collect::<Vec<_>>()
+        .join(", ");
+    // The key's values as parameters $from, $from+1, …, cast to the key columns' types.
+    let key_params = |from: usize| {
+        key.iter()
+            .enumerate()
+            .map(|(index, (_, type_name))| format!("${}::{}", from + index, type_name))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
     let head = format!("SELECT {} FROM ONLY {}", select.join(", "), relation);
-    let order = format!("ORDER BY {}", key_names.join(", "));
-    (
-        format!("{head} {order} LIMIT $1"),
-        format!(
-            "{head} WHERE ({}) > ({}) {order} LIMIT ${}",
-            key_names.join(", "),
-            key_params.join(", "),
-            key.len() + 1
+    let order = format!("ORDER BY {key_names}");
+    let width = key.len();
+    PageQueries {
+        first_page: format!("{head} {order} LIMIT $1"),
+        next_page: format!(
+            "{head} WHERE ({key_names}) > ({}) {order} LIMIT ${}",
+            key_params(1),
+            width + 1
         ),
-    )
+        first_range: format!("{head} WHERE ({key_names}) <= ({}) {order}", key_params(1)),
+        next_range: format!(
+            "{head} WHERE ({key_names}) > ({}) AND ({key_names}) <= ({}) {order}",
+            key_params(1),
+            key_params(width + 1)
+        ),
+    }
+}
+
+/// The keyset queries of a table's copy, each reading the columns then the key columns in key
+/// order: pages (`LIMIT $n`, after a key or from the start) and key ranges (through a key, after
+/// a key or from the start), the latter to read a batch again.
+pub struct PageQueries {
+    pub first_page: String,
+    pub next_page: String,
+    pub first_range: String,
+    pub next_range: String,
+}
+
+/// Reads the rows with keys after `after` (from the start when None) through `through`, with
+/// `PageQueries::next_range` or `first_range`, as text.
+pub fn read_range(
+    query: &str,
+    after: Option<&[String]>,
+    through: &[String],
+    column_count: usize,
+) -> CatalogResult<Vec<Vec<Option<String>>>> {
+    Spi::connect(|client| {
+        let args: Vec<DatumWithOid> = after
+            .unwrap_or_default()
+            .iter()
+            .chain(through)
+            .map(|value| value.as_str().into())
+            .collect();
+        let table = client.select(query, None, &args)?;
+        Ok(page_text_values(&table, column_count))
+    })
 }

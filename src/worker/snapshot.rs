@@ -1,16 +1,23 @@
 //! Snapshot backfill: copies the table by keyset pages (each page its own short transaction)
 //! through the document encoder into the dispatcher, and saves the last key that Meilisearch has
 //! confirmed so that a restarted worker resumes the copy instead of starting over.
+//!
+//! Meilisearch indexes the tasks of an index that are enqueued together as one auto-batch, each
+//! with a large fixed cost, so the copy keeps `snapshot_depth` batches enqueued, not only the
+//! `max_inflight` it holds in memory: a batch's body is let go once Meilisearch enqueued it, and a
+//! batch that fails is read again from the table by its key range.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use crate::batch::{Batcher, Operation};
+use pgrx::prelude::*;
+
+use crate::batch::{Batch, Batcher, Operation};
 use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
 use crate::encode::{check_geo, encode_document, ColumnValue};
 use crate::plan::{PageSizer, SnapshotPlan};
 use crate::shmem::{LiveStatus, Phase};
-use crate::worker::control::{in_transaction, report_progress, should_stop, Stop};
+use crate::worker::control::{in_transaction, permanent, report_progress, should_stop, Stop};
 use crate::{catalog, security};
 use serde_json::Value;
 
@@ -30,6 +37,16 @@ struct Copy<'a> {
     /// Page number → (last key of that page, rows read through it).
     page_ends: BTreeMap<u64, (Vec<String>, i64)>,
     rows_confirmed: i64,
+    /// Batch seq → the key range its documents came from, while the batch is unresolved.
+    ranges: BTreeMap<u64, KeyRange>,
+    /// The key before the open batch's first row (None: from the start of the table).
+    open_after: Option<Vec<String>>,
+}
+
+/// The rows with keys after `after` (from the start when None) through `through`.
+struct KeyRange {
+    after: Option<Vec<String>>,
+    through: Vec<String>,
 }
 
 impl Copy<'_> {
@@ -61,6 +78,80 @@ impl Copy<'_> {
         );
         Ok(())
     }
+
+    /// Hands a closed batch to the dispatcher, noting the key range its rows came from: after the
+    /// previous batch's, through `through` (the last row it read).
+    fn push(&mut self, batch: Batch, through: Vec<String>) {
+        self.ranges.insert(
+            batch.seq,
+            KeyRange {
+                after: self.open_after.replace(through.clone()),
+                through,
+            },
+        );
+        self.dispatcher.push_rereadable(batch);
+    }
+
+    /// Reads again the failed batches whose bodies the dispatcher let go, and forgets the ranges
+    /// of resolved batches.
+    fn reread_failed(&mut self, plan: &SnapshotPlan) -> Result<(), Stop> {
+        for seq in self.dispatcher.take_rereads() {
+            let Some(range) = self.ranges.get(&seq) else {
+                return Err(permanent(format!(
+                    "internal error: no key range for batch {seq} of the copy, which Meilisearch failed; run meili_sync_snapshot({}) to copy the table again",
+                    self.task_id
+                )));
+            };
+            let (query, after) = match &range.after {
+                Some(key) => (&plan.next_range_query, Some(key.as_slice())),
+                None => (&plan.first_range_query, None),
+            };
+            let through = range.through.as_slice();
+            let rows = in_transaction(self.live, "reading a batch of the table again", || {
+                security::as_table_owner(plan.table_owner, || {
+                    catalog::read_range(query, after, through, plan.shape.columns().len())
+                })
+            })?;
+            log!(
+                "pg_meili_sync task {}: batch {seq} of the copy failed after Meilisearch enqueued it; its {} rows were read again from the table",
+                self.task_id,
+                rows.len()
+            );
+            let progress = self.dispatcher.reread(seq, encode_rows(plan, &rows));
+            self.settle(progress)?;
+        }
+        match self.dispatcher.oldest_unresolved() {
+            Some(oldest) => self.ranges = self.ranges.split_off(&oldest),
+            None => self.ranges.clear(),
+        }
+        Ok(())
+    }
+}
+
+/// The key of the last row read, which a batch closed between pages ends with.
+fn last_read(after: &Option<Vec<String>>) -> Result<Vec<String>, Stop> {
+    after
+        .clone()
+        .ok_or_else(|| permanent("internal error: the copy closed a batch before reading any row"))
+}
+
+/// The NDJSON body of rows read again. Rows that cannot become documents are left out: they went
+/// to the dead letters when first read (or, inserted since, come through the stream).
+fn encode_rows(plan: &SnapshotPlan, rows: &[Vec<Option<String>>]) -> Vec<u8> {
+    let mut body = Vec::new();
+    let mut document = Vec::with_capacity(1024);
+    for row in rows {
+        let values = ColumnValue::row(row);
+        document.clear();
+        if encode_document(&plan.shape, &values, &mut document)
+            .and_then(|_| check_geo(&plan.shape, &values))
+            .is_ok()
+        {
+            body.extend_from_slice(&document);
+            body.push(b'\n');
+        }
+    }
+    body
 }
 
 pub fn run(
@@ -75,7 +166,10 @@ pub fn run(
         dispatcher,
         page_ends: BTreeMap::new(),
         rows_confirmed: task.rows_copied,
+        ranges: BTreeMap::new(),
+        open_after: task.snapshot_key.clone(),
     };
+    copy.dispatcher.set_depth(plan.depth);
     let mut after = task.snapshot_key.clone();
     let mut rows_read = task.rows_copied;
     let mut page = 0u64;
@@ -97,8 +191,9 @@ pub fn run(
         if let Some(failure) = copy.dispatcher.take_failure() {
             return Ok(SnapshotOutcome::Failed(failure));
         }
+        copy.reread_failed(plan)?;
         if let Some(batch) = batcher.flush_due(Instant::now()) {
-            copy.dispatcher.push(batch);
+            copy.push(batch, last_read(&after)?);
         }
         if !done_reading && copy.dispatcher.has_room() {
             let (query, key) = match &after {
@@ -113,7 +208,7 @@ pub fn run(
                 })
             })?;
             pages.read(&rows);
-            for row in &rows {
+            for (index, row) in rows.iter().enumerate() {
                 let values = ColumnValue::row(row);
                 document.clear();
                 let encoded = encode_document(&plan.shape, &values, &mut document)
@@ -136,7 +231,16 @@ pub fn run(
                     continue;
                 }
                 if let Some(batch) = batcher.push(Operation::Replace, &document, Instant::now()) {
-                    copy.dispatcher.push(batch);
+                    // Closed after taking this row (nothing is open), or before it (this row
+                    // opened the next batch): the batch's last row is this one, or the one before.
+                    let through = if batcher.is_empty() {
+                        plan.shape.key_of_row(row)
+                    } else if index > 0 {
+                        plan.shape.key_of_row(&rows[index - 1])
+                    } else {
+                        last_read(&after)?
+                    };
+                    copy.push(batch, through);
                 }
             }
             if let Some(last) = rows.last() {
@@ -150,7 +254,7 @@ pub fn run(
             if rows.len() < limit {
                 done_reading = true;
                 if let Some(batch) = batcher.flush() {
-                    copy.dispatcher.push(batch);
+                    copy.push(batch, last_read(&after)?);
                 }
                 if let Some(checkpoint) = batcher.take_pending_checkpoint() {
                     let checkpoint = copy.dispatcher.standalone(checkpoint);
@@ -163,6 +267,8 @@ pub fn run(
             continue;
         }
         if done_reading && copy.dispatcher.is_idle() {
+            // The stream holds no more than `max_inflight`: its batches cannot be read again.
+            copy.dispatcher.set_depth(0);
             return Ok(SnapshotOutcome::Done { rows: rows_read });
         }
         let progress = copy.dispatcher.pump(Some(Duration::from_millis(50)));

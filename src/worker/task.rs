@@ -206,7 +206,9 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
         primary_key: key_attribute.clone(),
         gzip: options.gzip,
         gzip_level: 1,
-        max_inflight: options.max_inflight,
+        // The copy keeps up to `snapshot_depth` batches enqueued (the dispatcher bounds what is
+        // held in memory by `max_inflight`).
+        max_inflight: options.max_inflight.max(options.snapshot_depth),
         poll_interval: Duration::from_millis(20),
         retry_base: Duration::from_millis(100),
         retry_cap: Duration::from_secs(30),

@@ -1,8 +1,8 @@
 //! Load command: measures pg_meili_sync against Meilisearch (the test server, or the real one at
 //! MEILI_URL with MEILI_MASTER_KEY) and prints throughput, the task worker's CPU seconds and peak RSS.
 //!
-//!   cargo run --release -p pg_meili_sync_load -- backfill [rows] [batch_size] [max_inflight] [gzip 0|1]
-//!   cargo run --release -p pg_meili_sync_load -- stream [rows] [rows_per_transaction]
+//!   cargo run --release -p pg_meili_sync_load -- backfill [rows] [batch_size] [max_inflight] [gzip 0|1] [snapshot_depth]
+//!   cargo run --release -p pg_meili_sync_load -- stream [rows] [rows_per_transaction] [max_inflight]
 //!   cargo run --release -p pg_meili_sync_load -- latency [transactions] [per_second]
 //!   cargo run --release -p pg_meili_sync_load -- decoders [rows] [rows_per_transaction]
 //!
@@ -120,15 +120,63 @@ fn report(setup: &Setup, what: &str, rows: i64, seconds: f64, cpu_before: f64) {
             Err(problem) => println!("MISMATCH: {problem}"),
         }
     }
+    if let Some(batches) = meili_batches(&setup.meili, &setup.index) {
+        println!("{batches}");
+    }
     if setup.meili.test_server().is_none() {
         setup.meili.delete_index(&setup.index);
     }
 }
 
+/// How Meilisearch indexed an index's tasks, from its own `GET /batches`: the number of batches,
+/// the seconds they took between them, and the largest. None where the server has no batches
+/// route (the test server).
+fn meili_batches(meili: &Meili, index: &str) -> Option<String> {
+    let (status, answer) = meili.request(
+        Method::GET,
+        &format!("/batches?indexUids={index}&limit=1000"),
+        None,
+    );
+    let batches = answer["results"].as_array().filter(|_| status == 200)?;
+    let document_batches: Vec<&serde_json::Value> = batches
+        .iter()
+        .filter(|batch| batch["stats"]["types"]["documentAdditionOrUpdate"].is_number())
+        .collect();
+    let seconds: f64 = document_batches
+        .iter()
+        .filter_map(|batch| batch["duration"].as_str())
+        .filter_map(iso_duration_seconds)
+        .sum();
+    let largest = document_batches
+        .iter()
+        .filter_map(|batch| batch["stats"]["totalNbTasks"].as_u64())
+        .max()
+        .unwrap_or(0);
+    Some(format!(
+        "meilisearch       {} document batches, {seconds:.1} s indexing between them, the largest of {largest} tasks (GET /batches)",
+        document_batches.len()
+    ))
+}
+
+/// Seconds of an ISO 8601 duration as Meilisearch writes them (`PT1.234S`, `PT1M2.5S`).
+fn iso_duration_seconds(text: &str) -> Option<f64> {
+    let rest = text.strip_prefix("PT")?;
+    let (minutes, rest) = match rest.split_once('M') {
+        Some((minutes, rest)) => (minutes.parse::<f64>().ok()?, rest),
+        None => (0.0, rest),
+    };
+    let seconds = match rest.strip_suffix('S') {
+        Some(seconds) if !seconds.is_empty() => seconds.parse::<f64>().ok()?,
+        _ => 0.0,
+    };
+    Some(minutes * 60.0 + seconds)
+}
+
 /// Meilisearch's own ingest ceiling in this run: the same documents (built by the data generator,
-/// not the extension) posted straight to the same server as NDJSON, `batch_size` per task, with
-/// at most `max_inflight` tasks unfinished. Prints docs/s and returns it.
-fn ceiling(meili: &Meili, rows: i64, batch_size: usize, max_inflight: usize) -> f64 {
+/// not the extension) posted straight to the same server as NDJSON, `batch_size` per task, all
+/// enqueued at once (so that its auto-batcher makes the largest batches it can). Prints docs/s
+/// and Meilisearch's batches, and returns the rate.
+fn ceiling(meili: &Meili, rows: i64, batch_size: usize) -> f64 {
     let index = meili.unique_index("products_ceiling");
     let ids: Vec<i64> = (1..=rows).collect();
     let bodies: Vec<Vec<u8>> = ids
@@ -143,31 +191,29 @@ fn ceiling(meili: &Meili, rows: i64, batch_size: usize, max_inflight: usize) -> 
         })
         .collect();
     let started = Instant::now();
-    let mut in_flight = std::collections::VecDeque::new();
+    let mut enqueued = Vec::new();
     for body in bodies {
-        if in_flight.len() >= max_inflight.max(1) {
-            if let Some(uid) = in_flight.pop_front() {
-                meili.wait_task(uid, Duration::from_secs(3600));
-            }
-        }
-        in_flight.push_back(meili.post_ndjson(&index, body).expect("post a batch"));
+        enqueued.push(meili.post_ndjson(&index, body).expect("post a batch"));
     }
-    for uid in in_flight {
+    for uid in enqueued {
         meili.wait_task(uid, Duration::from_secs(3600));
     }
     let seconds = started.elapsed().as_secs_f64();
     let rate = rows as f64 / seconds;
     println!(
-        "ceiling           {rate:.0} docs/s (the same {rows} documents posted straight to the same server, {batch_size} per task, {max_inflight} in flight, in {seconds:.2} s)"
+        "ceiling           {rate:.0} docs/s (the same {rows} documents posted straight to the same server, {batch_size} per task, all enqueued at once, in {seconds:.2} s)"
     );
+    if let Some(batches) = meili_batches(meili, &index) {
+        println!("ceiling {batches}");
+    }
     meili.delete_index(&index);
     rate
 }
 
-fn backfill(rows: i64, batch_size: usize, max_inflight: usize, gzip: bool) {
+fn backfill(rows: i64, batch_size: usize, max_inflight: usize, gzip: bool, depth: usize) {
     let setup = setup(
         rows,
-        json!({"batch_size": batch_size, "max_inflight": max_inflight, "gzip": gzip}),
+        json!({"batch_size": batch_size, "max_inflight": max_inflight, "gzip": gzip, "snapshot_depth": depth}),
     );
     let started = Instant::now();
     // The worker's own memory (anonymous pages: not the shared buffers it reads), sampled while
@@ -189,7 +235,7 @@ fn backfill(rows: i64, batch_size: usize, max_inflight: usize, gzip: bool) {
     println!("worker private memory peak {peak_private:.1} MiB (RssAnon sampled every 100 ms)");
     report(
         &setup,
-        &format!("backfill (batch_size {batch_size}, max_inflight {max_inflight}, gzip {gzip})"),
+        &format!("backfill (batch_size {batch_size}, max_inflight {max_inflight}, gzip {gzip}, snapshot_depth {depth})"),
         rows,
         seconds,
         0.0,
@@ -207,7 +253,7 @@ fn backfill(rows: i64, batch_size: usize, max_inflight: usize, gzip: bool) {
         "copy phase        {copy_seconds:.2} s, {:.0} docs/s (snapshot_started_at → snapshot_finished_at)",
         rows as f64 / copy_seconds
     );
-    let rate = ceiling(&setup.meili, rows, batch_size, max_inflight);
+    let rate = ceiling(&setup.meili, rows, batch_size);
     println!(
         "backfill/ceiling  {:.2} (copy phase/ceiling {:.2})",
         rows as f64 / seconds / rate,
@@ -215,8 +261,8 @@ fn backfill(rows: i64, batch_size: usize, max_inflight: usize, gzip: bool) {
     );
 }
 
-fn stream(rows: i64, per_transaction: i64) {
-    let setup = setup(0, json!({}));
+fn stream(rows: i64, per_transaction: i64, max_inflight: usize) {
+    let setup = setup(0, json!({"max_inflight": max_inflight}));
     setup
         .cluster
         .wait_snapshot_done(setup.task, Duration::from_secs(600));
@@ -248,7 +294,7 @@ fn stream(rows: i64, per_transaction: i64) {
         cpu_before,
     );
     // The worker coalesces consecutive transactions into batches of up to batch_size (10,000).
-    let rate = ceiling(&setup.meili, rows, 10_000, 8);
+    let rate = ceiling(&setup.meili, rows, 10_000);
     println!("stream/ceiling    {:.2}", rows as f64 / seconds / rate);
 }
 
@@ -338,8 +384,9 @@ fn main() {
             arg(1, 10_000) as usize,
             arg(2, 8) as usize,
             arg(3, 0) != 0,
+            arg(4, 32) as usize,
         ),
-        "stream" => stream(arg(0, 50_000), arg(1, 500)),
+        "stream" => stream(arg(0, 50_000), arg(1, 500), arg(2, 8) as usize),
         "latency" => latency(arg(0, 200) as usize, arg(1, 10) as u64),
         "decoders" => decoders::run(arg(0, 200_000), arg(1, 500)),
         other => {

@@ -562,6 +562,14 @@ impl Watermark {
         self.unconfirmed
     }
 
+    /// The oldest batch sent and not yet confirmed.
+    pub fn oldest_pending(&self) -> Option<u64> {
+        self.queue
+            .iter()
+            .find(|entry| !entry.confirmed)
+            .and_then(|entry| entry.seq)
+    }
+
     fn release(&mut self) -> Option<u64> {
         let mut newest = None;
         while self.queue.front().is_some_and(|entry| entry.confirmed) {

@@ -10,7 +10,7 @@
 //! one, and the watermark does not pass a failed batch until all of its parts are confirmed or
 //! dead-lettered.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -47,7 +47,11 @@ struct SentBatch {
     /// Position in send order (seqs of repair parts do not follow it).
     order: u64,
     op: Operation,
+    /// Emptied once Meilisearch enqueued a batch the owner can read again (see
+    /// [`Dispatcher::push_rereadable`]).
     body: Arc<Vec<u8>>,
+    /// The body was let go: a failure waits for [`Dispatcher::reread`].
+    released: bool,
     checkpoint: Option<u64>,
     /// For a repair part: the original batch it belongs to.
     parent: Option<u64>,
@@ -65,7 +69,16 @@ pub struct Progress {
 pub struct Dispatcher {
     writer: Writer,
     primary_key: String,
+    /// Batches held in memory (queued, or sent and not let go) at most.
     max_inflight: usize,
+    /// Batches queued or sent and unresolved at most; above `max_inflight` only through batches
+    /// whose bodies are let go once enqueued (see [`Dispatcher::push_rereadable`]).
+    depth: usize,
+    /// Original batches the owner can read again from their source.
+    rereadable: HashSet<u64>,
+    /// Failed batches whose bodies were let go, waiting for the owner to read them again:
+    /// seq → (task uid, error, asked for already).
+    rereads: BTreeMap<u64, (Option<u64>, WriteError, bool)>,
     /// A document alone over this many bytes is a dead letter: Meilisearch would refuse it.
     max_payload: usize,
     /// A checkpoint that became safe outside an event (a document too large to send).
@@ -100,6 +113,9 @@ impl Dispatcher {
             writer,
             primary_key: primary_key.to_owned(),
             max_inflight: max_inflight.max(1),
+            depth: max_inflight.max(1),
+            rereadable: HashSet::new(),
+            rereads: BTreeMap::new(),
             max_payload,
             ready_checkpoint: None,
             watermark: Watermark::new(),
@@ -138,6 +154,83 @@ impl Dispatcher {
         self.queue.push_back(batch);
     }
 
+    /// Lets up to `depth` batches be enqueued in Meilisearch and unconfirmed at once, of which
+    /// at most `max_inflight` held in memory: Meilisearch indexes the tasks of an index that are
+    /// enqueued together as one auto-batch, each with a large fixed cost, so a deep queue makes
+    /// fewer, larger batches. Only batches pushed with [`Dispatcher::push_rereadable`] go past
+    /// `max_inflight`. A depth up to `max_inflight` (0, say) turns the deep queue off.
+    pub fn set_depth(&mut self, depth: usize) {
+        self.depth = depth.max(self.max_inflight);
+    }
+
+    /// The seq of the oldest batch not yet confirmed or dead-lettered (None when all are).
+    pub fn oldest_unresolved(&self) -> Option<u64> {
+        self.watermark.oldest_pending()
+    }
+
+    /// [`Dispatcher::push`] for a batch the owner can build again from its source (a copy's key
+    /// range), and whose documents no other batch writes: its body is let go once Meilisearch
+    /// has enqueued it (so a resend of another batch, which leaves out what later batches wrote,
+    /// need not read it). Should it fail, its seq comes
+    /// out of [`Dispatcher::take_rereads`], and its repair waits for [`Dispatcher::reread`].
+    pub fn push_rereadable(&mut self, batch: Batch) {
+        self.rereadable.insert(batch.seq);
+        self.push(batch);
+    }
+
+    /// Failed batches whose bodies were let go: the owner reads each again and hands it to
+    /// [`Dispatcher::reread`]. Each seq is returned once.
+    pub fn take_rereads(&mut self) -> Vec<u64> {
+        self.rereads
+            .iter_mut()
+            .filter(|(_, (_, _, asked))| !*asked)
+            .map(|(seq, (_, _, asked))| {
+                *asked = true;
+                *seq
+            })
+            .collect()
+    }
+
+    /// The body of failed batch `seq` read again (the documents its source holds now: rows
+    /// deleted since are left out, rows inserted since come along), so that its repair goes on.
+    pub fn reread(&mut self, seq: u64, body: Vec<u8>) -> Progress {
+        let mut progress = Progress::default();
+        let Some((task_uid, error, _)) = self.rereads.remove(&seq) else {
+            return progress;
+        };
+        if let Some(batch) = self.sent.get_mut(&seq) {
+            batch.body = Arc::new(body);
+            batch.released = false;
+        }
+        self.repair(seq, task_uid, &error, &mut progress);
+        self.send_queued();
+        progress
+    }
+
+    /// Bytes of batch bodies this dispatcher holds (queued, sent and not let go, or kept for a
+    /// resend's rules).
+    pub fn held_bytes(&self) -> usize {
+        self.queue
+            .iter()
+            .map(|batch| batch.body.len())
+            .sum::<usize>()
+            + self
+                .delayed
+                .iter()
+                .map(|(_, batch)| batch.body.len())
+                .sum::<usize>()
+            + self
+                .sent
+                .values()
+                .map(|batch| batch.body.len())
+                .sum::<usize>()
+            + self
+                .landed
+                .iter()
+                .map(|batch| batch.body.len())
+                .sum::<usize>()
+    }
+
     /// A checkpoint with no batch (a commit that sent nothing): safe once everything before it is.
     pub fn standalone(&mut self, checkpoint: u64) -> Option<u64> {
         self.watermark.standalone(checkpoint)
@@ -149,8 +242,12 @@ impl Dispatcher {
         self.queue.len() + self.sent.len() + self.landed.len()
     }
 
+    /// Room for another batch: fewer than `max_inflight` held in memory, and fewer than `depth`
+    /// unresolved.
     pub fn has_room(&self) -> bool {
-        self.backlog() < self.max_inflight
+        let released = self.sent.values().filter(|batch| batch.released).count()
+            + self.landed.iter().filter(|batch| batch.released).count();
+        self.backlog() - released < self.max_inflight && self.backlog() < self.depth
     }
 
     /// Nothing queued, in flight, or being repaired.
@@ -240,6 +337,7 @@ impl Dispatcher {
                     order: self.next_order,
                     op,
                     body,
+                    released: false,
                     checkpoint,
                     parent,
                 },
@@ -252,12 +350,25 @@ impl Dispatcher {
         match event {
             WriterEvent::Confirmed { seq, .. } => self.resolve(seq, progress),
             WriterEvent::Retrying { error, .. } => progress.retries.push(error),
-            WriterEvent::Enqueued { .. } => {}
+            WriterEvent::Enqueued { seq, .. } => {
+                if self.rereadable.contains(&seq) {
+                    if let Some(batch) = self.sent.get_mut(&seq) {
+                        batch.body = Arc::new(Vec::new());
+                        batch.released = true;
+                    }
+                }
+            }
             WriterEvent::Failed {
                 seq,
                 task_uid,
                 error,
-            } => self.repair(seq, task_uid, &error, progress),
+            } => {
+                if self.sent.get(&seq).is_some_and(|batch| batch.released) {
+                    self.rereads.insert(seq, (task_uid, error, false));
+                } else {
+                    self.repair(seq, task_uid, &error, progress);
+                }
+            }
         }
     }
 
@@ -283,6 +394,7 @@ impl Dispatcher {
         };
         self.resends.remove(&original);
         self.collateral.remove(&original);
+        self.rereadable.remove(&original);
         if let Some(checkpoint) = self.watermark.confirmed(original) {
             progress.checkpoint = Some(checkpoint);
         }
@@ -744,20 +856,24 @@ mod tests {
     const KEY: &str = "masterKey";
 
     fn dispatcher(server: &TestServer) -> Dispatcher {
-        let writer = Writer::start(WriterConfig {
+        Dispatcher::new(writer(server, 4), "id", 4, 1024)
+    }
+
+    /// A writer into index "books" of `server` with quick polls and retries.
+    fn writer(server: &TestServer, max_inflight: usize) -> Writer {
+        Writer::start(WriterConfig {
             client: Client::new(&server.url(), Some(KEY), Duration::from_secs(5))
                 .expect("valid URL"),
             index_uid: "books".into(),
             primary_key: "id".into(),
             gzip: false,
             gzip_level: 1,
-            max_inflight: 4,
+            max_inflight,
             poll_interval: Duration::from_millis(10),
             retry_base: Duration::from_millis(5),
             retry_cap: Duration::from_millis(50),
             vanished_after: Duration::from_millis(300),
-        });
-        Dispatcher::new(writer, "id", 4, 1024)
+        })
     }
 
     fn batch(seq: u64, documents: &[Value]) -> Batch {
@@ -1178,6 +1294,106 @@ mod tests {
             server.documents("books"),
             vec![json!({"id": 1, "v": "new"}), json!({"id": 2})]
         );
+        dispatcher.shutdown();
+    }
+
+    /// A dispatcher for a copy: `max_inflight` batches held in memory, `depth` enqueued.
+    fn deep_dispatcher(server: &TestServer, max_inflight: usize, depth: usize) -> Dispatcher {
+        let mut dispatcher = Dispatcher::new(writer(server, depth), "id", max_inflight, 1 << 20);
+        dispatcher.set_depth(depth);
+        dispatcher
+    }
+
+    #[test]
+    fn a_deep_copy_queue_holds_in_memory_only_what_is_not_yet_enqueued() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        // Slow tasks stay enqueued and unconfirmed, as behind a real Meilisearch's indexing.
+        server.faults().set_task_delay(Duration::from_millis(100));
+        let mut dispatcher = deep_dispatcher(&server, 2, 12);
+        let filler = "x".repeat(1000);
+        let body_len = batch(1, &[json!({"id": 1, "v": filler})]).body.len();
+        let (mut pushed, mut deepest, mut most_held) = (0u64, 0, 0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pushed < 30 {
+            assert!(
+                Instant::now() < deadline,
+                "the copy never got its batches out"
+            );
+            if dispatcher.has_room() {
+                pushed += 1;
+                dispatcher.push_rereadable(batch(pushed, &[json!({"id": pushed, "v": filler})]));
+            }
+            dispatcher.pump(Some(Duration::from_millis(5)));
+            deepest = deepest.max(dispatcher.backlog());
+            most_held = most_held.max(dispatcher.held_bytes());
+        }
+        assert_eq!(settle(&mut dispatcher), Some(3000));
+        assert!(
+            deepest > 2,
+            "never more than max_inflight in flight: {deepest}"
+        );
+        assert!(deepest <= 12, "deeper than depth: {deepest}");
+        assert!(
+            most_held <= 2 * body_len,
+            "held {most_held} bytes, more than the 2 bodies not yet enqueued ({body_len} each)"
+        );
+        assert_eq!(
+            ids(&server),
+            (1..=30).map(|id| json!(id)).collect::<Vec<_>>()
+        );
+        dispatcher.shutdown();
+    }
+
+    #[test]
+    fn a_failed_batch_whose_body_was_let_go_is_read_again_then_repaired() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        server.faults().set_task_delay(Duration::from_millis(50));
+        let mut dispatcher = deep_dispatcher(&server, 1, 8);
+        let documents = vec![
+            json!({"id": 1}),
+            json!({"id": "not a valid id"}),
+            json!({"id": 3}),
+        ];
+        dispatcher.push_rereadable(batch(1, &documents));
+        dispatcher.push_rereadable(batch(2, &[json!({"id": 4})]));
+        // The source changed meanwhile: row 3 is gone, row 5 is new in that key range.
+        let read_again = batch(
+            1,
+            &[
+                json!({"id": 1}),
+                json!({"id": "not a valid id"}),
+                json!({"id": 5}),
+            ],
+        );
+        let (mut asked, mut newest) = (Vec::new(), None);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !dispatcher.is_idle() {
+            assert!(Instant::now() < deadline, "dispatcher did not settle");
+            newest = dispatcher
+                .pump(Some(Duration::from_millis(10)))
+                .checkpoint
+                .or(newest);
+            for seq in dispatcher.take_rereads() {
+                asked.push(seq);
+                newest = dispatcher
+                    .reread(seq, read_again.body.to_vec())
+                    .checkpoint
+                    .or(newest);
+            }
+        }
+        assert_eq!(
+            asked,
+            vec![1],
+            "the failed batch's body was kept, or asked for twice"
+        );
+        assert_eq!(newest, Some(200));
+        let dead = dispatcher.take_dead_letters();
+        assert_eq!(
+            dead.iter().map(|d| d.id.clone()).collect::<Vec<_>>(),
+            vec![json!("not a valid id")]
+        );
+        assert_eq!(ids(&server), vec![json!(1), json!(4), json!(5)]);
+        assert_eq!(dispatcher.held_bytes(), 0);
         dispatcher.shutdown();
     }
 

@@ -45,6 +45,10 @@ pub struct TaskOptions {
     /// `--http-payload-size-limit` (100,000,000 bytes unless changed).
     pub max_payload_bytes: usize,
     pub max_inflight: usize,
+    /// Batches of the copy enqueued in Meilisearch and unconfirmed at once. Only `max_inflight` of
+    /// them are held in memory: a batch's body is let go once enqueued (a failed one is read again
+    /// from the table by its key range).
+    pub snapshot_depth: usize,
     pub flush_interval_ms: u64,
     pub gzip: bool,
     pub write_mode: WriteMode,
@@ -63,6 +67,7 @@ impl Default for TaskOptions {
             batch_bytes: 16 * 1024 * 1024,
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             max_inflight: 8,
+            snapshot_depth: DEFAULT_SNAPSHOT_DEPTH,
             flush_interval_ms: 200,
             gzip: false,
             write_mode: WriteMode::Replace,
@@ -70,6 +75,9 @@ impl Default for TaskOptions {
         }
     }
 }
+
+/// Batches of a copy enqueued at once unless set (see [`TaskOptions::snapshot_depth`]).
+pub const DEFAULT_SNAPSHOT_DEPTH: usize = 32;
 
 /// Meilisearch's default payload limit ("100 MB", decimal) less 5% for what we do not count.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 95_000_000;
@@ -84,6 +92,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "batch_bytes",
     "max_payload_bytes",
     "max_inflight",
+    "snapshot_depth",
     "flush_interval_ms",
     "gzip",
     "write_mode",
@@ -257,6 +266,9 @@ impl TaskOptions {
                 "max_inflight" => {
                     parsed.max_inflight = expect_integer(name, value, 1, 256)? as usize
                 }
+                "snapshot_depth" => {
+                    parsed.snapshot_depth = expect_integer(name, value, 1, 1024)? as usize
+                }
                 "flush_interval_ms" => {
                     parsed.flush_interval_ms = expect_integer(name, value, 0, 600_000)?
                 }
@@ -339,6 +351,7 @@ impl TaskOptions {
             Value::from(self.max_payload_bytes),
         );
         stored.insert("max_inflight".into(), Value::from(self.max_inflight));
+        stored.insert("snapshot_depth".into(), Value::from(self.snapshot_depth));
         stored.insert(
             "flush_interval_ms".into(),
             Value::from(self.flush_interval_ms),
@@ -390,7 +403,7 @@ mod tests {
         let parsed = TaskOptions::parse(&json!({
             "url": "http://meili:7700/", "api_key": "k", "primary_key": ["a", "b"],
             "exclude_columns": "secret", "batch_size": 500, "batch_bytes": 2048, "max_inflight": 2,
-            "flush_interval_ms": 0, "gzip": true, "write_mode": "upsert",
+            "snapshot_depth": 64, "flush_interval_ms": 0, "gzip": true, "write_mode": "upsert",
             "settings": {"filterableAttributes": ["a"]}
         }))
         .expect("valid options");
@@ -401,8 +414,13 @@ mod tests {
         );
         assert_eq!(parsed.exclude_columns, vec!["secret".to_owned()]);
         assert_eq!(
-            (parsed.batch_size, parsed.batch_bytes, parsed.max_inflight),
-            (500, 2048, 2)
+            (
+                parsed.batch_size,
+                parsed.batch_bytes,
+                parsed.max_inflight,
+                parsed.snapshot_depth
+            ),
+            (500, 2048, 2, 64)
         );
         assert!(parsed.gzip);
         assert_eq!(parsed.write_mode, WriteMode::Upsert);
@@ -424,6 +442,10 @@ mod tests {
                 "\"batch_size\" must be an integer",
             ),
             (json!({"gzip": "yes"}), "\"gzip\" must be true or false"),
+            (
+                json!({"snapshot_depth": 0}),
+                "\"snapshot_depth\" must be an integer between 1 and 1024",
+            ),
             (json!({"write_mode": "merge"}), "\"write_mode\""),
             (json!({"url": "ftp://x"}), "scheme must be http or https"),
             (json!({"url": "http://user:pw@x:7700"}), "credentials"),

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use pg_meili_sync_e2e::cluster::Cluster;
-use pg_meili_sync_e2e::meili::Meili;
+use pg_meili_sync_e2e::meili::{Meili, Method};
 use pg_meili_sync_e2e::{products, wait_for, wait_index_matches_table};
 use serde_json::json;
 
@@ -187,6 +187,62 @@ fn failed_tasks_are_resent_without_losing_documents() {
     assert_eq!(
         cluster.psql("SELECT count(*) FROM meili_sync.dead_letters"),
         "0"
+    );
+}
+
+#[test]
+fn a_deep_copy_queue_reads_failed_batches_again_from_the_table() {
+    let Some((cluster, meili)) = with_test_server() else {
+        return;
+    };
+    cluster.psql(&products::insert_sql(1, 20_000));
+    // Slow tasks pile up in Meilisearch's queue, as behind a real server's indexing.
+    faults(&meili).set_task_delay(Duration::from_millis(100));
+    let (index, task) = start(
+        &cluster,
+        &meili,
+        json!({"batch_size": 1000, "max_inflight": 2, "snapshot_depth": 16}),
+    );
+    let waiting = wait_for("Meilisearch's queue to fill", CONVERGE, || {
+        let (_, tasks) = meili.request(
+            Method::GET,
+            &format!("/tasks?indexUids={index}&statuses=enqueued&limit=100"),
+            None,
+        );
+        let waiting = tasks["results"].as_array().map_or(0, Vec::len);
+        (waiting > 2).then_some(waiting)
+    });
+    // Batches enqueued long ago, whose bodies the worker let go, now fail: first for the
+    // server's reasons (resent whole), then as if for their documents (split).
+    faults(&meili).fail_next_tasks(2, "internal");
+    wait_for("the resends", CONVERGE, || {
+        let retries: i64 = cluster
+            .psql(&format!(
+                "SELECT retries FROM pg_stat_meili_sync WHERE task = {task}"
+            ))
+            .parse()
+            .unwrap_or(0);
+        (retries >= 2).then_some(())
+    });
+    // Rows change while their batches wait: a batch read again carries what the table holds now.
+    cluster.psql("UPDATE products SET name = name || ' (changed)' WHERE id % 7 = 0");
+    faults(&meili).fail_next_tasks(2, "invalid_document_fields");
+    cluster.wait_snapshot_done(task, CONVERGE);
+    converge(&cluster, &meili, &index);
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM meili_sync.dead_letters"),
+        "0"
+    );
+    assert!(
+        waiting > 2,
+        "no more than max_inflight batches were ever enqueued"
+    );
+    // The failed batches were read again from the table: their bodies had been let go.
+    let log = cluster.server_log();
+    assert!(
+        log.matches("were read again from the table").count() >= 2,
+        "{}",
+        cluster.tail_log()
     );
 }
 
