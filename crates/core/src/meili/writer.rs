@@ -40,6 +40,9 @@ use crate::batch::{Batch, Operation};
 
 /// Task uids asked about in one `GET /tasks` request, to keep URLs short.
 const MAX_UIDS_PER_POLL: usize = 500;
+/// The pause between task polls doubles after each poll that finished no task, at most this many
+/// times (20 ms becomes 320 ms at most), and is back to `poll_interval` at the next that does.
+const MAX_QUIET_POLL_DOUBLINGS: u32 = 4;
 
 /// Meilisearch answers a body over its payload limit with 413 and closes the connection without
 /// reading the rest, so a client still uploading sees a broken pipe or a reset instead. A large
@@ -499,8 +502,13 @@ impl PollerThread {
         let mut backoff = Backoff::new(self.shared.retry_base, self.shared.retry_cap);
         let mut pending: VecDeque<Enqueued> = VecDeque::new();
         let mut attempt = 0;
+        // Polls in a row that finished nothing: each doubles the pause, up to
+        // MAX_QUIET_POLL_DOUBLINGS, so that a long indexing run is not asked
+        // about 50 times a second while it takes the server's cores.
+        let mut quiet_polls: u32 = 0;
         loop {
             if pending.is_empty() {
+                quiet_polls = 0;
                 select! {
                     recv(self.enqueued) -> task => match task {
                         Ok(task) => pending.push_back(task),
@@ -511,7 +519,8 @@ impl PollerThread {
             }
             // Give Meilisearch time to process, taking in tasks enqueued
             // meanwhile so that one request confirms them all.
-            let next_poll = after(self.poll_interval);
+            let next_poll =
+                after(self.poll_interval * 2u32.pow(quiet_polls.min(MAX_QUIET_POLL_DOUBLINGS)));
             loop {
                 select! {
                     recv(self.enqueued) -> task => match task {
@@ -523,7 +532,10 @@ impl PollerThread {
                 }
             }
             match self.poll(&mut pending) {
-                Ok(()) => attempt = 0,
+                Ok(finished) => {
+                    attempt = 0;
+                    quiet_polls = if finished == 0 { quiet_polls + 1 } else { 0 };
+                }
                 Err(error) => {
                     if self.shared.is_stopping() {
                         return;
@@ -546,8 +558,8 @@ impl PollerThread {
     }
 
     /// Asks for the pending tasks' states and reports, in send order, the
-    /// ones that finished.
-    fn poll(&self, pending: &mut VecDeque<Enqueued>) -> Result<(), MeiliError> {
+    /// ones that finished; returns how many did.
+    fn poll(&self, pending: &mut VecDeque<Enqueued>) -> Result<usize, MeiliError> {
         let uids: Vec<u64> = pending
             .iter()
             .take(MAX_UIDS_PER_POLL)
@@ -561,6 +573,7 @@ impl PollerThread {
             .map(|state| (state.uid, state))
             .collect();
         let stats = &self.shared.stats;
+        let asked = pending.len();
         let mut still_pending = VecDeque::with_capacity(pending.len());
         let now = Instant::now();
         for (position, mut task) in pending.drain(..).enumerate() {
@@ -624,8 +637,9 @@ impl PollerThread {
             };
             self.shared.finish(event);
         }
+        let finished = asked - still_pending.len();
         *pending = still_pending;
-        Ok(())
+        Ok(finished)
     }
 }
 
@@ -939,6 +953,23 @@ mod tests {
                 task_polls.iter().any(|path| path.matches(',').count() == 2),
                 "{task_polls:?}"
             );
+            writer.shutdown();
+        }
+
+        #[test]
+        fn a_long_indexing_run_is_polled_less_and_less_often() {
+            let (server, writer) = start(|c| c.poll_interval = Duration::from_millis(20));
+            server.faults().set_task_delay(Duration::from_millis(1500));
+            writer.try_send(replace(1, 0..2)).expect("room");
+            let events = events_until(&writer, |events| finished(events) == 1);
+            assert_eq!(confirmed_seqs(&events), [1]);
+            let task_polls = server
+                .request_log()
+                .into_iter()
+                .filter(|r| r.path.starts_with("/tasks?uids="))
+                .count();
+            // Every 20 ms would be about 75 polls; doubling to 320 ms makes about 8.
+            assert!(task_polls <= 15, "{task_polls} polls for one task");
             writer.shutdown();
         }
 
