@@ -5,6 +5,7 @@
 //!   cargo run --release -p pg_meili_sync_load -- stream [rows] [rows_per_transaction] [max_inflight]
 //!   cargo run --release -p pg_meili_sync_load -- latency [transactions] [per_second]
 //!   cargo run --release -p pg_meili_sync_load -- decoders [rows] [rows_per_transaction]
+//!   cargo run --release -p pg_meili_sync_load -- tasks [idle_tasks] [rows]
 //!
 //! Set LOAD_VERIFY=1 to also check that the index holds exactly the table's rows afterwards.
 
@@ -315,6 +316,100 @@ fn stream(rows: i64, per_transaction: i64, max_inflight: usize) {
     println!("stream/ceiling    {:.2}", rows as f64 / seconds / rate);
 }
 
+/// `idle` tasks on tables nobody writes beside one busy task: one transaction of `rows` rows into
+/// the busy table, then the catch-up time (commit → every document in the busy index), the CPU the
+/// busy worker and the idle workers spent on it (until every slot confirmed past the commit), and
+/// the WAL the slots retain at the end. Each task decodes the whole database's WAL today, so the
+/// idle workers' CPU is the price of one decoding pass per task.
+fn tasks(idle: usize, rows: i64) {
+    let meili = Meili::from_env();
+    let slots = format!("max_replication_slots={}", idle + 8);
+    let workers = format!("max_worker_processes={}", idle + 8);
+    let cluster = Cluster::start(&[&slots, &workers]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    let options = meili.options(json!({}));
+    let start = |table: &str, index: &str| -> i64 {
+        cluster
+            .psql(&format!(
+                "SELECT meili_sync_start('{table}', '{index}', '{options}')"
+            ))
+            .parse()
+            .expect("task id")
+    };
+    let mut indexes = Vec::new();
+    let mut idle_tasks = Vec::new();
+    for n in 0..idle {
+        cluster.psql(&format!(
+            "CREATE TABLE idle_{n} (id int PRIMARY KEY, v text); INSERT INTO idle_{n} VALUES (1, 'x')"
+        ));
+        let index = meili.unique_index(&format!("idle{n}"));
+        idle_tasks.push(start(&format!("idle_{n}"), &index));
+        indexes.push(index);
+    }
+    let busy_index = meili.unique_index("busy");
+    let busy = start("products", &busy_index);
+    indexes.push(busy_index.clone());
+    for task in idle_tasks.iter().chain([&busy]) {
+        cluster.wait_snapshot_done(*task, Duration::from_secs(600));
+    }
+    let pid_of = |task: i64| -> i64 {
+        cluster
+            .status(task)
+            .get("worker_pid")
+            .and_then(|pid| pid.parse().ok())
+            .unwrap_or(0)
+    };
+    let busy_pid = pid_of(busy);
+    let idle_pids: Vec<i64> = idle_tasks.iter().map(|task| pid_of(*task)).collect();
+    let cpu = |pids: &[i64]| -> f64 { pids.iter().filter_map(|pid| cpu_seconds(*pid)).sum() };
+    let (busy_before, idle_before) = (cpu(&[busy_pid]), cpu(&idle_pids));
+    let started = Instant::now();
+    cluster.psql(&products::insert_sql(1, rows));
+    let commit_lsn = cluster.psql("SELECT pg_current_wal_lsn()");
+    wait_for(
+        "every row in the busy index",
+        Duration::from_secs(3600),
+        || (meili.document_count(&busy_index) == Some(rows as u64)).then_some(()),
+    );
+    let catch_up = started.elapsed().as_secs_f64();
+    wait_for(
+        "every slot past the commit",
+        Duration::from_secs(3600),
+        || {
+            let behind = cluster.psql(&format!(
+            "SELECT count(*) FROM pg_replication_slots WHERE confirmed_flush_lsn < '{commit_lsn}'"
+        ));
+            (behind == "0").then_some(())
+        },
+    );
+    let all_done = started.elapsed().as_secs_f64();
+    let busy_cpu = cpu(&[busy_pid]) - busy_before;
+    let idle_cpu = cpu(&idle_pids) - idle_before;
+    let retained = cluster.psql(
+        "SELECT pg_size_pretty(max(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn))) FROM pg_replication_slots",
+    );
+    let target = if meili.test_server().is_some() {
+        "test server".to_owned()
+    } else {
+        meili.url.clone()
+    };
+    println!("tasks: {idle} idle + 1 busy, one transaction of {rows} rows, into {target}");
+    println!("catch-up          {catch_up:.2} s (commit → every document in the busy index)");
+    println!("all slots past it {all_done:.2} s");
+    println!("busy worker CPU   {busy_cpu:.2} s");
+    println!(
+        "idle workers CPU  {idle_cpu:.2} s in all ({:.0}% of the busy worker's)",
+        100.0 * idle_cpu / busy_cpu.max(0.001)
+    );
+    println!("retained WAL      {retained} (the largest of the slots, after the catch-up)");
+    if meili.test_server().is_none() {
+        for index in &indexes {
+            meili.delete_index(index);
+        }
+    }
+}
+
 fn latency(transactions: usize, per_second: u64) {
     let setup = setup(0, json!({}));
     setup
@@ -406,8 +501,9 @@ fn main() {
         "stream" => stream(arg(0, 50_000), arg(1, 500), arg(2, 8) as usize),
         "latency" => latency(arg(0, 200) as usize, arg(1, 10) as u64),
         "decoders" => decoders::run(arg(0, 200_000), arg(1, 500)),
+        "tasks" => tasks(arg(0, 10) as usize, arg(1, 200_000)),
         other => {
-            eprintln!("unknown mode {other}: use backfill, stream, latency or decoders");
+            eprintln!("unknown mode {other}: use backfill, stream, latency, decoders or tasks");
             std::process::exit(2);
         }
     }

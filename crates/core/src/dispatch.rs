@@ -161,6 +161,11 @@ impl Dispatcher {
     /// `max_inflight`. A depth up to `max_inflight` (0, say) turns the deep queue off.
     pub fn set_depth(&mut self, depth: usize) {
         self.depth = depth.max(self.max_inflight);
+        if self.depth == self.max_inflight && self.is_idle() {
+            // Seqs start over with the next batcher: none of its batches may be taken for one
+            // of these.
+            self.rereadable.clear();
+        }
     }
 
     /// The seq of the oldest batch not yet confirmed or dead-lettered (None when all are).
@@ -430,6 +435,7 @@ impl Dispatcher {
             task_uid: None,
             checkpoint: batch.checkpoint,
         });
+        self.rereadable.remove(&batch.seq);
         if let Some(checkpoint) = self.watermark.confirmed(batch.seq) {
             self.ready_checkpoint = Some(checkpoint);
         }
@@ -1394,6 +1400,24 @@ mod tests {
         );
         assert_eq!(ids(&server), vec![json!(1), json!(4), json!(5)]);
         assert_eq!(dispatcher.held_bytes(), 0);
+        dispatcher.shutdown();
+    }
+
+    #[test]
+    fn no_batch_of_a_copy_is_still_taken_for_rereadable_once_it_is_resolved() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        let mut dispatcher = deep_dispatcher(&server, 2, 8);
+        // One document over the payload limit (a dead letter never sent), then a good batch.
+        dispatcher.push_rereadable(batch(1, &[json!({"id": 1, "v": "x".repeat(1 << 20)})]));
+        dispatcher.push_rereadable(batch(2, &[json!({"id": 2})]));
+        assert_eq!(settle(&mut dispatcher), Some(200));
+        assert_eq!(dispatcher.take_dead_letters()[0].code, "payload_too_large");
+        // The stream's batcher numbers its batches from 1 again: none may lose its body.
+        assert!(
+            dispatcher.rereadable.is_empty(),
+            "{:?}",
+            dispatcher.rereadable
+        );
         dispatcher.shutdown();
     }
 
