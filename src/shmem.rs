@@ -386,6 +386,11 @@ impl LiveStatus {
         f(&mut state.entries[self.index]);
     }
 
+    /// What the status view shows the worker doing.
+    pub fn phase(&self) -> Option<Phase> {
+        Phase::from_u8(STATE.share().entries[self.index].phase)
+    }
+
     /// Also the worker's `pg_stat_activity.query`, so a DBA sees what it is doing.
     pub fn set_phase(&self, phase: Phase) {
         self.update(|entry| entry.phase = phase as u8);

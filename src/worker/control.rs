@@ -72,6 +72,8 @@ pub fn in_transaction<T>(
 ) -> Result<T, Stop> {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
     let mut attempt = 0;
+    // Shown again once the work went through after retries (unless it was retrying already).
+    let phase_before = live.phase().filter(|phase| *phase != Phase::Retrying);
     loop {
         let mut guarded = PgTryBuilder::new(AssertUnwindSafe(|| {
             Ok(BackgroundWorker::transaction(AssertUnwindSafe(&mut work)))
@@ -80,7 +82,12 @@ pub fn in_transaction<T>(
             guarded = guarded.catch_when(code, roll_back);
         }
         match guarded.execute() {
-            Ok(result) => return Ok(result?),
+            Ok(result) => {
+                if let Some(phase) = phase_before.filter(|_| attempt > 0) {
+                    live.set_phase(phase);
+                }
+                return Ok(result?);
+            }
             Err(message) => {
                 let delay = backoff.delay(attempt);
                 let error = format!(
