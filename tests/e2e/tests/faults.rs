@@ -78,16 +78,22 @@ fn meilisearch_unreachable_during_backfill() {
     let Some((cluster, meili)) = with_outages() else {
         return;
     };
-    cluster.psql(&products::insert_sql(1, 20_000));
-    // Slow tasks keep the copy from finishing before the outage begins (20 batches, 300 ms each;
-    // a real server takes longer than that by itself).
-    if let Some(server) = meili.test_server() {
-        server.faults().set_task_delay(Duration::from_millis(300));
-    }
+    // The copy must still be running when the outage begins. On the test server slow tasks see to
+    // that (20 batches, 300 ms each). A real server indexes 20 small batches enqueued at once in
+    // well under a second, so it gets more rows and a shallow queue (one Meilisearch batch per
+    // two of ours).
+    let (rows, depth) = match meili.test_server() {
+        Some(server) => {
+            server.faults().set_task_delay(Duration::from_millis(300));
+            (20_000, 32)
+        }
+        None => (100_000, 2),
+    };
+    cluster.psql(&products::insert_sql(1, rows));
     let (index, task) = start(
         &cluster,
         &meili,
-        json!({"batch_size": 1000, "max_inflight": 2}),
+        json!({"batch_size": 1000, "max_inflight": 2, "snapshot_depth": depth}),
     );
     wait_for("the copy to start", CONVERGE, || {
         let copied: i64 = cluster.status(task).get("rows_copied")?.parse().ok()?;
@@ -96,6 +102,11 @@ fn meilisearch_unreachable_during_backfill() {
     meili.go_down();
     std::thread::sleep(outage());
     let status = cluster.status(task);
+    assert_eq!(
+        status.get("snapshot_finished_at").map(String::as_str),
+        Some("null"),
+        "the copy finished before the outage began, so the test proved nothing: {status:?}"
+    );
     assert_eq!(
         status.get("state").map(String::as_str),
         Some("retrying"),
