@@ -12,5 +12,6 @@ pub mod meili;
 pub mod meter;
 pub mod options;
 pub mod pgoutput;
+pub mod route;
 #[cfg(test)]
 mod test_support;

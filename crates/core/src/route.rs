@@ -1,0 +1,438 @@
+//! One decoded pgoutput stream, many tasks: hands each task the messages of the tables it syncs,
+//! framed as a stream of its own (Begin, the Relation messages it has not seen, its changes,
+//! Commit), so that each task's `ChangeMapper` works exactly as on a slot of its own.
+//!
+//! The shared slot can be confirmed only to the lowest position any task still needs, so the
+//! stream is read again from there whenever a task joins (new, resumed, or back from a full
+//! queue). Each task therefore skips, by itself, every transaction that committed before the
+//! position it already has: what PostgreSQL's own `SnapBuildXactNeedsSkip` does for one slot.
+
+use std::collections::{HashMap, HashSet};
+
+use crate::pgoutput::{self, Message, ParseError};
+
+pub type TaskId = i64;
+
+/// Where a task stands in the shared stream.
+struct Route {
+    /// Relations whose changes the task receives.
+    relations: Vec<u32>,
+    /// Transactions whose commit record starts before this position were already delivered to
+    /// the task (or are in its copy): they are skipped.
+    skip_before: u64,
+    /// Relations whose current Relation message the task has received.
+    described: HashSet<u32>,
+}
+
+/// The transaction being delivered: its Begin goes to a task only with the task's first change,
+/// so a task sees no transactions of other tables.
+struct Transaction {
+    final_lsn: u64,
+    begin: Vec<u8>,
+    begun: Vec<TaskId>,
+}
+
+#[derive(Default)]
+pub struct Router {
+    routes: HashMap<TaskId, Route>,
+    /// Which tasks each relation's changes go to.
+    subscribers: HashMap<u32, Vec<TaskId>>,
+    /// The newest Relation message of each relation this decoding session described.
+    descriptions: HashMap<u32, Vec<u8>>,
+    transaction: Option<Transaction>,
+}
+
+impl Router {
+    /// Starts routing `relations` to `task`, skipping transactions that committed before
+    /// `skip_before`. Called between reads, never inside a transaction.
+    pub fn attach(&mut self, task: TaskId, relations: &[u32], skip_before: u64) {
+        self.detach(task);
+        for &relation in relations {
+            self.subscribers.entry(relation).or_default().push(task);
+        }
+        self.routes.insert(
+            task,
+            Route {
+                relations: relations.to_vec(),
+                skip_before,
+                described: HashSet::new(),
+            },
+        );
+    }
+
+    pub fn detach(&mut self, task: TaskId) {
+        let Some(route) = self.routes.remove(&task) else {
+            return;
+        };
+        for relation in route.relations {
+            if let Some(tasks) = self.subscribers.get_mut(&relation) {
+                tasks.retain(|&other| other != task);
+                if tasks.is_empty() {
+                    self.subscribers.remove(&relation);
+                }
+            }
+        }
+    }
+
+    pub fn is_attached(&self, task: TaskId) -> bool {
+        self.routes.contains_key(&task)
+    }
+
+    pub fn attached(&self) -> impl Iterator<Item = TaskId> + '_ {
+        self.routes.keys().copied()
+    }
+
+    /// The stream is read again from an earlier position in a new decoding session: every
+    /// attached task has everything that committed before `read_position` (where the old session
+    /// stopped) and skips it; the new session describes every relation again. Tasks that join
+    /// with this new session are attached after this call, with their own positions.
+    pub fn restart(&mut self, read_position: u64) {
+        for route in self.routes.values_mut() {
+            route.skip_before = route.skip_before.max(read_position);
+            route.described.clear();
+        }
+        self.descriptions.clear();
+        self.transaction = None;
+    }
+
+    /// Routes one pgoutput message: `deliver(task, lsn, message)` for each task it concerns.
+    pub fn route(
+        &mut self,
+        lsn: u64,
+        data: &[u8],
+        deliver: &mut dyn FnMut(TaskId, u64, &[u8]),
+    ) -> Result<(), ParseError> {
+        match pgoutput::parse(data)? {
+            Message::Begin { final_lsn, .. } => {
+                self.transaction = Some(Transaction {
+                    final_lsn,
+                    begin: data.to_vec(),
+                    begun: Vec::new(),
+                });
+            }
+            Message::Relation(relation) => {
+                // A new definition: every task must see it before its next change.
+                for route in self.routes.values_mut() {
+                    route.described.remove(&relation.oid);
+                }
+                self.descriptions.insert(relation.oid, data.to_vec());
+            }
+            Message::Insert { relation, .. }
+            | Message::Update { relation, .. }
+            | Message::Delete { relation, .. } => {
+                self.deliver_change(&[relation], lsn, data, deliver);
+            }
+            Message::Truncate { relations, .. } => {
+                self.deliver_change(&relations, lsn, data, deliver);
+            }
+            Message::Commit { .. } => {
+                if let Some(transaction) = self.transaction.take() {
+                    for task in transaction.begun {
+                        deliver(task, lsn, data);
+                    }
+                }
+            }
+            // Types, origins and emitted messages carry nothing a task maps.
+            _ => {}
+        }
+        Ok(())
+    }
+
+    fn deliver_change(
+        &mut self,
+        relations: &[u32],
+        lsn: u64,
+        data: &[u8],
+        deliver: &mut dyn FnMut(TaskId, u64, &[u8]),
+    ) {
+        let Some(transaction) = self.transaction.as_mut() else {
+            return;
+        };
+        let mut tasks: Vec<TaskId> = relations
+            .iter()
+            .filter_map(|relation| self.subscribers.get(relation))
+            .flatten()
+            .copied()
+            .collect();
+        tasks.sort_unstable();
+        tasks.dedup();
+        for task in tasks {
+            let Some(route) = self.routes.get_mut(&task) else {
+                continue;
+            };
+            if transaction.final_lsn < route.skip_before {
+                continue;
+            }
+            if !transaction.begun.contains(&task) {
+                transaction.begun.push(task);
+                deliver(task, transaction.final_lsn, &transaction.begin);
+            }
+            for relation in relations {
+                if !route.relations.contains(relation) || route.described.contains(relation) {
+                    continue;
+                }
+                if let Some(description) = self.descriptions.get(relation) {
+                    deliver(task, lsn, description);
+                    route.described.insert(*relation);
+                }
+            }
+            deliver(task, lsn, data);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn begin(final_lsn: u64) -> Vec<u8> {
+        let mut message = vec![b'B'];
+        message.extend(final_lsn.to_be_bytes());
+        message.extend(0i64.to_be_bytes());
+        message.extend(7u32.to_be_bytes());
+        message
+    }
+
+    fn commit(commit_lsn: u64, end_lsn: u64) -> Vec<u8> {
+        let mut message = vec![b'C', 0];
+        message.extend(commit_lsn.to_be_bytes());
+        message.extend(end_lsn.to_be_bytes());
+        message.extend(0i64.to_be_bytes());
+        message
+    }
+
+    fn relation(oid: u32, name: &str) -> Vec<u8> {
+        let mut message = vec![b'R'];
+        message.extend(oid.to_be_bytes());
+        message.extend(b"public\0");
+        message.extend(name.as_bytes());
+        message.extend([0, b'd']);
+        message.extend(1u16.to_be_bytes());
+        message.push(1);
+        message.extend(b"id\0");
+        message.extend(23u32.to_be_bytes());
+        message.extend((-1i32).to_be_bytes());
+        message
+    }
+
+    fn insert(oid: u32, id: &str) -> Vec<u8> {
+        let mut message = vec![b'I'];
+        message.extend(oid.to_be_bytes());
+        message.push(b'N');
+        message.extend(1u16.to_be_bytes());
+        message.push(b't');
+        message.extend((id.len() as u32).to_be_bytes());
+        message.extend(id.as_bytes());
+        message
+    }
+
+    fn truncate(oids: &[u32]) -> Vec<u8> {
+        let mut message = vec![b'T'];
+        message.extend((oids.len() as u32).to_be_bytes());
+        message.push(0);
+        for oid in oids {
+            message.extend(oid.to_be_bytes());
+        }
+        message
+    }
+
+    /// What each task received, as readable labels.
+    #[derive(Default)]
+    struct Received(HashMap<TaskId, Vec<String>>);
+
+    impl Received {
+        fn push(&mut self, task: TaskId, data: &[u8]) {
+            let label = match pgoutput::parse(data).expect("a routed message parses") {
+                Message::Begin { final_lsn, .. } => format!("B{final_lsn}"),
+                Message::Commit { end_lsn, .. } => format!("C{end_lsn}"),
+                Message::Relation(relation) => format!("R{}", relation.name),
+                Message::Insert { relation, new } => match &new.values[0] {
+                    pgoutput::TupleValue::Text(id) => {
+                        format!("I{relation}:{id}")
+                    }
+                    other => format!("I{relation}:{other:?}"),
+                },
+                Message::Truncate { relations, .. } => format!("T{relations:?}"),
+                other => format!("{other:?}"),
+            };
+            self.0.entry(task).or_default().push(label);
+        }
+
+        fn of(&self, task: TaskId) -> Vec<String> {
+            self.0.get(&task).cloned().unwrap_or_default()
+        }
+    }
+
+    fn feed(router: &mut Router, received: &mut Received, messages: &[Vec<u8>]) {
+        for message in messages {
+            router
+                .route(0, message, &mut |task, _, data| received.push(task, data))
+                .expect("valid message");
+        }
+    }
+
+    /// One transaction writing `rows` into (relation, id) pairs, described first if `describe`.
+    fn transaction(final_lsn: u64, rows: &[(u32, &str)], describe: &[(u32, &str)]) -> Vec<Vec<u8>> {
+        let mut messages = vec![begin(final_lsn)];
+        for &(oid, name) in describe {
+            messages.push(relation(oid, name));
+        }
+        for &(oid, id) in rows {
+            messages.push(insert(oid, id));
+        }
+        messages.push(commit(final_lsn, final_lsn + 10));
+        messages
+    }
+
+    #[test]
+    fn each_task_sees_only_its_tables_framed_as_its_own_stream() {
+        let mut router = Router::default();
+        router.attach(1, &[100], 0);
+        router.attach(2, &[200], 0);
+        let mut received = Received::default();
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(
+                1000,
+                &[(100, "a"), (200, "b"), (300, "x")],
+                &[(100, "items"), (200, "other"), (300, "nobody")],
+            ),
+        );
+        // Nobody syncs 300; a transaction touching only it reaches no task at all.
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(2000, &[(300, "y")], &[]),
+        );
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(3000, &[(100, "c")], &[]),
+        );
+        assert_eq!(
+            received.of(1),
+            ["B1000", "Ritems", "I100:a", "C1010", "B3000", "I100:c", "C3010"]
+        );
+        assert_eq!(received.of(2), ["B1000", "Rother", "I200:b", "C1010"]);
+    }
+
+    #[test]
+    fn a_task_attached_later_skips_what_it_has_and_is_described_first() {
+        let mut router = Router::default();
+        router.attach(1, &[100], 0);
+        let mut received = Received::default();
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(1000, &[(100, "a")], &[(100, "items")]),
+        );
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(2000, &[(100, "b")], &[]),
+        );
+        // Task 1 has read up to 2010; task 2 joins, syncing the same table from 1500 on, so the
+        // stream is read again from the beginning.
+        router.restart(2010);
+        router.attach(2, &[100], 1500);
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(1000, &[(100, "a")], &[(100, "items")]),
+        );
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(2000, &[(100, "b")], &[]),
+        );
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(3000, &[(100, "c")], &[]),
+        );
+        assert_eq!(
+            received.of(1),
+            [
+                "B1000", "Ritems", "I100:a", "C1010", "B2000", "I100:b", "C2010", "B3000",
+                "Ritems", "I100:c", "C3010"
+            ]
+        );
+        assert_eq!(
+            received.of(2),
+            ["B2000", "Ritems", "I100:b", "C2010", "B3000", "I100:c", "C3010"]
+        );
+    }
+
+    #[test]
+    fn a_new_definition_reaches_every_task_before_its_next_change() {
+        let mut router = Router::default();
+        router.attach(1, &[100], 0);
+        let mut received = Received::default();
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(1000, &[(100, "a")], &[(100, "items")]),
+        );
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(2000, &[(100, "b")], &[(100, "items_v2")]),
+        );
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(3000, &[(100, "c")], &[]),
+        );
+        assert_eq!(
+            received.of(1),
+            [
+                "B1000",
+                "Ritems",
+                "I100:a",
+                "C1010",
+                "B2000",
+                "Ritems_v2",
+                "I100:b",
+                "C2010",
+                "B3000",
+                "I100:c",
+                "C3010"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_truncate_reaches_every_task_of_the_tables_it_names() {
+        let mut router = Router::default();
+        router.attach(1, &[100], 0);
+        router.attach(2, &[200], 0);
+        router.attach(3, &[300], 0);
+        let mut received = Received::default();
+        let mut messages = vec![begin(1000), relation(100, "items"), relation(200, "other")];
+        messages.push(truncate(&[100, 200]));
+        messages.push(commit(1000, 1010));
+        feed(&mut router, &mut received, &messages);
+        assert_eq!(received.of(1), ["B1000", "Ritems", "T[100, 200]", "C1010"]);
+        assert_eq!(received.of(2), ["B1000", "Rother", "T[100, 200]", "C1010"]);
+        assert!(received.of(3).is_empty());
+    }
+
+    #[test]
+    fn a_detached_task_receives_nothing_more() {
+        let mut router = Router::default();
+        router.attach(1, &[100], 0);
+        router.attach(2, &[100], 0);
+        router.detach(2);
+        assert!(!router.is_attached(2));
+        let mut received = Received::default();
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(1000, &[(100, "a")], &[(100, "items")]),
+        );
+        assert_eq!(received.of(1).len(), 4);
+        assert!(received.of(2).is_empty());
+        assert_eq!(router.attached().collect::<Vec<_>>(), [1]);
+    }
+}
