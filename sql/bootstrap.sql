@@ -39,6 +39,9 @@ CREATE TABLE meili_sync.tasks (
     -- index's content and so tells after a crash whether the swap happened.
     swap_lsn pg_lsn,
     swap_created_at text,
+    -- A task of the shared decoding pass: every transaction that committed before this position
+    -- is in its index (or in its copy). The shared slot is confirmed to the lowest of them.
+    stream_position pg_lsn,
     -- One index, one task: two tables in one index would delete each other's documents.
     UNIQUE (url, index_uid)
 );

@@ -33,8 +33,13 @@ SELECT t.id AS task,
        coalesce(w.bytes_before_gzip, 0) AS bytes_before_gzip,
        coalesce(w.bytes_sent, 0) AS bytes_sent,
        w.received_lsn::pg_lsn AS received_lsn,
-       s.confirmed_flush_lsn AS confirmed_lsn,
-       pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.confirmed_flush_lsn)::bigint AS lag_bytes,
+       -- A task of the shared decoding pass has a position of its own in the shared slot: the
+       -- decoder's while it streams the task, the stored one otherwise.
+       coalesce(CASE WHEN w.pid IS NOT NULL AND t.stream_position IS NOT NULL THEN w.confirmed_lsn::pg_lsn END,
+                t.stream_position, s.confirmed_flush_lsn) AS confirmed_lsn,
+       pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(),
+                coalesce(CASE WHEN w.pid IS NOT NULL AND t.stream_position IS NOT NULL THEN w.confirmed_lsn::pg_lsn END,
+                         t.stream_position, s.confirmed_flush_lsn))::bigint AS lag_bytes,
        -- Age of the oldest commit Meilisearch has not confirmed; known while a worker streams.
        CASE WHEN w.pid IS NOT NULL AND w.phase IN ('streaming', 'retrying') AND t.snapshot_finished_at IS NOT NULL
             THEN round(coalesce(extract(epoch FROM pg_catalog.clock_timestamp() - w.oldest_unconfirmed_commit), 0), 3)
@@ -64,12 +69,18 @@ SELECT t.id AS task,
        t.snapshot_finished_at,
        t.created_at,
        -- On a resync helper: the task whose index it rebuilds.
-       t.resync_of
+       t.resync_of,
+       -- 'shared': the database's one decoding pass (slot and WAL shown are the shared slot's,
+       -- held back by the slowest shared task); 'own': a slot of the task's own.
+       CASE WHEN t.options ->> 'decoding' = 'shared' AND t.resync_of IS NULL THEN 'shared' ELSE 'own' END AS decoding
   FROM meili_sync.tasks t
   LEFT JOIN pg_catalog.pg_class c ON c.oid = t.source
   LEFT JOIN @extschema@.meili_sync_worker_state() w ON w.task = t.id
   LEFT JOIN pg_catalog.pg_replication_slots s
-         ON s.slot_name = pg_catalog.format('meili_sync_%s_%s', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid, t.id);
+         ON s.slot_name = CASE WHEN t.options ->> 'decoding' = 'shared' AND t.resync_of IS NULL
+                               THEN pg_catalog.format('meili_sync_%s_shared', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid)
+                               ELSE pg_catalog.format('meili_sync_%s_%s', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid, t.id)
+                          END;
 
 REVOKE ALL ON @extschema@.meili_sync_status FROM PUBLIC;
 GRANT SELECT ON @extschema@.meili_sync_status TO pg_monitor, meili_sync_admin;

@@ -424,7 +424,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             SyncError::new(ErrorKind::InvalidParameter, "options must be a JSON object")
                 .hint("For example '{\"batch_size\": 5000}'.")
         })?;
-        if let Some(name) = ["primary_key", "columns", "exclude_columns"]
+        if let Some(name) = ["primary_key", "columns", "exclude_columns", "decoding"]
             .iter()
             .find(|name| changes.contains_key(**name))
         {
@@ -519,6 +519,19 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
                 format!("task {} is the resync helper of task {rebuilt}", record.id),
             )
             .hint(format!("Resync task {rebuilt} itself.")));
+        }
+        if record.shared {
+            return Err(SyncError::new(
+                ErrorKind::UnsupportedType,
+                format!(
+                    "task {} is in the shared decoding pass, which cannot be resynced yet",
+                    record.id
+                ),
+            )
+            .hint(format!(
+                "SELECT meili_sync_snapshot({}) copies the table again into the live index; or sync with \"decoding\": \"own\" to resync without downtime.",
+                record.id
+            )));
         }
         if let Some(helper) = catalog::resync_helper(record.id)? {
             return Err(SyncError::new(

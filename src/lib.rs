@@ -18,7 +18,9 @@ mod verify;
 mod worker;
 
 // The pure stages, under the paths the modules here name them by (`crate::batch`, …).
-use pg_meili_sync_core::{batch, changes, dispatch, encode, meili, meter, options, pgoutput};
+use pg_meili_sync_core::{
+    batch, changes, dispatch, encode, meili, meter, options, pgoutput, route,
+};
 
 ::pgrx::pg_module_magic!(name, version);
 

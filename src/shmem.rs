@@ -494,13 +494,35 @@ impl LiveStatus {
     }
 }
 
+/// Whether a backend (a worker) with this pid runs.
+pub fn backend_alive(pid: i32) -> bool {
+    // SAFETY: looks the pid up in the proc array under its lock; only the pointer's nullness is used.
+    !unsafe { pg_sys::BackendPidGetProc(pid) }.is_null()
+}
+
+/// The pid of the worker attached to a task's entry, if any.
+pub fn attached_pid(task_id: i64) -> Option<i32> {
+    let state = STATE.share();
+    state
+        .entries
+        .iter()
+        .find(|entry| entry.task_id == task_id && entry.pid > 0)
+        .map(|entry| entry.pid)
+}
+
+/// The generation of an entry whose task the shared decoder streams: it is not a worker of its
+/// own for the launcher to follow (the shared decoder has an entry of its own).
+pub const SERVED_BY_SHARED_DECODER: i32 = -1;
+
 /// A task worker running now: (task, pid, the catalog generation it runs with).
 pub fn attached_workers() -> Vec<(i64, i32, i32)> {
     let state = STATE.share();
     state
         .entries
         .iter()
-        .filter(|entry| entry.task_id != 0 && entry.pid > 0)
+        .filter(|entry| {
+            entry.task_id != 0 && entry.pid > 0 && entry.generation != SERVED_BY_SHARED_DECODER
+        })
         .map(|entry| (entry.task_id, entry.pid, entry.generation))
         .collect()
 }

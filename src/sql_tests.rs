@@ -197,6 +197,48 @@ mod tests {
     }
 
     #[pg_test]
+    fn a_shared_task_has_no_publication_of_its_own_and_refuses_resync_and_a_decoding_change() {
+        products();
+        let id = Spi::get_one::<i64>(
+            "SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\", \"decoding\": \"shared\"}')",
+        )
+        .expect("start")
+        .expect("task id");
+        let row = Spi::get_one_with_args::<String>(
+            "SELECT concat_ws(',', t.options->>'decoding', s.decoding, t.stream_position IS NULL,
+                    (SELECT count(*) FROM pg_catalog.pg_publication WHERE pubname LIKE 'meili\\_sync\\_%'))
+               FROM meili_sync.tasks t JOIN meili_sync_status s ON s.task = t.id WHERE t.id = $1",
+            &[id.into()],
+        )
+        .expect("task row")
+        .unwrap_or_default();
+        // The shared decoder publishes the table and gives the position, once it sees the task.
+        assert_eq!(row, "shared,shared,t,0");
+        Spi::run_with_args(
+            "UPDATE meili_sync.tasks SET state = 'streaming', snapshot_finished_at = now() WHERE id = $1",
+            &[id.into()],
+        )
+        .expect("streaming");
+        let refused = outcome(&format!("SELECT meili_sync_resync({id})"));
+        assert!(
+            refused.starts_with(&format!(
+                "0A000: task {id} is in the shared decoding pass, which cannot be resynced yet | SELECT meili_sync_snapshot({id})"
+            )),
+            "{refused}"
+        );
+        assert_eq!(
+            outcome(&format!(
+                "SELECT meili_sync_alter({id}, '{{\"decoding\": \"own\"}}')"
+            )),
+            "0A000: option \"decoding\" cannot be changed on an existing task | Drop the task and start a new one (meili_sync_drop, then meili_sync_start)."
+        );
+        let helpers = Spi::get_one::<i64>("SELECT count(*) FROM meili_sync.tasks")
+            .expect("count")
+            .unwrap_or_default();
+        assert_eq!(helpers, 1);
+    }
+
+    #[pg_test]
     fn max_tasks_is_enforced() {
         products();
         Spi::run(

@@ -6,11 +6,13 @@
 
 mod dead_letters;
 mod replication;
+mod shared;
 mod source;
 mod tasks;
 
 pub use dead_letters::*;
 pub use replication::*;
+pub use shared::*;
 pub use source::*;
 pub use tasks::*;
 

@@ -4,6 +4,7 @@
 use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 
+use super::shared::{SHARED_NAME_SQL, SHARED_TASK_SQL};
 use super::{select_one, CatalogResult, OBJECT_NAME_SQL};
 
 /// A task's slot as the launcher's WAL guard sees it.
@@ -66,6 +67,8 @@ pub fn create_slot(name: &str) -> CatalogResult<()> {
 
 /// What names the extension's slots and publications (`meili_sync_<install>_<task>`).
 const OBJECT_NAME_PATTERN: &str = "'^meili_sync_[0-9]+_[0-9]+$'";
+/// Also the shared decoding pass's slot and publication.
+const ANY_OBJECT_NAME_PATTERN: &str = "'^meili_sync_[0-9]+_([0-9]+|shared)$'";
 
 /// Slots and publications this extension created in this database whose task is gone (dropped,
 /// or from an earlier install of the extension) and which nobody holds: (kind, name).
@@ -78,7 +81,15 @@ pub fn orphans() -> CatalogResult<Vec<(String, String)>> {
          UNION ALL
          SELECT 'publication', p.pubname::text FROM pg_catalog.pg_publication p
           WHERE p.pubname::text OPERATOR(pg_catalog.~) {OBJECT_NAME_PATTERN}
-            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = p.pubname)"
+            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = p.pubname)
+         UNION ALL
+         SELECT 'slot', s.slot_name::text FROM pg_catalog.pg_replication_slots s
+          WHERE s.slot_name::text OPERATOR(pg_catalog.=) {SHARED_NAME_SQL} AND NOT s.active
+            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {SHARED_TASK_SQL})
+         UNION ALL
+         SELECT 'publication', p.pubname::text FROM pg_catalog.pg_publication p
+          WHERE p.pubname::text OPERATOR(pg_catalog.=) {SHARED_NAME_SQL}
+            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {SHARED_TASK_SQL})"
     ))
 }
 
@@ -87,10 +98,10 @@ pub fn leftovers_without_extension() -> CatalogResult<Vec<(String, String)>> {
     slots_and_publications(&format!(
         "SELECT 'slot', s.slot_name::text FROM pg_catalog.pg_replication_slots s
           WHERE s.database OPERATOR(pg_catalog.=) pg_catalog.current_database() AND NOT s.active
-            AND s.slot_name::text OPERATOR(pg_catalog.~) {OBJECT_NAME_PATTERN}
+            AND s.slot_name::text OPERATOR(pg_catalog.~) {ANY_OBJECT_NAME_PATTERN}
          UNION ALL
          SELECT 'publication', p.pubname::text FROM pg_catalog.pg_publication p
-          WHERE p.pubname::text OPERATOR(pg_catalog.~) {OBJECT_NAME_PATTERN}"
+          WHERE p.pubname::text OPERATOR(pg_catalog.~) {ANY_OBJECT_NAME_PATTERN}"
     ))
 }
 

@@ -5,6 +5,7 @@ use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 use pgrx::JsonB;
 
+use super::shared::{shared_object_name, SHARED_TASK_SQL};
 use super::{as_catalog_owner, format_lsn, names_from, select_one, CatalogResult, OBJECT_NAME_SQL};
 use crate::error::{ErrorKind, SyncError};
 
@@ -81,14 +82,23 @@ pub struct TaskRecord {
     pub resync_phase: Option<String>,
     pub swap_lsn: Option<u64>,
     pub swap_created_at: Option<String>,
+    /// In the database's shared decoding pass (`slot_name` and `publication_name` are then the
+    /// shared ones).
+    pub shared: bool,
+    /// A shared task's position: every transaction that committed before it is in its index or
+    /// its copy. None until the shared decoder gives it one.
+    pub stream_position: Option<u64>,
 }
 
 /// A task as the launcher sees it.
 #[derive(Debug, Clone, Copy)]
 pub struct TaskSummary {
     pub id: i64,
+    /// Needs a task worker of its own: copying, or streaming from its own slot (the shared
+    /// decoder streams the shared tasks).
     pub active: bool,
     pub generation: i32,
+    pub shared: bool,
 }
 
 /// The task that writes into this index at this URL, if any, and the table it syncs: one index
@@ -127,6 +137,12 @@ pub fn insert_task(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i6
 }
 
 fn insert_task_row(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i64> {
+    let shared = task.resync_of.is_none()
+        && task
+            .options
+            .get("decoding")
+            .and_then(|value| value.as_str())
+            == Some("shared");
     Spi::connect_mut(|client| {
         let id: i64 = client
             .update(
@@ -158,6 +174,10 @@ fn insert_task_row(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i6
                 &[id.into(), key.into()],
             )?;
         }
+        if shared {
+            // The shared decoder publishes the table in the shared publication itself.
+            return Ok(id);
+        }
         let install = client
             .select("SELECT 'meili_sync.tasks'::regclass::oid", Some(1), &[])?
             .first()
@@ -188,12 +208,13 @@ pub fn object_name(install: pg_sys::Oid, task_id: i64) -> String {
 pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
     Spi::connect(|client| {
         let mut rows = client.select(
-            "SELECT t.id, t.source::oid, t.source::text, t.index_uid, t.url, s.api_key, t.primary_key,
+            &format!("SELECT t.id, t.source::oid, t.source::text, t.index_uid, t.url, s.api_key, t.primary_key,
                     t.options, t.state, t.snapshot_key, t.rows_copied, 'meili_sync.tasks'::regclass::oid,
                     t.resync_of, t.resync_phase, pg_catalog.pg_wal_lsn_diff(t.swap_lsn, '0/0')::bigint,
-                    t.swap_created_at, t.owner::oid, t.generation
+                    t.swap_created_at, t.owner::oid, t.generation, {SHARED_TASK_SQL},
+                    pg_catalog.pg_wal_lsn_diff(t.stream_position, '0/0')::bigint
                FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id = t.id
-              WHERE t.id = $1",
+              WHERE t.id = $1"),
             Some(1),
             &[task_id.into()],
         )?;
@@ -201,6 +222,13 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
             return Ok(None);
         };
         let id: i64 = row.get(1)?.unwrap_or(task_id);
+        let install = row.get(12)?.unwrap_or(pg_sys::InvalidOid);
+        let shared = row.get(19)?.unwrap_or(false);
+        let object = if shared {
+            shared_object_name(install)
+        } else {
+            object_name(install, id)
+        };
         Ok(Some(TaskRecord {
             id,
             relid: row.get(2)?.unwrap_or(pg_sys::InvalidOid),
@@ -214,8 +242,8 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
                 .map(|json| json.0)
                 .unwrap_or(serde_json::Value::Null),
             state: TaskState::from_stored(&row.get::<String>(9)?.unwrap_or_default()),
-            slot_name: object_name(row.get(12)?.unwrap_or(pg_sys::InvalidOid), id),
-            publication_name: object_name(row.get(12)?.unwrap_or(pg_sys::InvalidOid), id),
+            slot_name: object.clone(),
+            publication_name: object,
             snapshot_key: names_from(row.get(10)?),
             rows_copied: row.get(11)?.unwrap_or(0),
             resync_of: row.get(13)?,
@@ -224,6 +252,8 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
             swap_created_at: row.get(16)?,
             owner: row.get(17)?.unwrap_or(pg_sys::InvalidOid),
             generation: row.get(18)?.unwrap_or(0),
+            shared,
+            stream_position: row.get::<i64>(20)?.map(|lsn| lsn as u64),
         }))
     })
 }
@@ -293,6 +323,7 @@ pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
         Ok(Spi::run_with_args(
         "UPDATE meili_sync.tasks
             SET state = 'snapshot', generation = generation + 1, snapshot_key = NULL, rows_copied = 0,
+                stream_position = NULL,
                 snapshot_started_at = NULL, snapshot_finished_at = NULL, last_error = NULL, last_error_at = NULL
           WHERE id = $1",
         &[task_id.into()],
@@ -303,14 +334,17 @@ pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
 pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
     as_catalog_owner(|| {
         Spi::connect_mut(|client| {
-            client.update(
-                &format!(
-                    "DROP PUBLICATION IF EXISTS {}",
-                    quote_identifier(&task.publication_name)
-                ),
-                None,
-                &[],
-            )?;
+            // The shared publication stays: the shared decoder stops publishing the table.
+            if !task.shared {
+                client.update(
+                    &format!(
+                        "DROP PUBLICATION IF EXISTS {}",
+                        quote_identifier(&task.publication_name)
+                    ),
+                    None,
+                    &[],
+                )?;
+            }
             client.update(
                 "DELETE FROM meili_sync.tasks WHERE id = $1",
                 None,
@@ -491,7 +525,12 @@ pub fn release_held_tasks() -> CatalogResult<Vec<i64>> {
 pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
     Spi::connect(|client| {
         let rows = client.select(
-            "SELECT id, state IN ('snapshot', 'streaming'), generation FROM meili_sync.tasks ORDER BY id",
+            &format!(
+                "SELECT t.id, t.state IN ('snapshot', 'streaming')
+                        AND NOT ({SHARED_TASK_SQL} AND t.state OPERATOR(pg_catalog.=) 'streaming'),
+                        t.generation, {SHARED_TASK_SQL}
+                   FROM meili_sync.tasks t ORDER BY t.id"
+            ),
             None,
             &[],
         )?;
@@ -504,6 +543,7 @@ pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
                 id,
                 active: row.get(2)?.unwrap_or(false),
                 generation: row.get(3)?.unwrap_or(0),
+                shared: row.get(4)?.unwrap_or(false),
             });
         }
         Ok(tasks)

@@ -1,7 +1,8 @@
 //! What every phase of a task worker shares: stop checks, the stop reasons, retries of
 //! Meilisearch calls and of catalog transactions with backoff, and reporting the dispatcher's
-//! progress to the status view and the dead letters. The phases (snapshot, stream, resync) and the
-//! orchestrator (`task`) import it; it imports none of them.
+//! progress to the status view and the dead letters; also a task's dispatcher, and the life of a
+//! worker process around its work. The phases (snapshot, stream, resync) and the workers (`task`,
+//! `shared`) import it; it imports none of them.
 
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;
@@ -10,12 +11,21 @@ use pgrx::bgworkers::BackgroundWorker;
 use pgrx::pg_sys::panic::CaughtError;
 use pgrx::prelude::*;
 
-use crate::catalog;
+use pgrx::bgworkers::SignalWakeFlags;
+
+use crate::catalog::{self, TaskRecord};
 use crate::dispatch::{Dispatcher, Progress};
 use crate::error::SyncError;
 use crate::meili::client::{Client, MeiliError, MeiliTaskStatus};
 use crate::meili::retry::Backoff;
-use crate::shmem::{LiveStatus, Phase};
+use crate::meili::writer::{Writer, WriterConfig};
+use crate::options::TaskOptions;
+use crate::shmem::{self, LiveStatus, Phase};
+
+pub const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long an enqueued Meilisearch task may be missing from its task list before its batch is
+/// sent again (at least once: it may have been applied before it vanished).
+const VANISHED_TASK_GRACE: Duration = Duration::from_secs(30);
 
 /// How long setup calls (index creation, settings, swaps) may wait for their Meilisearch task.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
@@ -204,4 +214,111 @@ pub fn report_progress(
         live.set_error(&message);
     }
     Ok(())
+}
+
+/// The task's dispatcher, with its writer's HTTP threads started.
+pub fn open_dispatcher(
+    client: &Client,
+    task: &TaskRecord,
+    options: &TaskOptions,
+    key_attribute: &str,
+) -> Dispatcher {
+    let writer = start_writer(WriterConfig {
+        client: client.clone(),
+        index_uid: task.index_uid.clone(),
+        primary_key: key_attribute.to_owned(),
+        gzip: options.gzip,
+        gzip_level: 1,
+        // The copy keeps up to `snapshot_depth` batches enqueued (the dispatcher bounds what is
+        // held in memory by `max_inflight`).
+        max_inflight: options.max_inflight.max(options.snapshot_depth),
+        poll_interval: Duration::from_millis(20),
+        retry_base: Duration::from_millis(100),
+        retry_cap: Duration::from_secs(30),
+        vanished_after: VANISHED_TASK_GRACE,
+    });
+    Dispatcher::new(
+        writer,
+        key_attribute,
+        options.max_inflight,
+        options.max_payload_bytes,
+    )
+}
+
+/// Starts the writer's HTTP threads with every signal blocked, so that the kernel delivers
+/// SIGTERM and SIGHUP to the main thread: pgrx's handlers call Postgres (SetLatch), which from
+/// another thread is a panic, and a panic in a signal handler aborts the process, which makes the
+/// postmaster restart the whole server. The threads inherit the mask at creation.
+fn start_writer(config: WriterConfig) -> Writer {
+    // SAFETY: sets this (the main) thread's signal mask to Postgres's BlockSig; signals that
+    // arrive meanwhile stay pending until the mask is restored just below.
+    unsafe { pg_sys::BackgroundWorkerBlockSignals() };
+    let writer = Writer::start(config);
+    // SAFETY: restores the mask a background worker runs with (UnBlockSig), as pgrx set it in
+    // attach_signal_handlers.
+    unsafe { pg_sys::BackgroundWorkerUnblockSignals() };
+    writer
+}
+
+/// A worker process's life around `work(live, pid)`: signal handlers, the connection, the pinned
+/// search path, its shared-memory entry, and how it ends. A permanent failure of a task sets the
+/// task's state `error`; an ERROR is logged and ends the process (the launcher restarts it).
+pub fn worker_main(entry: i64, who: &str, work: impl FnOnce(LiveStatus, i32) -> Result<(), Stop>) {
+    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
+    BackgroundWorker::connect_worker_to_spi(Some(BackgroundWorker::get_extra()), None);
+    crate::security::pin_search_path();
+    // SAFETY: reading this process's own pid.
+    let pid = unsafe { pg_sys::MyProcPid };
+    let Some(index) = shmem::attach(entry, pid) else {
+        warning!(
+            "pg_meili_sync: no free shared-memory entry for the {who} (meili_sync.max_tasks is {})",
+            crate::gucs::max_tasks()
+        );
+        return;
+    };
+    let live = LiveStatus::new(index);
+    // After an ERROR nothing of `work` is used again: the process exits.
+    let work = AssertUnwindSafe(work);
+    let outcome = PgTryBuilder::new(move || {
+        let work = work;
+        (work.0)(live, pid)
+    })
+        .catch_others(|error| {
+            if should_stop() {
+                // Told to stop inside a transaction replay, where an ERROR is the only way out:
+                // a stop, not a failure of the task.
+                log!("pg_meili_sync {who}: stopped inside a transaction replay; the slot has not moved past it, so the next worker decodes it again");
+                live.detach(Phase::Exited);
+                error.rethrow()
+            }
+            let message = crate::error::caught_message(&error);
+            // An ERROR escaping a background worker's main function ends the process without
+            // reaching the server log: say it here, before it does.
+            warning!("pg_meili_sync {who}: {message}");
+            live.set_error(&message);
+            live.detach(Phase::Error);
+            error.rethrow()
+        })
+        .execute();
+    match outcome {
+        Ok(()) | Err(Stop::Terminated) => live.detach(Phase::Exited),
+        Err(Stop::Permanent(message)) => {
+            warning!("pg_meili_sync {who} stopped: {message}");
+            live.set_error(&message);
+            live.detach(Phase::Error);
+            // Entries of tasks are positive; the shared decoder's has no task row.
+            if entry <= 0 {
+                return;
+            }
+            if let Err(error) =
+                BackgroundWorker::transaction(|| catalog::set_error_state(entry, &message))
+            {
+                // The launcher then restarts the worker, which meets the same failure again.
+                warning!(
+                    "pg_meili_sync {who}: could not set state error: {}",
+                    error.message
+                );
+            }
+        }
+    }
 }

@@ -13,6 +13,7 @@ use pgrx::bgworkers::{
 use pgrx::prelude::*;
 
 use crate::catalog::{self, TaskSummary};
+use crate::worker::shared::SHARED_DECODER;
 use crate::{gucs, shmem};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -47,7 +48,7 @@ impl Worker {
     fn pid(&self) -> Option<i32> {
         match self {
             Worker::Started(handle) => handle.pid().ok(),
-            Worker::Adopted(pid) => worker_alive(*pid).then_some(*pid),
+            Worker::Adopted(pid) => shmem::backend_alive(*pid).then_some(*pid),
         }
     }
 
@@ -56,15 +57,9 @@ impl Worker {
             Worker::Started(handle) => {
                 matches!(handle.pid(), Err(BackgroundWorkerStatus::Stopped))
             }
-            Worker::Adopted(pid) => !worker_alive(*pid),
+            Worker::Adopted(pid) => !shmem::backend_alive(*pid),
         }
     }
-}
-
-/// Whether a server process with this pid runs (it is in the proc array).
-fn worker_alive(pid: i32) -> bool {
-    // SAFETY: looks the pid up in the proc array under its lock; only the pointer's nullness is used.
-    !unsafe { pg_sys::BackendPidGetProc(pid) }.is_null()
 }
 
 struct Running {
@@ -112,7 +107,9 @@ impl Launcher {
                     .min(MAX_BACKOFF);
                 backoff.crashes += 1;
                 backoff.not_before = Some(Instant::now() + delay);
-                if backoff.crashes >= CRASH_LOOP {
+                // The shared decoder has no task row to stop: it is restarted after the longest
+                // backoff for as long as tasks share it (each failed task was stopped already).
+                if backoff.crashes >= CRASH_LOOP && id != SHARED_DECODER {
                     stop_crash_loop(id, backoff.crashes);
                     continue;
                 }
@@ -176,7 +173,7 @@ impl Launcher {
     /// running, and starting a second worker for their task would fight over its slot.
     fn adopt_running_workers(&mut self) {
         for (task_id, pid, generation) in shmem::attached_workers() {
-            if !worker_alive(pid) {
+            if !shmem::backend_alive(pid) {
                 continue;
             }
             log!("pg_meili_sync launcher: the worker of task {task_id} (pid {pid}) still runs; following it");
@@ -196,13 +193,23 @@ impl Launcher {
     /// False when the catalog could not be read (the extension is being created, say).
     fn round(&mut self, guard: &mut WalGuard) -> bool {
         let Some(CatalogRead {
-            tasks,
+            mut tasks,
             orphans,
             installed,
         }) = read_catalog()
         else {
             return false;
         };
+        if tasks.iter().any(|task| task.shared) {
+            // The shared decoder runs while any task shares the decoding pass: it gives new tasks
+            // their position, streams the streaming ones, and holds the slot for the others.
+            tasks.push(TaskSummary {
+                id: SHARED_DECODER,
+                active: true,
+                generation: 0,
+                shared: false,
+            });
+        }
         self.reap(&tasks);
         self.reconcile(&tasks);
         let existing: Vec<i64> = tasks.iter().map(|task| task.id).collect();
@@ -387,10 +394,23 @@ fn terminate(handle: &Worker) {
 fn start_worker(task_id: i64, database: &str) -> Result<DynamicBackgroundWorker, ()> {
     // SAFETY: reading this process's own pid.
     let launcher_pid = unsafe { pg_sys::MyProcPid };
-    BackgroundWorkerBuilder::new(&format!("pg_meili_sync task {task_id}"))
-        .set_type("pg_meili_sync task")
+    let (name, kind, function) = if task_id == SHARED_DECODER {
+        (
+            "pg_meili_sync shared decoder".to_owned(),
+            "pg_meili_sync shared decoder",
+            "meili_sync_shared_decoder_main",
+        )
+    } else {
+        (
+            format!("pg_meili_sync task {task_id}"),
+            "pg_meili_sync task",
+            "meili_sync_task_main",
+        )
+    };
+    BackgroundWorkerBuilder::new(&name)
+        .set_type(kind)
         .set_library("pg_meili_sync")
-        .set_function("meili_sync_task_main")
+        .set_function(function)
         .set_argument(Some(pg_sys::Datum::from(task_id)))
         .set_extra(database)
         .enable_spi_access()

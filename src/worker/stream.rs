@@ -2,6 +2,7 @@
 //! to a Meilisearch operation, and confirms the slot only up to the newest commit whose batches
 //! Meilisearch has all confirmed.
 
+use std::borrow::BorrowMut;
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::BackgroundWorker;
@@ -23,12 +24,14 @@ use crate::shmem::{LiveStatus, Phase};
 use crate::worker::control::{permanent, report_progress, should_stop, Stop};
 
 /// WAL records decoded between two looks at confirmations and signals.
-const RECORDS_PER_ROUND: usize = 2000;
+pub const RECORDS_PER_ROUND: usize = 2000;
 
-pub struct Streamer<'d> {
+/// One task's stream: maps its decoded changes to batches and hands them to its dispatcher
+/// (borrowed in a task worker, which used it for the copy first; owned in the shared decoder).
+pub struct Streamer<D: BorrowMut<Dispatcher>> {
     task_id: i64,
     live: LiveStatus,
-    dispatcher: &'d mut Dispatcher,
+    dispatcher: D,
     rules: ColumnRules,
     primary_key: String,
     mapper: ChangeMapper,
@@ -37,18 +40,25 @@ pub struct Streamer<'d> {
     failure: Option<String>,
     /// For the lag in seconds: commits decoded and not yet confirmed.
     ages: CommitAges,
+    limits: BatchLimits,
+    upsert: bool,
+    /// In the shared decoder: how long the task may hold up the shared reader while Meilisearch
+    /// confirms none of its batches, before it leaves the stream. None: a task's own slot waits.
+    stall_limit: Option<Duration>,
+    /// Left the stream (stall_limit passed): later changes are ignored until mapping restarts.
+    stalled: bool,
 }
 
-impl<'d> Streamer<'d> {
+impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     pub fn new(
         task_id: i64,
         live: LiveStatus,
-        dispatcher: &'d mut Dispatcher,
+        dispatcher: D,
         rules: ColumnRules,
         limits: BatchLimits,
         options: &TaskOptions,
     ) -> Self {
-        let primary_key = dispatcher.primary_key().to_owned();
+        let primary_key = dispatcher.borrow().primary_key().to_owned();
         Streamer {
             task_id,
             live,
@@ -59,36 +69,134 @@ impl<'d> Streamer<'d> {
             progress: Progress::default(),
             failure: None,
             ages: CommitAges::default(),
+            limits,
+            upsert: options.write_mode == WriteMode::Upsert,
+            stall_limit: None,
+            stalled: false,
         }
     }
 
+    /// Gives up waiting for room after `limit` without any batch confirmed, instead of holding
+    /// up the decoding of other tasks' changes (see `is_stalled`).
+    pub fn with_stall_limit(mut self, limit: Duration) -> Self {
+        self.stall_limit = Some(limit);
+        self
+    }
+
+    /// The task could not take more changes for the stall limit: it must leave the stream, and
+    /// join again (reading from its confirmed position) once its dispatcher is idle.
+    pub fn is_stalled(&self) -> bool {
+        self.stalled
+    }
+
+    /// Forgets every change mapped and not yet handed to the dispatcher (they are read again
+    /// from the slot when the task joins again) and takes changes again.
+    pub fn restart_mapping(&mut self) {
+        self.mapper = ChangeMapper::new(self.limits, self.upsert);
+        self.stalled = false;
+    }
+
+    /// Batches Meilisearch finished (confirmed or failed): progress, for the stall limit.
+    fn batches_finished(&mut self) -> u64 {
+        let stats = self.dispatcher().writer().stats();
+        stats
+            .batches_confirmed
+            .load(std::sync::atomic::Ordering::Relaxed)
+            + stats
+                .batches_failed
+                .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    pub fn dispatcher(&mut self) -> &mut Dispatcher {
+        self.dispatcher.borrow_mut()
+    }
+
+    pub fn into_dispatcher(self) -> D {
+        self.dispatcher
+    }
+
     fn pump(&mut self, wait: Option<Duration>) {
-        let progress = self.dispatcher.pump(wait);
+        let progress = self.dispatcher().pump(wait);
         if progress.checkpoint.is_some() {
             self.progress.checkpoint = progress.checkpoint;
         }
         self.progress.retries.extend(progress.retries);
-        if let Some(failure) = self.dispatcher.take_failure() {
+        if let Some(failure) = self.dispatcher().take_failure() {
             self.failure.get_or_insert(failure);
         }
+    }
+
+    /// Takes in what Meilisearch finished, stores dead letters and progress, and returns the
+    /// position the task's index is now complete up to (None if it did not move). A failure of
+    /// the task is permanent.
+    pub fn settle(&mut self) -> Result<Option<u64>, Stop> {
+        self.pump(None);
+        // Dead letters are stored before the slot moves past them.
+        let progress = std::mem::take(&mut self.progress);
+        report_progress(
+            self.task_id,
+            self.live,
+            self.dispatcher.borrow_mut(),
+            &progress,
+            Phase::Streaming,
+        )?;
+        if let Some(failure) = self.failure.take() {
+            return Err(permanent(failure));
+        }
+        if let Some(lsn) = progress.checkpoint {
+            self.ages.confirmed(lsn);
+        }
+        Ok(progress.checkpoint)
+    }
+
+    /// After a read: sends the open batch when nothing else is coming to fill it (`caught_up`)
+    /// or when it is due, then whatever closed batches the dispatcher has room for.
+    pub fn end_read(&mut self, caught_up: bool) {
+        if caught_up {
+            self.mapper.flush();
+        } else {
+            self.mapper.flush_due(Instant::now());
+        }
+        self.send_ready(false);
+    }
+
+    /// Caught up with nothing unconfirmed: the index is complete up to `position`.
+    pub fn confirm_idle(&mut self, position: u64) -> Option<u64> {
+        self.is_idle().then(|| {
+            self.ages.confirmed(position);
+            position
+        })
+    }
+
+    /// What the status view shows of the stream.
+    pub fn publish(&mut self, rows_copied: i64, read_position: u64, confirmed: u64) {
+        let (backlog, stats) = {
+            let dispatcher = self.dispatcher.borrow_mut();
+            (dispatcher.backlog(), dispatcher.writer().stats())
+        };
+        self.live.set_progress(rows_copied, backlog, stats);
+        self.live
+            .set_stream_position(read_position, confirmed, self.ages.oldest());
     }
 
     /// Moves closed batches to the dispatcher, in order. With `block`, waits (handling
     /// confirmations) until all are taken: that wait is the back pressure that stops reading the
     /// slot, and it keeps memory bounded inside one huge transaction.
     fn send_ready(&mut self, block: bool) {
+        let mut finished = None;
+        let mut progress_at = Instant::now();
         loop {
             self.pump(None);
-            while self.dispatcher.has_room() {
+            while self.dispatcher().has_room() {
                 match self.mapper.next_ready() {
-                    Some(batch) => self.dispatcher.push(batch),
+                    Some(batch) => self.dispatcher.borrow_mut().push(batch),
                     None => break,
                 }
             }
             if !self.mapper.has_ready() {
                 // Only now, behind every batch before it, may a commit that sent nothing count.
                 if let Some(checkpoint) = self.mapper.take_pending_checkpoint() {
-                    if let Some(lsn) = self.dispatcher.standalone(checkpoint) {
+                    if let Some(lsn) = self.dispatcher().standalone(checkpoint) {
                         self.progress.checkpoint = Some(lsn);
                     }
                 }
@@ -105,6 +213,16 @@ impl<'d> Streamer<'d> {
                     self.task_id
                 );
             }
+            if let Some(limit) = self.stall_limit {
+                let now_finished = self.batches_finished();
+                if finished != Some(now_finished) {
+                    finished = Some(now_finished);
+                    progress_at = Instant::now();
+                } else if progress_at.elapsed() >= limit {
+                    self.stalled = true;
+                    return;
+                }
+            }
             self.pump(Some(Duration::from_millis(20)));
         }
     }
@@ -113,7 +231,7 @@ impl<'d> Streamer<'d> {
     /// before the slot moves past them).
     fn report_skipped(&mut self) {
         for skipped in self.mapper.take_skipped() {
-            self.dispatcher.add_dead_letter(DeadLetter {
+            self.dispatcher.borrow_mut().add_dead_letter(DeadLetter {
                 id: item_id(Operation::Replace, &skipped.document, &self.primary_key)
                     .unwrap_or(serde_json::Value::Null),
                 op: Operation::Replace,
@@ -127,13 +245,17 @@ impl<'d> Streamer<'d> {
     }
 
     fn is_idle(&self) -> bool {
-        self.mapper.is_idle() && self.dispatcher.is_idle()
+        self.mapper.is_idle() && self.dispatcher.borrow().is_idle()
+    }
+
+    fn dispatcher_is_idle(&self) -> bool {
+        self.dispatcher.borrow().is_idle()
     }
 }
 
-impl MessageSink for Streamer<'_> {
+impl<D: BorrowMut<Dispatcher>> MessageSink for Streamer<D> {
     fn message(&mut self, _lsn: u64, data: &[u8]) {
-        if self.failure.is_some() {
+        if self.failure.is_some() || self.stalled {
             return;
         }
         let message = match pgoutput::parse(data) {
@@ -185,7 +307,7 @@ impl IndexWatch {
 
     /// Checks at most once per `meili_sync.index_check_interval`; unreachable servers are the
     /// writer's business, not a verdict here.
-    fn check(&mut self, task_id: i64) -> Result<(), String> {
+    pub fn check(&mut self, task_id: i64) -> Result<(), String> {
         if self.created_at.is_none() || self.last_check.elapsed() < gucs::index_check_interval() {
             return Ok(());
         }
@@ -217,7 +339,7 @@ pub trait SwapGate {
 /// asks to drain: then reading stops, everything read is confirmed, and the position where the
 /// stream ended is returned.
 pub fn run(
-    streamer: &mut Streamer<'_>,
+    streamer: &mut Streamer<&mut Dispatcher>,
     task: &catalog::TaskRecord,
     watch: &mut IndexWatch,
     mut gate: Option<&mut dyn SwapGate>,
@@ -231,30 +353,17 @@ pub fn run(
         if should_stop() {
             break Ok(None);
         }
-        streamer.pump(None);
-        // Dead letters are stored before the slot moves past them.
-        let progress = std::mem::take(&mut streamer.progress);
-        if let Err(error) = report_progress(
-            streamer.task_id,
-            streamer.live,
-            streamer.dispatcher,
-            &progress,
-            Phase::Streaming,
-        ) {
-            break Err(error);
+        match streamer.settle() {
+            Ok(Some(lsn)) => session.confirm(lsn),
+            Ok(None) => {}
+            Err(error) => break Err(error),
         }
-        if let Some(failure) = streamer.failure.take() {
-            break Err(permanent(failure));
-        }
-        if let Some(lsn) = progress.checkpoint {
-            session.confirm(lsn);
-            streamer.ages.confirmed(lsn);
-        }
-        if caught_up && streamer.is_idle() {
+        if caught_up {
             // Nothing unconfirmed (and dead letters stored): let the slot release WAL that other
             // tables wrote meanwhile.
-            session.confirm(session.read_position());
-            streamer.ages.confirmed(session.read_position());
+            if let Some(position) = streamer.confirm_idle(session.read_position()) {
+                session.confirm(position);
+            }
         }
         if let Some(gate) = gate.as_deref_mut() {
             if draining && streamer.is_idle() {
@@ -270,8 +379,7 @@ pub fn run(
             }
         }
         if draining {
-            streamer.mapper.flush();
-            streamer.send_ready(false);
+            streamer.end_read(true);
             if !BackgroundWorker::wait_latch(Some(Duration::from_millis(5))) {
                 break Ok(None);
             }
@@ -286,25 +394,16 @@ pub fn run(
             if let Err(error) = watch.check(task.id) {
                 break Err(permanent(error));
             }
-            // Nothing else is coming to fill the open batch, so send it now.
-            streamer.mapper.flush();
-        } else {
-            streamer.mapper.flush_due(Instant::now());
         }
-        streamer.send_ready(false);
+        streamer.end_read(caught_up);
         // Published before any nap, so that the status view shows a confirmation at once.
-        streamer.live.set_progress(
+        streamer.publish(
             task.rows_copied,
-            streamer.dispatcher.backlog(),
-            streamer.dispatcher.writer().stats(),
-        );
-        streamer.live.set_stream_position(
             session.read_position(),
             session.confirmed(),
-            streamer.ages.oldest(),
         );
         if caught_up {
-            let nap = if streamer.dispatcher.is_idle() {
+            let nap = if streamer.dispatcher_is_idle() {
                 Duration::from_secs(1)
             } else {
                 Duration::from_millis(5)

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use pgrx::bgworkers::{BackgroundWorker, SignalWakeFlags};
+use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
 use crate::catalog::{self, TaskRecord, TaskState};
@@ -11,21 +11,16 @@ use crate::dispatch::Dispatcher;
 use crate::error::{ErrorKind, SyncError};
 use crate::meili::client::Client;
 use crate::meili::retry::Backoff;
-use crate::meili::writer::{Writer, WriterConfig};
 use crate::options::TaskOptions;
 use crate::plan::{build_plan, ColumnRules, SnapshotPlan};
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
-    await_meili_task, in_transaction, permanent, retry_pause, should_stop, with_retry, Stop,
+    await_meili_task, in_transaction, open_dispatcher, permanent, retry_pause, with_retry,
+    worker_main, Stop, HTTP_TIMEOUT,
 };
 use crate::worker::resync::{self, ResyncGate};
 use crate::worker::snapshot::{self, SnapshotOutcome};
 use crate::worker::stream::{self, IndexWatch, Streamer, SwapGate};
-
-const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
-/// How long an enqueued Meilisearch task may be missing from its task list before its batch is
-/// sent again (at least once: it may have been applied before it vanished).
-const VANISHED_TASK_GRACE: Duration = Duration::from_secs(30);
 
 /// Creates the index with the task's key attribute, or checks an existing one; applies settings.
 fn prepare_index(
@@ -127,6 +122,23 @@ fn ensure_slot(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
     Ok(())
 }
 
+/// A task of the shared decoding pass copies only once the shared decoder has given it its
+/// position (every transaction that commits after it is streamed to the task).
+fn await_position(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
+    live.set_phase(Phase::Starting);
+    while task.stream_position.is_none() {
+        if !BackgroundWorker::wait_latch(Some(Duration::from_millis(100))) {
+            return Err(Stop::Terminated);
+        }
+        let reloaded = in_transaction(live, "reading the task", || catalog::load_task(task.id))?;
+        let Some(reloaded) = reloaded else {
+            return Err(Stop::Terminated);
+        };
+        task.stream_position = reloaded.stream_position;
+    }
+    Ok(())
+}
+
 /// The slot the copy relied on is gone: the copy starts over (on the new slot ensure_slot makes).
 fn copy_over(task: &mut TaskRecord, live: LiveStatus, what_happened: &str) -> Result<(), Stop> {
     in_transaction(live, "starting the copy over", || {
@@ -180,7 +192,11 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
     let plan = in_transaction(live, "planning the documents", || {
         build_plan(&task, &options)
     })?;
-    ensure_slot(&mut task, live)?;
+    if task.shared {
+        await_position(&mut task, live)?;
+    } else {
+        ensure_slot(&mut task, live)?;
+    }
 
     let key_attribute = plan.shape.primary_key_attribute().to_owned();
     let mut fresh_index = false;
@@ -200,26 +216,7 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
     let index = prepare_index(live, &client, &task, &options, &key_attribute)?;
     let watch = IndexWatch::new(client.clone(), &task.index_uid, index.created_at);
 
-    let writer = start_writer(WriterConfig {
-        client: client.clone(),
-        index_uid: task.index_uid.clone(),
-        primary_key: key_attribute.clone(),
-        gzip: options.gzip,
-        gzip_level: 1,
-        // The copy keeps up to `snapshot_depth` batches enqueued (the dispatcher bounds what is
-        // held in memory by `max_inflight`).
-        max_inflight: options.max_inflight.max(options.snapshot_depth),
-        poll_interval: Duration::from_millis(20),
-        retry_base: Duration::from_millis(100),
-        retry_cap: Duration::from_secs(30),
-        vanished_after: VANISHED_TASK_GRACE,
-    });
-    let mut dispatcher = Dispatcher::new(
-        writer,
-        &key_attribute,
-        options.max_inflight,
-        options.max_payload_bytes,
-    );
+    let mut dispatcher = open_dispatcher(&client, &task, &options, &key_attribute);
     let mut gate = held.as_ref().map(|held| ResyncGate::new(held.id, live));
     let result = copy_then_stream(
         &task,
@@ -236,21 +233,6 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
         (Some(position), Some(held)) => resync::swap(&task, held, &client, live, position),
         _ => Err(Stop::Terminated),
     }
-}
-
-/// Starts the writer's HTTP threads with every signal blocked, so that the kernel delivers
-/// SIGTERM and SIGHUP to the main thread: pgrx's handlers call Postgres (SetLatch), which from
-/// another thread is a panic, and a panic in a signal handler aborts the process, which makes the
-/// postmaster restart the whole server. The threads inherit the mask at creation.
-fn start_writer(config: WriterConfig) -> Writer {
-    // SAFETY: sets this (the main) thread's signal mask to Postgres's BlockSig; signals that
-    // arrive meanwhile stay pending until the mask is restored just below.
-    unsafe { pg_sys::BackgroundWorkerBlockSignals() };
-    let writer = Writer::start(config);
-    // SAFETY: restores the mask a background worker runs with (UnBlockSig), as pgrx set it in
-    // attach_signal_handlers.
-    unsafe { pg_sys::BackgroundWorkerUnblockSignals() };
-    writer
 }
 
 /// Copies the table unless that is done, then streams; returns where a resync helper's stream
@@ -284,6 +266,11 @@ fn copy_then_stream(
             SnapshotOutcome::Interrupted => return Err(Stop::Terminated),
             SnapshotOutcome::Failed(message) => return Err(permanent(message)),
         }
+    }
+    if task.shared {
+        // The shared decoder streams it from here on.
+        shmem::wake_launcher();
+        return Err(Stop::Terminated);
     }
     let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
     let mut streamer = Streamer::new(task.id, live, dispatcher, rules, plan.limits, options);
@@ -319,52 +306,7 @@ fn prune_index(task: &TaskRecord, live: LiveStatus) -> Result<(), Stop> {
 #[no_mangle]
 pub extern "C-unwind" fn meili_sync_task_main(arg: pg_sys::Datum) {
     let task_id = arg.value() as i64;
-    BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    BackgroundWorker::connect_worker_to_spi(Some(BackgroundWorker::get_extra()), None);
-    crate::security::pin_search_path();
-    // SAFETY: reading this process's own pid.
-    let pid = unsafe { pg_sys::MyProcPid };
-    let Some(index) = shmem::attach(task_id, pid) else {
-        warning!(
-            "pg_meili_sync: no free shared-memory entry for task {task_id} (meili_sync.max_tasks is {})",
-            crate::gucs::max_tasks()
-        );
-        return;
-    };
-    let live = LiveStatus::new(index);
-    let outcome = PgTryBuilder::new(|| run(task_id, live))
-        .catch_others(|error| {
-            if should_stop() {
-                // Told to stop inside a transaction replay, where an ERROR is the only way out:
-                // a stop, not a failure of the task.
-                log!("pg_meili_sync task {task_id}: stopped inside a transaction replay; the slot has not moved past it, so the next worker decodes it again");
-                live.detach(Phase::Exited);
-                error.rethrow()
-            }
-            let message = crate::error::caught_message(&error);
-            // An ERROR escaping a background worker's main function ends the process without
-            // reaching the server log: say it here, before it does.
-            warning!("pg_meili_sync task {task_id}: {message}");
-            live.set_error(&message);
-            live.detach(Phase::Error);
-            error.rethrow()
-        })
-        .execute();
-    match outcome {
-        Ok(()) | Err(Stop::Terminated) => live.detach(Phase::Exited),
-        Err(Stop::Permanent(message)) => {
-            warning!("pg_meili_sync task {task_id} stopped: {message}");
-            live.set_error(&message);
-            live.detach(Phase::Error);
-            if let Err(error) =
-                BackgroundWorker::transaction(|| catalog::set_error_state(task_id, &message))
-            {
-                // The launcher then restarts the worker, which meets the same failure again.
-                warning!(
-                    "pg_meili_sync task {task_id}: could not set state error: {}",
-                    error.message
-                );
-            }
-        }
-    }
+    worker_main(task_id, &format!("task {task_id}"), |live, _| {
+        run(task_id, live)
+    });
 }

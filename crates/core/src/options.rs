@@ -32,6 +32,23 @@ impl WriteMode {
     }
 }
 
+/// Whether a task's changes come from the database's one shared decoding pass, or from a slot
+/// of its own (isolation, at the cost of decoding every change of the database once more).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decoding {
+    Own,
+    Shared,
+}
+
+impl Decoding {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Decoding::Own => "own",
+            Decoding::Shared => "shared",
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskOptions {
     pub url: Option<String>,
@@ -52,6 +69,7 @@ pub struct TaskOptions {
     pub flush_interval_ms: u64,
     pub gzip: bool,
     pub write_mode: WriteMode,
+    pub decoding: Decoding,
     pub settings: Option<Map<String, Value>>,
 }
 
@@ -71,6 +89,7 @@ impl Default for TaskOptions {
             flush_interval_ms: 200,
             gzip: false,
             write_mode: WriteMode::Replace,
+            decoding: Decoding::Own,
             settings: None,
         }
     }
@@ -96,6 +115,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "flush_interval_ms",
     "gzip",
     "write_mode",
+    "decoding",
     "settings",
 ];
 
@@ -292,6 +312,20 @@ impl TaskOptions {
                         )),
                     }
                 }
+                "decoding" => {
+                    parsed.decoding = match value.as_str() {
+                        Some("own") => Decoding::Own,
+                        Some("shared") => Decoding::Shared,
+                        _ => {
+                            return Err(invalid(
+                                format!(
+                                    "option \"decoding\" must be \"own\" or \"shared\", not {value}"
+                                ),
+                                "shared reads the database's changes once for all tasks that share; own gives the task a replication slot of its own.",
+                            ))
+                        }
+                    }
+                }
                 "settings" => match value {
                     Value::Object(settings) => parsed.settings = Some(settings.clone()),
                     _ => return Err(invalid(
@@ -358,6 +392,10 @@ impl TaskOptions {
         );
         stored.insert("gzip".into(), Value::from(self.gzip));
         stored.insert("write_mode".into(), Value::from(self.write_mode.as_str()));
+        if self.decoding == Decoding::Shared {
+            // Stored only when not the default, so that other tasks' stored options read as before.
+            stored.insert("decoding".into(), Value::from(self.decoding.as_str()));
+        }
         if let Some(settings) = &self.settings {
             stored.insert("settings".into(), Value::Object(settings.clone()));
         }
@@ -447,6 +485,7 @@ mod tests {
                 "\"snapshot_depth\" must be an integer between 1 and 1024",
             ),
             (json!({"write_mode": "merge"}), "\"write_mode\""),
+            (json!({"decoding": "both"}), "\"decoding\""),
             (json!({"url": "ftp://x"}), "scheme must be http or https"),
             (json!({"url": "http://user:pw@x:7700"}), "credentials"),
             (json!({"url": "http://x:notaport"}), "bad port"),

@@ -72,6 +72,8 @@ SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "columns
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "write_mode": "merge"}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "decoding": "both"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "api_key": 42}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "settings": "searchable"}');

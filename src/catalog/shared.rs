@@ -1,0 +1,171 @@
+//! The database's shared decoding pass: one slot and one publication (both named
+//! `meili_sync_<install>_shared`) for every task with `"decoding": "shared"`, and each such
+//! task's own position in it. Only the shared decoder writes these.
+
+use pgrx::prelude::*;
+use pgrx::spi::quote_identifier;
+
+use super::{select_one, CatalogResult};
+
+/// The SQL condition that a row `t` of `meili_sync.tasks` belongs to the shared pass. Resync
+/// helpers always have a slot of their own.
+pub(super) const SHARED_TASK_SQL: &str =
+    "(t.options OPERATOR(pg_catalog.->>) 'decoding') OPERATOR(pg_catalog.=) 'shared' AND t.resync_of IS NULL";
+
+/// The SQL expression of the shared slot's and publication's name.
+pub(super) const SHARED_NAME_SQL: &str =
+    "pg_catalog.format('meili_sync_%s_shared', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid)";
+
+/// The name of the shared slot and publication (see [`super::object_name`] for the install).
+pub fn shared_object_name(install: pg_sys::Oid) -> String {
+    format!("meili_sync_{}_shared", install.to_u32())
+}
+
+/// A task of the shared pass, as the shared decoder sees it.
+#[derive(Debug, Clone)]
+pub struct SharedTask {
+    pub id: i64,
+    pub relid: pg_sys::Oid,
+    /// Streaming: the decoder sends its changes. Any other state keeps its position only.
+    pub streaming: bool,
+    pub generation: i32,
+    pub position: Option<u64>,
+}
+
+/// The shared slot's and publication's name in this install.
+pub fn shared_name() -> CatalogResult<String> {
+    Ok(select_one::<String>(&format!("SELECT {SHARED_NAME_SQL}"), &[])?.unwrap_or_default())
+}
+
+pub fn shared_tasks() -> CatalogResult<Vec<SharedTask>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            &format!(
+                "SELECT t.id, t.source::pg_catalog.oid, t.state OPERATOR(pg_catalog.=) 'streaming', t.generation,
+                        pg_catalog.pg_wal_lsn_diff(t.stream_position, '0/0')::bigint
+                   FROM meili_sync.tasks t WHERE {SHARED_TASK_SQL} ORDER BY t.id"
+            ),
+            None,
+            &[],
+        )?;
+        let mut tasks = Vec::new();
+        for row in rows {
+            let (Some(id), Some(relid)) = (row.get::<i64>(1)?, row.get::<pg_sys::Oid>(2)?) else {
+                continue;
+            };
+            tasks.push(SharedTask {
+                id,
+                relid,
+                streaming: row.get(3)?.unwrap_or(false),
+                generation: row.get(4)?.unwrap_or(0),
+                position: row.get::<i64>(5)?.map(|lsn| lsn as u64),
+            });
+        }
+        Ok(tasks)
+    })
+}
+
+/// Makes the shared publication exist and publish exactly `relids` (whole rows: tasks pick their
+/// columns themselves, and differing column lists would break every task's stream).
+pub fn publish_exactly(name: &str, relids: &[pg_sys::Oid]) -> CatalogResult<()> {
+    let exists = select_one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname OPERATOR(pg_catalog.=) $1)",
+        &[name.into()],
+    )?
+    .unwrap_or(false);
+    if !exists {
+        Spi::run(&format!(
+            "CREATE PUBLICATION {} WITH (publish = 'insert, update, delete, truncate')",
+            quote_identifier(name)
+        ))?;
+    }
+    let published: Vec<pg_sys::Oid> = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT r.prrelid FROM pg_catalog.pg_publication_rel r
+               JOIN pg_catalog.pg_publication p ON p.oid OPERATOR(pg_catalog.=) r.prpubid
+              WHERE p.pubname OPERATOR(pg_catalog.=) $1",
+            None,
+            &[name.into()],
+        )?;
+        let mut relids = Vec::new();
+        for row in rows {
+            if let Some(relid) = row.get::<pg_sys::Oid>(1)? {
+                relids.push(relid);
+            }
+        }
+        Ok::<_, pgrx::spi::SpiError>(relids)
+    })?;
+    for relid in relids.iter().filter(|relid| !published.contains(relid)) {
+        Spi::run(&format!(
+            "ALTER PUBLICATION {} ADD TABLE ONLY {}",
+            quote_identifier(name),
+            qualified_name(*relid)?
+        ))?;
+    }
+    for relid in published.iter().filter(|relid| !relids.contains(relid)) {
+        Spi::run(&format!(
+            "ALTER PUBLICATION {} DROP TABLE ONLY {}",
+            quote_identifier(name),
+            qualified_name(*relid)?
+        ))?;
+    }
+    Ok(())
+}
+
+/// `regclass` output under the workers' search path: schema-qualified and quoted.
+fn qualified_name(relid: pg_sys::Oid) -> CatalogResult<String> {
+    Ok(select_one::<String>(
+        "SELECT $1::pg_catalog.regclass::pg_catalog.text",
+        &[relid.into()],
+    )?
+    .unwrap_or_default())
+}
+
+/// Gives every shared task without a position `position` (the shared slot's confirmed position:
+/// the copy that follows holds every transaction committed before it). Returns their ids.
+pub fn assign_positions(position: u64) -> CatalogResult<Vec<i64>> {
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            &format!(
+                "UPDATE meili_sync.tasks t SET stream_position = '0/0'::pg_catalog.pg_lsn OPERATOR(pg_catalog.+) $1::pg_catalog.numeric
+                  WHERE {SHARED_TASK_SQL} AND t.stream_position IS NULL RETURNING t.id"
+            ),
+            None,
+            &[(position as i64).into()],
+        )?;
+        let mut ids = Vec::new();
+        for row in rows {
+            if let Some(id) = row.get::<i64>(1)? {
+                ids.push(id);
+            }
+        }
+        Ok(ids)
+    })
+}
+
+/// Records where each task's index is complete; positions never move backwards.
+pub fn store_positions(positions: &[(i64, u64)]) -> CatalogResult<()> {
+    for &(task_id, position) in positions {
+        Spi::run_with_args(
+            "UPDATE meili_sync.tasks SET stream_position = GREATEST(stream_position,
+                    '0/0'::pg_catalog.pg_lsn OPERATOR(pg_catalog.+) $2::pg_catalog.numeric)
+              WHERE id OPERATOR(pg_catalog.=) $1",
+            &[task_id.into(), (position as i64).into()],
+        )?;
+    }
+    Ok(())
+}
+
+/// The lowest stored position among the shared tasks not in `except` (those the decoder
+/// streams, whose positions it knows better).
+pub fn lowest_position_except(except: &[i64]) -> CatalogResult<Option<u64>> {
+    Ok(select_one::<i64>(
+        &format!(
+            "SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.min(t.stream_position), '0/0')::bigint
+               FROM meili_sync.tasks t
+              WHERE {SHARED_TASK_SQL} AND t.id OPERATOR(pg_catalog.<>) ALL ($1)"
+        ),
+        &[except.to_vec().into()],
+    )?
+    .map(|lsn| lsn as u64))
+}

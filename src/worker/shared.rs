@@ -1,0 +1,577 @@
+//! The shared decoder: one worker per database that decodes the shared slot once for every task
+//! with `"decoding": "shared"`, and hands each change to the tasks of its table (`route`). Each
+//! task keeps its own pipeline (mapper, dispatcher, writer threads) and its own position in
+//! `meili_sync.tasks.stream_position`; the slot is confirmed to the lowest position stored.
+//!
+//! A task joins when it starts streaming (after its copy, or resumed): the decoder then frees its
+//! decoding context and reads the slot again from its confirmed position, which never passes the
+//! joining task's; the tasks already attached skip what they have. A task that stops streaming
+//! (paused, dropped, failed, altered) leaves; its position holds the slot back until it returns or
+//! is dropped. Task workers still do the copies: a shared task gets its position from the decoder
+//! (the slot's confirmed position, before its copy starts) and hands over when the copy is done.
+
+use std::collections::HashMap;
+use std::time::{Duration, Instant};
+
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::prelude::*;
+
+use crate::catalog::{self, SharedTask, TaskRecord};
+use crate::decode::session::{DecodingSession, MessageSink};
+use crate::dispatch::Dispatcher;
+use crate::error::SyncError;
+use crate::meili::client::Client;
+use crate::options::TaskOptions;
+use crate::plan::{build_plan, ColumnRules};
+use crate::route::Router;
+use crate::shmem::{self, LiveStatus, Phase};
+use crate::worker::control::{
+    in_transaction, open_dispatcher, permanent, should_stop, worker_main, Stop, HTTP_TIMEOUT,
+};
+use crate::worker::stream::{IndexWatch, Streamer, RECORDS_PER_ROUND};
+
+/// The launcher's and shared memory's key for the shared decoder (task ids are positive).
+pub const SHARED_DECODER: i64 = -1;
+
+/// How often the decoder looks at the catalog for tasks that join or leave.
+const REFRESH_INTERVAL: Duration = Duration::from_millis(500);
+
+/// How often positions are stored (and the slot confirmed) while changes flow.
+const STORE_INTERVAL: Duration = Duration::from_secs(1);
+
+/// How long one task whose Meilisearch confirms nothing may hold up the shared reader before it
+/// leaves the stream. Long enough for a real Meilisearch's large auto-batch (all its tasks finish
+/// together, after seconds), short enough that an unreachable one does not stall the others long.
+const STALL_LIMIT: Duration = Duration::from_secs(15);
+
+/// One task's part of the shared stream.
+struct Pipeline {
+    task: TaskRecord,
+    live: LiveStatus,
+    streamer: Streamer<Dispatcher>,
+    watch: IndexWatch,
+    /// The task's index holds every transaction that committed before this position (also
+    /// moved by reading past other tables' changes while the task has nothing unconfirmed).
+    position: u64,
+    /// The newest position a commit of the task's own moved it to, and the one stored. Only
+    /// those are stored while the task streams: storing the positions that reading moved would
+    /// write WAL that moves them again.
+    checkpointed: u64,
+    stored: u64,
+    /// Receives changes. A task whose Meilisearch stalls leaves the stream (its pipeline stays to
+    /// finish what it sent) and joins again once its dispatcher is idle.
+    attached: bool,
+}
+
+impl Pipeline {
+    fn leave(self, phase: Phase) {
+        self.streamer.into_dispatcher().shutdown();
+        self.live.detach(phase);
+    }
+}
+
+/// Hands the decoded messages to the router, and the routed ones to the tasks' streamers.
+struct Fanout<'a> {
+    router: &'a mut Router,
+    pipelines: &'a mut HashMap<i64, Pipeline>,
+    failure: Option<String>,
+}
+
+impl MessageSink for Fanout<'_> {
+    fn message(&mut self, lsn: u64, data: &[u8]) {
+        let pipelines = &mut *self.pipelines;
+        let routed = self.router.route(lsn, data, &mut |task, lsn, data| {
+            if let Some(pipeline) = pipelines.get_mut(&task) {
+                pipeline.streamer.message(lsn, data);
+            }
+        });
+        if let Err(error) = routed {
+            self.failure
+                .get_or_insert(format!("cannot parse a pgoutput message: {error}"));
+        }
+    }
+}
+
+struct SharedDecoder {
+    live: LiveStatus,
+    pid: i32,
+    /// The shared slot's and publication's name.
+    name: String,
+    router: Router,
+    pipelines: HashMap<i64, Pipeline>,
+    /// Tables the shared publication holds, as last made.
+    published: Vec<pg_sys::Oid>,
+    last_refresh: Option<Instant>,
+    last_store: Instant,
+    /// See `load_lowest_elsewhere`; read again whenever tasks join, leave or get a position.
+    lowest_elsewhere: Option<u64>,
+}
+
+impl SharedDecoder {
+    /// Publishes exactly the shared tasks' tables, gives new tasks their position, and says
+    /// which streaming tasks should join (and makes those that should not leave).
+    fn refresh(&mut self, session: &DecodingSession) -> Result<Vec<SharedTask>, Stop> {
+        self.last_refresh = Some(Instant::now());
+        let tasks = in_transaction(self.live, "reading the shared tasks", catalog::shared_tasks)?;
+        let mut relids: Vec<pg_sys::Oid> = tasks.iter().map(|task| task.relid).collect();
+        relids.sort_unstable_by_key(|relid| relid.to_u32());
+        relids.dedup();
+        if relids != self.published {
+            in_transaction(self.live, "publishing the shared tables", || {
+                catalog::publish_exactly(&self.name, &relids)
+            })?;
+            self.published = relids;
+        }
+        if tasks.iter().any(|task| task.position.is_none()) {
+            let confirmed = session.confirmed();
+            for task_id in in_transaction(self.live, "giving new tasks their position", || {
+                catalog::assign_positions(confirmed)
+            })? {
+                log!(
+                    "pg_meili_sync task {task_id}: streams from {} in the shared decoding pass once its copy is done",
+                    catalog::format_lsn(confirmed)
+                );
+            }
+        }
+        let leaving: Vec<i64> = self
+            .pipelines
+            .iter()
+            .filter(|(id, pipeline)| {
+                !tasks.iter().any(|task| {
+                    task.id == **id && task.streaming && task.generation == pipeline.task.generation
+                })
+            })
+            .map(|(id, _)| *id)
+            .collect();
+        for task_id in leaving {
+            if let Some(pipeline) = self.remove(task_id) {
+                log!("pg_meili_sync task {task_id}: left the shared decoding pass");
+                pipeline.leave(Phase::Exited);
+            }
+        }
+        self.load_lowest_elsewhere()?;
+        let pid = self.pid;
+        Ok(tasks
+            .into_iter()
+            .filter(|task| {
+                task.streaming && task.position.is_some() && !self.pipelines.contains_key(&task.id)
+            })
+            // The task worker that did the copy may still be exiting: join once it is gone.
+            .filter(|task| {
+                shmem::attached_pid(task.id)
+                    .is_none_or(|other| other == pid || !shmem::backend_alive(other))
+            })
+            .collect())
+    }
+
+    /// Builds the pipeline of a task that joins. A failure that is the task's own stops that
+    /// task only.
+    fn open_pipeline(&mut self, joining: &SharedTask) -> Result<Option<Pipeline>, Stop> {
+        let Some(task) = in_transaction(self.live, "reading the task", || {
+            catalog::load_task(joining.id)
+        })?
+        else {
+            return Ok(None);
+        };
+        let Some(index) = shmem::attach(task.id, self.pid) else {
+            warning!(
+                "pg_meili_sync: no free shared-memory entry for task {} (meili_sync.max_tasks is {})",
+                task.id,
+                crate::gucs::max_tasks()
+            );
+            return Ok(None);
+        };
+        let live = LiveStatus::new(index);
+        live.set_generation(shmem::SERVED_BY_SHARED_DECODER);
+        match self.prepare(&task, live) {
+            Ok(pipeline) => Ok(Some(pipeline)),
+            Err(Stop::Terminated) => Err(Stop::Terminated),
+            Err(Stop::Permanent(message)) => {
+                fail_task(&task, live, &message);
+                Ok(None)
+            }
+        }
+    }
+
+    fn prepare(&mut self, task: &TaskRecord, live: LiveStatus) -> Result<Pipeline, Stop> {
+        // What meili_sync_start checked may have changed since: the table, or its owner's grants.
+        in_transaction(live, "checking the table", || {
+            catalog::syncable_source(task.relid, task.owner)
+        })?;
+        let options = TaskOptions::parse(&task.options).map_err(SyncError::from)?;
+        let plan = in_transaction(live, "planning the documents", || {
+            build_plan(task, &options)
+        })?;
+        let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
+            .map_err(|error| permanent(error.to_string()))?;
+        // The index's createdAt, to notice when someone deletes it; unknown while Meilisearch is
+        // unreachable (the writer retries the task's batches meanwhile).
+        let created_at = client
+            .get_index(&task.index_uid)
+            .ok()
+            .flatten()
+            .and_then(|index| index.created_at);
+        let watch = IndexWatch::new(client.clone(), &task.index_uid, created_at);
+        let key_attribute = plan.shape.primary_key_attribute().to_owned();
+        let dispatcher = open_dispatcher(&client, task, &options, &key_attribute);
+        let rules = ColumnRules::new(&task.relation, &task.primary_key, &options);
+        let streamer = Streamer::new(task.id, live, dispatcher, rules, plan.limits, &options)
+            .with_stall_limit(STALL_LIMIT);
+        live.set_phase(Phase::Streaming);
+        let position = task.stream_position.unwrap_or(0);
+        Ok(Pipeline {
+            task: task.clone(),
+            live,
+            streamer,
+            watch,
+            position,
+            checkpointed: position,
+            stored: position,
+            attached: false,
+        })
+    }
+
+    /// Takes in each task's confirmations; a task that failed leaves with its error.
+    fn settle(&mut self, caught_up: bool, read_position: u64) -> Result<(), Stop> {
+        let mut failed = Vec::new();
+        for (task_id, pipeline) in self.pipelines.iter_mut() {
+            match pipeline.streamer.settle() {
+                Ok(Some(lsn)) => {
+                    pipeline.position = pipeline.position.max(lsn);
+                    pipeline.checkpointed = pipeline.checkpointed.max(lsn);
+                }
+                Ok(None) => {}
+                Err(Stop::Terminated) => return Err(Stop::Terminated),
+                Err(Stop::Permanent(message)) => {
+                    failed.push((*task_id, message));
+                    continue;
+                }
+            }
+            if caught_up && pipeline.attached {
+                if let Some(position) = pipeline.streamer.confirm_idle(read_position) {
+                    pipeline.position = pipeline.position.max(position);
+                }
+            }
+        }
+        for (task_id, message) in failed {
+            if let Some(pipeline) = self.remove(task_id) {
+                fail_task(&pipeline.task, pipeline.live, &message);
+                pipeline.leave(Phase::Error);
+            }
+        }
+        Ok(())
+    }
+
+    /// Stores the positions the tasks' own commits moved (at most every `STORE_INTERVAL`), and
+    /// confirms the slot to the lowest position of all shared tasks: the attached ones' as they
+    /// stand (what Meilisearch confirmed), the others' as stored. A position stored behind the
+    /// slot only means a restarted decoder offers the task changes its index already has.
+    fn confirm(&mut self, session: &mut DecodingSession) -> Result<(), Stop> {
+        if self.last_store.elapsed() >= STORE_INTERVAL {
+            self.last_store = Instant::now();
+            let moved: Vec<(i64, u64)> = self
+                .pipelines
+                .iter()
+                .filter(|(_, pipeline)| pipeline.checkpointed > pipeline.stored)
+                .map(|(id, pipeline)| (*id, pipeline.checkpointed))
+                .collect();
+            if !moved.is_empty() {
+                in_transaction(self.live, "storing the tasks' positions", || {
+                    catalog::store_positions(&moved)
+                })?;
+            }
+            for (task_id, position) in moved {
+                if let Some(pipeline) = self.pipelines.get_mut(&task_id) {
+                    pipeline.stored = position;
+                }
+            }
+            self.load_lowest_elsewhere()?;
+        }
+        let lowest = self
+            .pipelines
+            .values()
+            .map(|pipeline| pipeline.position)
+            .chain(self.lowest_elsewhere)
+            .min();
+        if let Some(lowest) = lowest {
+            session.confirm(lowest);
+        }
+        Ok(())
+    }
+
+    /// The lowest stored position of the shared tasks without a pipeline here (paused, stopped,
+    /// failed, or copying).
+    fn load_lowest_elsewhere(&mut self) -> Result<(), Stop> {
+        let here: Vec<i64> = self.pipelines.keys().copied().collect();
+        self.lowest_elsewhere = in_transaction(self.live, "reading the tasks' positions", || {
+            catalog::lowest_position_except(&here)
+        })?;
+        Ok(())
+    }
+
+    /// A task that leaves stores where it stands, which holds the slot back until it returns.
+    fn remove(&mut self, task_id: i64) -> Option<Pipeline> {
+        self.router.detach(task_id);
+        let pipeline = self.pipelines.remove(&task_id)?;
+        let mut held = pipeline.stored;
+        if pipeline.position > pipeline.stored {
+            let stored = in_transaction(self.live, "storing a leaving task's position", || {
+                catalog::store_positions(&[(task_id, pipeline.position)])
+            });
+            match stored {
+                Ok(()) => held = pipeline.position,
+                // Its older stored position holds: the task is offered again changes it has.
+                Err(_) => warning!("pg_meili_sync task {task_id}: could not store its position"),
+            }
+        }
+        // From now on its stored position holds the slot back.
+        self.lowest_elsewhere = Some(
+            self.lowest_elsewhere
+                .map_or(held, |lowest| lowest.min(held)),
+        );
+        Some(pipeline)
+    }
+
+    /// Reads the slot again from its confirmed position so that `joining` get every change
+    /// since theirs; the tasks already attached skip what they have.
+    fn join(
+        &mut self,
+        session: DecodingSession,
+        joining: Vec<Pipeline>,
+    ) -> Result<DecodingSession, Stop> {
+        let read_position = session.read_position();
+        session.close();
+        self.router.restart(read_position);
+        for pipeline in joining {
+            self.pipelines.insert(pipeline.task.id, pipeline);
+        }
+        for (task_id, pipeline) in self.pipelines.iter_mut() {
+            if pipeline.attached {
+                continue;
+            }
+            pipeline.attached = true;
+            self.router
+                .attach(*task_id, &[pipeline.task.relid.to_u32()], pipeline.position);
+            log!(
+                "pg_meili_sync task {task_id}: joined the shared decoding pass at {}",
+                catalog::format_lsn(pipeline.position)
+            );
+        }
+        DecodingSession::open(&self.name, &self.name).map_err(permanent)
+    }
+
+    /// Tasks whose Meilisearch stalled leave the stream; those whose dispatcher is idle again
+    /// are ready to join. True if any is.
+    fn check_stalls(&mut self) -> bool {
+        let mut ready = false;
+        for (task_id, pipeline) in self.pipelines.iter_mut() {
+            if pipeline.attached && pipeline.streamer.is_stalled() {
+                pipeline.attached = false;
+                self.router.detach(*task_id);
+                pipeline.streamer.restart_mapping();
+                log!(
+                    "pg_meili_sync task {task_id}: Meilisearch confirmed none of its batches for {} s; it leaves the shared decoding pass and reads again from {} once they are done, so that the other tasks go on",
+                    STALL_LIMIT.as_secs(),
+                    catalog::format_lsn(pipeline.position)
+                );
+            } else if !pipeline.attached && pipeline.streamer.dispatcher().is_idle() {
+                ready = true;
+            }
+        }
+        ready
+    }
+
+    fn run(&mut self) -> Result<(), Stop> {
+        in_transaction(self.live, "preparing the shared slot", || {
+            catalog::set_output_formats(false)
+        })?;
+        self.refresh_publication()?;
+        self.ensure_slot()?;
+        let mut session = DecodingSession::open(&self.name, &self.name).map_err(permanent)?;
+        self.live.set_phase(Phase::Streaming);
+        let mut caught_up = false;
+        let result = loop {
+            if should_stop() {
+                break Ok(());
+            }
+            if self
+                .last_refresh
+                .is_none_or(|at| at.elapsed() >= REFRESH_INTERVAL)
+            {
+                let joining = match self.refresh(&session) {
+                    Ok(joining) => joining,
+                    Err(stop) => break Err(stop),
+                };
+                let mut pipelines = Vec::new();
+                for task in &joining {
+                    match self.open_pipeline(task) {
+                        Ok(Some(pipeline)) => pipelines.push(pipeline),
+                        Ok(None) => {}
+                        Err(stop) => return Err(stop),
+                    }
+                }
+                if !pipelines.is_empty() {
+                    session = self.join(session, pipelines)?;
+                    caught_up = false;
+                }
+            }
+            if self.check_stalls() {
+                session = self.join(session, Vec::new())?;
+                caught_up = false;
+            }
+            if let Err(stop) = self.settle(caught_up, session.read_position()) {
+                break Err(stop);
+            }
+            if let Err(stop) = self.confirm(&mut session) {
+                break Err(stop);
+            }
+            let mut fanout = Fanout {
+                router: &mut self.router,
+                pipelines: &mut self.pipelines,
+                failure: None,
+            };
+            let records = match session.read(&mut fanout, RECORDS_PER_ROUND) {
+                Ok(records) => records,
+                Err(error) => break Err(permanent(error)),
+            };
+            if let Some(failure) = fanout.failure {
+                break Err(permanent(failure));
+            }
+            caught_up = records == 0;
+            let (read_position, confirmed) = (session.read_position(), session.confirmed());
+            let mut gone = Vec::new();
+            for (task_id, pipeline) in self.pipelines.iter_mut() {
+                if caught_up {
+                    if let Err(error) = pipeline.watch.check(*task_id) {
+                        gone.push((*task_id, error));
+                        continue;
+                    }
+                }
+                pipeline.streamer.end_read(caught_up);
+                pipeline.streamer.publish(
+                    pipeline.task.rows_copied,
+                    read_position,
+                    pipeline.position,
+                );
+            }
+            for (task_id, message) in gone {
+                if let Some(pipeline) = self.remove(task_id) {
+                    fail_task(&pipeline.task, pipeline.live, &message);
+                    pipeline.leave(Phase::Error);
+                }
+            }
+            self.live
+                .set_stream_position(read_position, confirmed, None);
+            if caught_up {
+                let busy = self
+                    .pipelines
+                    .values_mut()
+                    .any(|pipeline| !pipeline.streamer.dispatcher().is_idle());
+                let nap = if busy {
+                    Duration::from_millis(5)
+                } else {
+                    REFRESH_INTERVAL
+                };
+                if !BackgroundWorker::wait_latch(Some(nap)) {
+                    break Ok(());
+                }
+            }
+        };
+        session.close();
+        result
+    }
+
+    /// The publication exists before the slot, and holds the shared tables before any task gets
+    /// a position: a slot must never decode WAL written before its publication existed.
+    fn refresh_publication(&mut self) -> Result<(), Stop> {
+        let tasks = in_transaction(self.live, "reading the shared tasks", catalog::shared_tasks)?;
+        let mut relids: Vec<pg_sys::Oid> = tasks.iter().map(|task| task.relid).collect();
+        relids.sort_unstable_by_key(|relid| relid.to_u32());
+        relids.dedup();
+        in_transaction(self.live, "publishing the shared tables", || {
+            catalog::publish_exactly(&self.name, &relids)
+        })?;
+        self.published = relids;
+        Ok(())
+    }
+
+    /// Creates the shared slot if it is missing. Tasks that had a position in a slot that is gone
+    /// lost the changes it kept: they stop with an error asking for a new copy.
+    fn ensure_slot(&mut self) -> Result<(), Stop> {
+        let status = in_transaction(self.live, "reading the shared slot", || {
+            catalog::slot_wal_status(&self.name)
+        })?;
+        if status.as_deref().is_some_and(|status| status != "lost") {
+            return Ok(());
+        }
+        let tasks = in_transaction(self.live, "reading the shared tasks", catalog::shared_tasks)?;
+        for task in tasks.iter().filter(|task| task.position.is_some()) {
+            let message = format!(
+                "the shared replication slot \"{}\" is {}, so the changes it kept for this task are lost; run SELECT meili_sync_snapshot({}) to copy the table again",
+                self.name,
+                if status.is_some() { "invalidated" } else { "missing" },
+                task.id
+            );
+            warning!("pg_meili_sync task {}: {message}", task.id);
+            in_transaction(self.live, "stopping a task whose changes were lost", || {
+                catalog::set_error_state(task.id, &message)
+            })?;
+        }
+        if status.is_some() {
+            in_transaction(self.live, "dropping the invalidated shared slot", || {
+                catalog::drop_slot(&self.name)
+            })?;
+        }
+        in_transaction(self.live, "creating the shared slot", || {
+            catalog::create_slot(&self.name)
+        })?;
+        log!(
+            "pg_meili_sync: created the shared replication slot \"{}\"",
+            self.name
+        );
+        Ok(())
+    }
+}
+
+/// Stops one task of the shared pass with `message`; the others stream on.
+fn fail_task(task: &TaskRecord, live: LiveStatus, message: &str) {
+    warning!("pg_meili_sync task {} stopped: {message}", task.id);
+    live.set_error(message);
+    if let Err(error) = BackgroundWorker::transaction(|| catalog::set_error_state(task.id, message))
+    {
+        warning!(
+            "pg_meili_sync task {}: could not set state error: {}",
+            task.id,
+            error.message
+        );
+    }
+}
+
+#[pg_guard]
+#[no_mangle]
+pub extern "C-unwind" fn meili_sync_shared_decoder_main(_arg: pg_sys::Datum) {
+    worker_main(SHARED_DECODER, "shared decoder", run);
+}
+
+fn run(live: LiveStatus, pid: i32) -> Result<(), Stop> {
+    let name = in_transaction(live, "reading the shared slot's name", catalog::shared_name)?;
+    let mut decoder = SharedDecoder {
+        live,
+        pid,
+        name,
+        router: Router::default(),
+        pipelines: HashMap::new(),
+        published: Vec::new(),
+        last_refresh: None,
+        last_store: Instant::now(),
+        lowest_elsewhere: None,
+    };
+    let result = decoder.run();
+    let attached: Vec<i64> = decoder.pipelines.keys().copied().collect();
+    for task_id in attached {
+        if let Some(pipeline) = decoder.remove(task_id) {
+            pipeline.leave(Phase::Exited);
+        }
+    }
+    result
+}

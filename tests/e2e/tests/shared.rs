@@ -1,0 +1,267 @@
+//! End to end: tasks with `"decoding": "shared"` share one slot and one decoding process, each
+//! task gets the changes of its own table only, and tasks that join, pause, resume, leave or are
+//! killed mid-stream lose nothing; every test ends with "each index holds exactly its table".
+
+use std::time::Duration;
+
+use pg_meili_sync_e2e::cluster::Cluster;
+use pg_meili_sync_e2e::meili::Meili;
+use pg_meili_sync_e2e::{products, wait_for, wait_index_matches_table};
+use serde_json::json;
+
+const CONVERGE: Duration = Duration::from_secs(300);
+
+const CREATE_NOTES: &str = "CREATE TABLE notes (id bigint PRIMARY KEY, body text, n int)";
+
+fn insert_notes(from: i64, to: i64) -> String {
+    format!(
+        "INSERT INTO notes SELECT i, 'note ' || i, i % 7 FROM generate_series({from}, {to}) AS i"
+    )
+}
+
+fn setup() -> (Cluster, Meili) {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(CREATE_NOTES);
+    cluster.psql(&products::insert_sql(1, 2000));
+    cluster.psql(&insert_notes(1, 2000));
+    (cluster, Meili::from_env())
+}
+
+/// Starts a shared task on `table` and waits until it streams; returns its index and id.
+fn start_shared(cluster: &Cluster, meili: &Meili, table: &str) -> (String, i64) {
+    let index = meili.unique_index(&format!("shared_{table}"));
+    let options = meili.options(json!({"decoding": "shared", "batch_size": 500}));
+    let task: i64 = cluster
+        .psql(&format!(
+            "SELECT meili_sync_start('{table}', '{index}', '{options}')"
+        ))
+        .parse()
+        .expect("task id");
+    cluster.wait_snapshot_done(task, CONVERGE);
+    (index, task)
+}
+
+fn converge(cluster: &Cluster, meili: &Meili, index: &str, table: &str) {
+    wait_index_matches_table(cluster, meili, index, table, CONVERGE);
+}
+
+fn decoder_pids(cluster: &Cluster) -> Vec<i64> {
+    cluster
+        .psql(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_meili_sync shared decoder'",
+        )
+        .lines()
+        .filter_map(|line| line.trim().parse().ok())
+        .collect()
+}
+
+fn one_decoder(cluster: &Cluster) -> i64 {
+    wait_for("exactly one shared decoder", CONVERGE, || {
+        let pids = decoder_pids(cluster);
+        (pids.len() == 1).then(|| pids[0])
+    })
+}
+
+/// Pauses a task and waits until the decoder has let it go.
+fn pause(cluster: &Cluster, task: i64) {
+    cluster.psql(&format!("SELECT meili_sync_pause({task})"));
+    wait_for(
+        "the task to leave the shared pass",
+        Duration::from_secs(20),
+        || {
+            (cluster.status(task).get("worker_pid").map(String::as_str) == Some("null"))
+                .then_some(())
+        },
+    );
+}
+
+#[test]
+fn tasks_share_one_slot_and_each_gets_only_its_table() {
+    let (cluster, meili) = setup();
+    let (products_index, products_task) = start_shared(&cluster, &meili, "products");
+    let (notes_index, notes_task) = start_shared(&cluster, &meili, "notes");
+    // A second task on the same table, into another index.
+    let (copy_index, copy_task) = start_shared(&cluster, &meili, "products");
+    let decoder = one_decoder(&cluster);
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM pg_replication_slots"),
+        "1",
+        "one slot for all shared tasks"
+    );
+    assert_eq!(
+        cluster.psql(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_meili_sync task'"
+        ),
+        "0",
+        "no task worker once the copies are done"
+    );
+    for task in [products_task, notes_task, copy_task] {
+        let status = cluster.status(task);
+        assert_eq!(
+            status.get("worker_pid").map(String::as_str),
+            Some(decoder.to_string().as_str()),
+            "{status:?}"
+        );
+        assert_eq!(status.get("decoding").map(String::as_str), Some("shared"));
+    }
+
+    cluster.psql(&products::insert_sql(2001, 3000));
+    cluster.psql("UPDATE products SET version = 2 WHERE id % 3 = 0");
+    cluster.psql("DELETE FROM products WHERE id % 10 = 0");
+    cluster.psql(&insert_notes(2001, 2500));
+    cluster.psql("UPDATE notes SET body = 'changed ' || id WHERE id % 4 = 0");
+    cluster.psql("DELETE FROM notes WHERE id % 9 = 0");
+    converge(&cluster, &meili, &products_index, "products");
+    converge(&cluster, &meili, &copy_index, "products");
+    converge(&cluster, &meili, &notes_index, "notes");
+    // Each index holds its own table's documents only (the counts differ, and the oracle above
+    // compares bodies): no note reached a products index or the other way round.
+    assert_eq!(
+        meili.document_count(&notes_index),
+        cluster.psql("SELECT count(*) FROM notes").parse().ok()
+    );
+
+    // The slot moves on once everything is confirmed: it does not retain the WAL written above.
+    wait_for("the shared slot to be confirmed", CONVERGE, || {
+        let lag: i64 = cluster
+            .psql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) FROM pg_replication_slots")
+            .parse()
+            .ok()?;
+        (lag < 1_000_000).then_some(())
+    });
+}
+
+#[test]
+fn tasks_join_pause_resume_and_leave_while_others_stream() {
+    let (cluster, meili) = setup();
+    let (products_index, products_task) = start_shared(&cluster, &meili, "products");
+    let (notes_index, notes_task) = start_shared(&cluster, &meili, "notes");
+    let decoder = one_decoder(&cluster);
+
+    // A paused task keeps its position; the other streams on.
+    pause(&cluster, notes_task);
+    let notes_before = meili.document_count(&notes_index);
+    cluster.psql(&insert_notes(2001, 4000));
+    cluster.psql("UPDATE notes SET n = n + 100 WHERE id % 2 = 0");
+    cluster.psql(&products::insert_sql(2001, 2500));
+    converge(&cluster, &meili, &products_index, "products");
+    assert_eq!(
+        meili.document_count(&notes_index),
+        notes_before,
+        "a paused task received changes"
+    );
+    // Resumed, it reads again from its own position and catches up; the products task, which is
+    // ahead, skips what it has (its index still matches: nothing was sent twice out of order).
+    cluster.psql(&format!("SELECT meili_sync_resume({notes_task})"));
+    cluster.psql(&products::insert_sql(2501, 3000));
+    converge(&cluster, &meili, &notes_index, "notes");
+    converge(&cluster, &meili, &products_index, "products");
+
+    // A task that joins while the others stream gets its copy, then every change after it.
+    let (late_index, late_task) = start_shared(&cluster, &meili, "notes");
+    cluster.psql(&insert_notes(4001, 4500));
+    cluster.psql("DELETE FROM notes WHERE id % 11 = 0");
+    converge(&cluster, &meili, &late_index, "notes");
+    converge(&cluster, &meili, &notes_index, "notes");
+    assert_eq!(one_decoder(&cluster), decoder, "the decoder was restarted");
+
+    // A dropped task leaves; the others go on, and its table stays published for the other
+    // task on it.
+    cluster.psql(&format!("SELECT meili_sync_drop({late_task})"));
+    cluster.psql(&insert_notes(4501, 5000));
+    converge(&cluster, &meili, &notes_index, "notes");
+    assert_eq!(
+        cluster
+            .status(products_task)
+            .get("state")
+            .map(String::as_str),
+        Some("streaming")
+    );
+
+    // No task left: no decoder, no slot, no publication.
+    cluster.psql(&format!("SELECT meili_sync_drop({notes_task})"));
+    cluster.psql(&format!("SELECT meili_sync_drop({products_task})"));
+    wait_for("the shared slot and publication to go", CONVERGE, || {
+        let left = cluster.psql(
+            "SELECT (SELECT count(*) FROM pg_replication_slots) + (SELECT count(*) FROM pg_publication)",
+        );
+        (left == "0" && decoder_pids(&cluster).is_empty()).then_some(())
+    });
+}
+
+#[test]
+fn a_killed_decoder_and_an_immediate_shutdown_during_a_catch_up_lose_nothing() {
+    let (cluster, meili) = setup();
+    let (products_index, _) = start_shared(&cluster, &meili, "products");
+    let (notes_index, notes_task) = start_shared(&cluster, &meili, "notes");
+
+    // Killed while both stream.
+    let decoder = one_decoder(&cluster);
+    cluster.psql(&products::insert_sql(2001, 12_000));
+    cluster.kill(decoder, "KILL");
+    // The postmaster restarts every backend after a SIGKILL: wait for a new decoder.
+    wait_for("a new shared decoder", CONVERGE, || {
+        let pids = cluster
+            .try_psql("SELECT pid FROM pg_stat_activity WHERE backend_type = 'pg_meili_sync shared decoder'")
+            .ok()?;
+        let pid: i64 = pids.trim().parse().ok()?;
+        (pid != decoder).then_some(())
+    });
+    cluster.psql("UPDATE products SET version = 3 WHERE id % 5 = 0");
+    cluster.psql(&insert_notes(2001, 3000));
+    converge(&cluster, &meili, &products_index, "products");
+    converge(&cluster, &meili, &notes_index, "notes");
+
+    // An immediate shutdown while a resumed task catches up from far behind the other.
+    pause(&cluster, notes_task);
+    cluster.psql(&insert_notes(3001, 30_000));
+    cluster.psql(&products::insert_sql(12_001, 14_000));
+    cluster.psql(&format!("SELECT meili_sync_resume({notes_task})"));
+    std::thread::sleep(Duration::from_millis(700));
+    cluster.pg_ctl_stop("immediate");
+    cluster.pg_ctl_start();
+    cluster.psql("DELETE FROM notes WHERE id % 13 = 0");
+    converge(&cluster, &meili, &notes_index, "notes");
+    converge(&cluster, &meili, &products_index, "products");
+}
+
+#[test]
+fn a_task_whose_meilisearch_is_down_leaves_the_stream_and_the_others_go_on() {
+    let (cluster, meili) = setup();
+    // The notes go to a Meilisearch of their own, which fails.
+    let failing = Meili::from_env();
+    if !failing.can_go_down() {
+        eprintln!("skipped: the Meilisearch at MEILI_URL is not this test's to kill");
+        return;
+    }
+    let (products_index, products_task) = start_shared(&cluster, &meili, "products");
+    let (notes_index, notes_task) = start_shared(&cluster, &failing, "notes");
+    failing.go_down();
+    // More note changes than its queue takes (36 batches of 500, 8 in flight): the decoder
+    // waits for it, then lets it go; the products committed after them flow meanwhile.
+    cluster.psql(&insert_notes(2001, 20_000));
+    cluster.psql(&products::insert_sql(2001, 3000));
+    converge(&cluster, &meili, &products_index, "products");
+    wait_for("the stalled task to leave the stream", CONVERGE, || {
+        cluster
+            .server_log()
+            .contains(&format!(
+                "pg_meili_sync task {notes_task}: Meilisearch confirmed none of its batches"
+            ))
+            .then_some(())
+    });
+    // Its position holds the shared slot back, the other task's does not.
+    let positions = cluster.psql(&format!(
+        "SELECT (SELECT confirmed_lsn FROM meili_sync_status WHERE task = {notes_task})
+                < (SELECT confirmed_lsn FROM meili_sync_status WHERE task = {products_task})"
+    ));
+    assert_eq!(positions, "t");
+    failing.come_back();
+    converge(&cluster, &failing, &notes_index, "notes");
+    cluster.psql(&products::insert_sql(3001, 3500));
+    cluster.psql("UPDATE notes SET n = -1 WHERE id % 3 = 0");
+    converge(&cluster, &meili, &products_index, "products");
+    converge(&cluster, &failing, &notes_index, "notes");
+}
