@@ -5,7 +5,7 @@
 //!   cargo run --release -p pg_meili_sync_load -- stream [rows] [rows_per_transaction] [max_inflight]
 //!   cargo run --release -p pg_meili_sync_load -- latency [transactions] [per_second]
 //!   cargo run --release -p pg_meili_sync_load -- decoders [rows] [rows_per_transaction]
-//!   cargo run --release -p pg_meili_sync_load -- tasks [idle_tasks] [rows]
+//!   cargo run --release -p pg_meili_sync_load -- tasks [idle_tasks] [rows] [shared 0|1]
 //!
 //! Set LOAD_VERIFY=1 to also check that the index holds exactly the table's rows afterwards.
 
@@ -321,14 +321,20 @@ fn stream(rows: i64, per_transaction: i64, max_inflight: usize) {
 /// busy worker and the idle workers spent on it (until every slot confirmed past the commit), and
 /// the WAL the slots retain at the end. Each task decodes the whole database's WAL today, so the
 /// idle workers' CPU is the price of one decoding pass per task.
-fn tasks(idle: usize, rows: i64) {
+/// One busy table beside `idle` tasks on tables nobody writes, all with their own slot or all in
+/// the shared decoding pass: what the idle ones cost while one transaction of `rows` streams.
+fn tasks(idle: usize, rows: i64, shared: bool) {
     let meili = Meili::from_env();
     let slots = format!("max_replication_slots={}", idle + 8);
     let workers = format!("max_worker_processes={}", idle + 8);
     let cluster = Cluster::start(&[&slots, &workers]);
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
-    let options = meili.options(json!({}));
+    let options = if shared {
+        meili.options(json!({"decoding": "shared"}))
+    } else {
+        meili.options(json!({}))
+    };
     let start = |table: &str, index: &str| -> i64 {
         cluster
             .psql(&format!(
@@ -361,7 +367,12 @@ fn tasks(idle: usize, rows: i64) {
             .unwrap_or(0)
     };
     let busy_pid = pid_of(busy);
-    let idle_pids: Vec<i64> = idle_tasks.iter().map(|task| pid_of(*task)).collect();
+    // With shared decoding every task has the decoder's pid: the idle tasks have no process.
+    let idle_pids: Vec<i64> = idle_tasks
+        .iter()
+        .map(|task| pid_of(*task))
+        .filter(|pid| *pid != busy_pid)
+        .collect();
     let cpu = |pids: &[i64]| -> f64 { pids.iter().filter_map(|pid| cpu_seconds(*pid)).sum() };
     let (busy_before, idle_before) = (cpu(&[busy_pid]), cpu(&idle_pids));
     let started = Instant::now();
@@ -389,19 +400,22 @@ fn tasks(idle: usize, rows: i64) {
     let retained = cluster.psql(
         "SELECT pg_size_pretty(max(pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn))) FROM pg_replication_slots",
     );
+    let slots = cluster.psql("SELECT count(*) FROM pg_replication_slots");
     let target = if meili.test_server().is_some() {
         "test server".to_owned()
     } else {
         meili.url.clone()
     };
-    println!("tasks: {idle} idle + 1 busy, one transaction of {rows} rows, into {target}");
+    let decoding = if shared { "shared" } else { "own" };
+    println!("tasks: {idle} idle + 1 busy, decoding {decoding} ({slots} slots), one transaction of {rows} rows, into {target}");
     println!("catch-up          {catch_up:.2} s (commit → every document in the busy index)");
     println!("all slots past it {all_done:.2} s");
-    println!("busy worker CPU   {busy_cpu:.2} s");
+    println!("busy worker CPU   {busy_cpu:.2} s (the shared decoder's, idle tasks included, when shared)");
     println!(
         "idle workers CPU  {idle_cpu:.2} s in all ({:.0}% of the busy worker's)",
         100.0 * idle_cpu / busy_cpu.max(0.001)
     );
+    println!("extension CPU     {:.2} s in all", busy_cpu + idle_cpu);
     println!("retained WAL      {retained} (the largest of the slots, after the catch-up)");
     if meili.test_server().is_none() {
         for index in &indexes {
@@ -501,7 +515,7 @@ fn main() {
         "stream" => stream(arg(0, 50_000), arg(1, 500), arg(2, 8) as usize),
         "latency" => latency(arg(0, 200) as usize, arg(1, 10) as u64),
         "decoders" => decoders::run(arg(0, 200_000), arg(1, 500)),
-        "tasks" => tasks(arg(0, 10) as usize, arg(1, 200_000)),
+        "tasks" => tasks(arg(0, 10) as usize, arg(1, 200_000), arg(2, 0) != 0),
         other => {
             eprintln!("unknown mode {other}: use backfill, stream, latency, decoders or tasks");
             std::process::exit(2);
