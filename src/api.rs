@@ -520,19 +520,6 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
             )
             .hint(format!("Resync task {rebuilt} itself.")));
         }
-        if record.shared {
-            return Err(SyncError::new(
-                ErrorKind::UnsupportedType,
-                format!(
-                    "task {} is in the shared decoding pass, which cannot be resynced yet",
-                    record.id
-                ),
-            )
-            .hint(format!(
-                "SELECT meili_sync_snapshot({}) copies the table again into the live index; or sync with \"decoding\": \"own\" to resync without downtime.",
-                record.id
-            )));
-        }
         if let Some(helper) = catalog::resync_helper(record.id)? {
             return Err(SyncError::new(
                 ErrorKind::DuplicateTask,

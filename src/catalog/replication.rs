@@ -32,7 +32,15 @@ pub fn slot_health() -> CatalogResult<Vec<SlotHealth>> {
                 "SELECT t.id, s.slot_name::text, coalesce(s.wal_status, 'unknown'),
                         pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::bigint
                    FROM meili_sync.tasks t
-                   JOIN pg_catalog.pg_replication_slots s ON s.slot_name = {OBJECT_NAME_SQL}"
+                   JOIN pg_catalog.pg_replication_slots s ON s.slot_name = {OBJECT_NAME_SQL}
+                 UNION ALL
+                 -- The shared slot, named after the shared task that holds it back the most.
+                 SELECT (SELECT t.id FROM meili_sync.tasks t WHERE {SHARED_TASK_SQL}
+                          ORDER BY t.stream_position NULLS LAST, t.id LIMIT 1),
+                        s.slot_name::text, coalesce(s.wal_status, 'unknown'),
+                        pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::bigint
+                   FROM pg_catalog.pg_replication_slots s
+                  WHERE s.slot_name::text OPERATOR(pg_catalog.=) {SHARED_NAME_SQL}"
             ),
             None,
             &[],

@@ -410,7 +410,10 @@ pub fn resync_helper(task_id: i64) -> CatalogResult<Option<i64>> {
 pub struct HeldTask {
     pub state: TaskState,
     pub slot_active: bool,
+    /// For a task of the shared decoding pass: its stored position (whether the shared decoder
+    /// still streams it is in shared memory, not in the slot).
     pub confirmed: Option<u64>,
+    pub shared: bool,
 }
 
 pub fn held_task(task_id: i64) -> CatalogResult<Option<HeldTask>> {
@@ -418,7 +421,8 @@ pub fn held_task(task_id: i64) -> CatalogResult<Option<HeldTask>> {
         let mut rows = client.select(
             &format!(
                 "SELECT t.state, coalesce(s.active, false),
-                        pg_catalog.pg_wal_lsn_diff(s.confirmed_flush_lsn, '0/0')::bigint
+                        pg_catalog.pg_wal_lsn_diff(coalesce(t.stream_position, s.confirmed_flush_lsn), '0/0')::bigint,
+                        {SHARED_TASK_SQL}
                    FROM meili_sync.tasks t
                    LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = {OBJECT_NAME_SQL}
                   WHERE t.id = $1"
@@ -433,6 +437,7 @@ pub fn held_task(task_id: i64) -> CatalogResult<Option<HeldTask>> {
             state: TaskState::from_stored(&row.get::<String>(1)?.unwrap_or_default()),
             slot_active: row.get(2)?.unwrap_or(false),
             confirmed: row.get::<i64>(3)?.map(|lsn| lsn as u64),
+            shared: row.get(4)?.unwrap_or(false),
         }))
     })
 }
@@ -469,14 +474,24 @@ pub fn record_swap(
 
 /// After the swap: the held task's slot moves to where the helper stopped (everything before is
 /// in the new index), and the task streams on from there.
-pub fn finish_swap(helper_id: i64, task_id: i64, slot_name: &str, lsn: u64) -> CatalogResult<()> {
+pub fn finish_swap(helper_id: i64, task: &TaskRecord, lsn: u64) -> CatalogResult<()> {
     let position = format_lsn(lsn);
-    select_one::<String>(
-        "SELECT pg_catalog.pg_replication_slot_advance(slot_name, $2::text::pg_lsn)::text
-           FROM pg_catalog.pg_replication_slots
-          WHERE slot_name = $1 AND confirmed_flush_lsn < $2::text::pg_lsn",
-        &[slot_name.into(), position.into()],
-    )?;
+    if task.shared {
+        // The shared slot serves other tasks too: only the task's own position moves.
+        Spi::run_with_args(
+            "UPDATE meili_sync.tasks SET stream_position = GREATEST(stream_position, $2::text::pg_catalog.pg_lsn)
+              WHERE id = $1",
+            &[task.id.into(), position.into()],
+        )?;
+    } else {
+        select_one::<String>(
+            "SELECT pg_catalog.pg_replication_slot_advance(slot_name, $2::text::pg_lsn)::text
+               FROM pg_catalog.pg_replication_slots
+              WHERE slot_name = $1 AND confirmed_flush_lsn < $2::text::pg_lsn",
+            &[task.slot_name.as_str().into(), position.into()],
+        )?;
+    }
+    let task_id = task.id;
     Spi::run_with_args(
         "UPDATE meili_sync.tasks SET state = 'streaming', generation = generation + 1
           WHERE id = $1 AND state = 'swapping'",

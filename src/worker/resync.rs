@@ -165,10 +165,18 @@ impl SwapGate for ResyncGate {
                 );
                 Ok(false)
             }
-            TaskState::Swapping => Ok(!held.slot_active
-                && held
-                    .confirmed
-                    .is_some_and(|confirmed| confirmed <= read_position)),
+            TaskState::Swapping => {
+                // A shared task is let go by the shared decoder, which stores its position first.
+                let still_streamed = if held.shared {
+                    shmem::attached_pid(self.held_task).is_some_and(shmem::backend_alive)
+                } else {
+                    held.slot_active
+                };
+                Ok(!still_streamed
+                    && held
+                        .confirmed
+                        .is_some_and(|confirmed| confirmed <= read_position))
+            }
             // Paused, stopped or failed: the swap waits until it streams again.
             _ => Ok(false),
         }
@@ -288,7 +296,7 @@ fn hand_over(
     position: u64,
 ) -> Result<(), Stop> {
     in_transaction(live, "handing the swapped index over", || {
-        catalog::finish_swap(helper.id, held.id, &held.slot_name, position)
+        catalog::finish_swap(helper.id, held, position)
     })?;
     shmem::wake_launcher();
     log!(

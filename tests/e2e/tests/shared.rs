@@ -20,7 +20,11 @@ fn insert_notes(from: i64, to: i64) -> String {
 }
 
 fn setup() -> (Cluster, Meili) {
-    let cluster = Cluster::start(&[]);
+    setup_with(&[])
+}
+
+fn setup_with(settings: &[&str]) -> (Cluster, Meili) {
+    let cluster = Cluster::start(settings);
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(CREATE_NOTES);
@@ -264,4 +268,96 @@ fn a_task_whose_meilisearch_is_down_leaves_the_stream_and_the_others_go_on() {
     cluster.psql("UPDATE notes SET n = -1 WHERE id % 3 = 0");
     converge(&cluster, &meili, &products_index, "products");
     converge(&cluster, &failing, &notes_index, "notes");
+}
+
+#[test]
+fn a_shared_task_is_resynced_while_writes_continue_and_the_other_streams_on() {
+    use pg_meili_sync_e2e::meili::Method;
+    let (cluster, meili) = setup();
+    let (products_index, products_task) = start_shared(&cluster, &meili, "products");
+    let (notes_index, _) = start_shared(&cluster, &meili, "notes");
+    // Damage the index the resync must repair (no write below touches these rows).
+    meili.request(
+        Method::POST,
+        &format!("/indexes/{products_index}/documents/delete-batch"),
+        Some(json!([5, 6])),
+    );
+    meili.wait_idle(&products_index, CONVERGE);
+    let helper: i64 = cluster
+        .psql(&format!("SELECT meili_sync_resync({products_task})"))
+        .parse()
+        .expect("helper task id");
+    let mut round = 0_i64;
+    loop {
+        let first = 100_000 + round * 20;
+        cluster.psql(&products::insert_sql(first, first + 19));
+        cluster.psql(&format!(
+            "UPDATE products SET version = version + 1 WHERE id % 97 = {} AND id > 1500",
+            round % 97
+        ));
+        cluster.psql(&insert_notes(10_000 + round * 5, 10_000 + round * 5 + 4));
+        round += 1;
+        let left = cluster.psql(&format!(
+            "SELECT count(*) FROM meili_sync.tasks WHERE id = {helper}"
+        ));
+        if left == "0" {
+            break;
+        }
+        assert!(round < 3000, "the resync did not finish");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Writes after the swap go into the new index, through the shared pass again.
+    cluster.psql(&products::insert_sql(900_000, 900_100));
+    converge(&cluster, &meili, &products_index, "products");
+    converge(&cluster, &meili, &notes_index, "notes");
+    assert_eq!(meili.index(&format!("{products_index}__resync")), None);
+    let status = cluster.status(products_task);
+    assert_eq!(
+        (
+            status.get("state").map(String::as_str),
+            status.get("decoding").map(String::as_str)
+        ),
+        (Some("streaming"), Some("shared")),
+        "{status:?}"
+    );
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM pg_replication_slots"),
+        "1",
+        "the helper's slot is gone"
+    );
+}
+
+#[test]
+fn a_paused_shared_task_holding_the_slot_back_is_named_in_the_wal_warning() {
+    let (cluster, meili) = setup_with(&["meili_sync.max_retained_wal=1MB"]);
+    let (products_index, _) = start_shared(&cluster, &meili, "products");
+    let (notes_index, notes_task) = start_shared(&cluster, &meili, "notes");
+    pause(&cluster, notes_task);
+    // The products stream on; the paused task's position keeps their WAL.
+    cluster.psql(&products::insert_sql(2001, 20_000));
+    converge(&cluster, &meili, &products_index, "products");
+    let status = wait_for("the retained-WAL flag", CONVERGE, || {
+        let status = cluster.status(notes_task);
+        (status.get("wal_warning").map(String::as_str) == Some("true")).then_some(status)
+    });
+    assert_eq!(status.get("state").map(String::as_str), Some("paused"));
+    wait_for("the WARNING naming the paused task", CONVERGE, || {
+        let log = cluster.server_log();
+        (log.contains(&format!(
+            "WARNING:  pg_meili_sync task {notes_task}: replication slot \"meili_sync_"
+        )) && log.contains("_shared\" retains"))
+        .then_some(())
+    });
+    cluster.psql(&format!("SELECT meili_sync_resume({notes_task})"));
+    cluster.psql(&insert_notes(2001, 2100));
+    converge(&cluster, &meili, &notes_index, "notes");
+    // Once it caught up, the slot lets the WAL go.
+    wait_for("the flag to clear", CONVERGE, || {
+        (cluster
+            .status(notes_task)
+            .get("wal_warning")
+            .map(String::as_str)
+            == Some("false"))
+        .then_some(())
+    });
 }
