@@ -7,10 +7,11 @@ use pgrx::spi::quote_identifier;
 
 use super::{select_one, CatalogResult};
 
-/// The SQL condition that a row `t` of `meili_sync.tasks` belongs to the shared pass. Resync
-/// helpers always have a slot of their own.
+/// The SQL condition that a row `t` of `meili_sync.tasks` belongs to the shared pass, never NULL
+/// (a NULL inside the launcher's NOT would stop every other task). Resync helpers always have a
+/// slot of their own.
 pub(super) const SHARED_TASK_SQL: &str =
-    "(t.options OPERATOR(pg_catalog.->>) 'decoding') OPERATOR(pg_catalog.=) 'shared' AND t.resync_of IS NULL";
+    "COALESCE(t.options OPERATOR(pg_catalog.->>) 'decoding', 'own') OPERATOR(pg_catalog.=) 'shared' AND t.resync_of IS NULL";
 
 /// The SQL expression of the shared slot's and publication's name.
 pub(super) const SHARED_NAME_SQL: &str =

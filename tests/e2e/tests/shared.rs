@@ -88,18 +88,32 @@ fn tasks_share_one_slot_and_each_gets_only_its_table() {
     let (notes_index, notes_task) = start_shared(&cluster, &meili, "notes");
     // A second task on the same table, into another index.
     let (copy_index, copy_task) = start_shared(&cluster, &meili, "products");
+    // And beside them a task with a slot and a worker of its own.
+    let own_index = meili.unique_index("own_notes");
+    let own_options = meili.options(json!({"decoding": "own"}));
+    let own_task: i64 = cluster
+        .psql(&format!(
+            "SELECT meili_sync_start('notes', '{own_index}', '{own_options}')"
+        ))
+        .parse()
+        .expect("task id");
+    cluster.wait_snapshot_done(own_task, CONVERGE);
     let decoder = one_decoder(&cluster);
     assert_eq!(
         cluster.psql("SELECT count(*) FROM pg_replication_slots"),
-        "1",
-        "one slot for all shared tasks"
+        "2",
+        "one slot for all shared tasks, one for the task with its own"
     );
     assert_eq!(
         cluster.psql(
             "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_meili_sync task'"
         ),
-        "0",
-        "no task worker once the copies are done"
+        "1",
+        "no task worker for the shared tasks once their copies are done"
+    );
+    assert_eq!(
+        cluster.status(own_task).get("decoding").map(String::as_str),
+        Some("own")
     );
     for task in [products_task, notes_task, copy_task] {
         let status = cluster.status(task);
@@ -120,6 +134,7 @@ fn tasks_share_one_slot_and_each_gets_only_its_table() {
     converge(&cluster, &meili, &products_index, "products");
     converge(&cluster, &meili, &copy_index, "products");
     converge(&cluster, &meili, &notes_index, "notes");
+    converge(&cluster, &meili, &own_index, "notes");
     // Each index holds its own table's documents only (the counts differ, and the oracle above
     // compares bodies): no note reached a products index or the other way round.
     assert_eq!(
@@ -130,7 +145,7 @@ fn tasks_share_one_slot_and_each_gets_only_its_table() {
     // The slot moves on once everything is confirmed: it does not retain the WAL written above.
     wait_for("the shared slot to be confirmed", CONVERGE, || {
         let lag: i64 = cluster
-            .psql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) FROM pg_replication_slots")
+            .psql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), confirmed_flush_lsn) FROM pg_replication_slots WHERE slot_name LIKE '%shared'")
             .parse()
             .ok()?;
         (lag < 1_000_000).then_some(())
