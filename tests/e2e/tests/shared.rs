@@ -271,12 +271,19 @@ fn a_task_whose_meilisearch_is_down_leaves_the_stream_and_the_others_go_on() {
             ))
             .then_some(())
     });
-    // Its position holds the shared slot back, the other task's does not.
-    let positions = cluster.psql(&format!(
-        "SELECT (SELECT confirmed_lsn FROM meili_sync_status WHERE task = {notes_task})
-                < (SELECT confirmed_lsn FROM meili_sync_status WHERE task = {products_task})"
-    ));
-    assert_eq!(positions, "t");
+    // Its position holds the shared slot back, the other task's moves on (once the decoder has
+    // heard of the products' confirmation, a moment after the documents are in the index).
+    wait_for(
+        "the other task's position to pass the stalled one's",
+        CONVERGE,
+        || {
+            let positions = cluster.psql(&format!(
+                "SELECT (SELECT confirmed_lsn FROM meili_sync_status WHERE task = {notes_task})
+                    < (SELECT confirmed_lsn FROM meili_sync_status WHERE task = {products_task})"
+            ));
+            (positions == "t").then_some(())
+        },
+    );
     failing.come_back();
     converge(&cluster, &failing, &notes_index, "notes");
     cluster.psql(&products::insert_sql(3001, 3500));
