@@ -34,12 +34,13 @@ SELECT t.id AS task,
        coalesce(w.bytes_sent, 0) AS bytes_sent,
        w.received_lsn::pg_lsn AS received_lsn,
        -- A task of the shared decoding pass has a position of its own in the shared slot: the
-       -- decoder's while it streams the task, the stored one otherwise.
+       -- decoder's while it streams the task, the stored one otherwise. A moving task's is still
+       -- its own slot's.
        coalesce(CASE WHEN w.pid IS NOT NULL AND t.stream_position IS NOT NULL THEN w.confirmed_lsn::pg_lsn END,
-                t.stream_position, s.confirmed_flush_lsn) AS confirmed_lsn,
+                CASE WHEN o.slot_name IS NULL THEN t.stream_position END, s.confirmed_flush_lsn) AS confirmed_lsn,
        pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(),
                 coalesce(CASE WHEN w.pid IS NOT NULL AND t.stream_position IS NOT NULL THEN w.confirmed_lsn::pg_lsn END,
-                         t.stream_position, s.confirmed_flush_lsn))::bigint AS lag_bytes,
+                         CASE WHEN o.slot_name IS NULL THEN t.stream_position END, s.confirmed_flush_lsn))::bigint AS lag_bytes,
        -- Age of the oldest commit Meilisearch has not confirmed; known while a worker streams.
        CASE WHEN w.pid IS NOT NULL AND w.phase IN ('streaming', 'retrying') AND t.snapshot_finished_at IS NOT NULL
             THEN round(coalesce(extract(epoch FROM pg_catalog.clock_timestamp() - w.oldest_unconfirmed_commit), 0), 3)
@@ -71,13 +72,19 @@ SELECT t.id AS task,
        -- On a resync helper: the task whose index it rebuilds.
        t.resync_of,
        -- 'shared': the database's one decoding pass (slot and WAL shown are the shared slot's,
-       -- held back by the slowest shared task); 'own': a slot of the task's own.
-       CASE WHEN t.options ->> 'decoding' = 'shared' AND t.resync_of IS NULL THEN 'shared' ELSE 'own' END AS decoding
+       -- held back by the slowest shared task); 'own': a slot of the task's own; 'moving': shared,
+       -- but still streaming from its own slot until it hands over (slot and WAL are its own).
+       CASE WHEN coalesce(t.options ->> 'decoding', 'shared') <> 'shared' OR t.resync_of IS NOT NULL THEN 'own'
+            WHEN o.slot_name IS NOT NULL THEN 'moving'
+            ELSE 'shared'
+       END AS decoding
   FROM meili_sync.tasks t
   LEFT JOIN pg_catalog.pg_class c ON c.oid = t.source
   LEFT JOIN @extschema@.meili_sync_worker_state() w ON w.task = t.id
+  LEFT JOIN pg_catalog.pg_replication_slots o
+         ON o.slot_name = pg_catalog.format('meili_sync_%s_%s', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid, t.id)
   LEFT JOIN pg_catalog.pg_replication_slots s
-         ON s.slot_name = CASE WHEN t.options ->> 'decoding' = 'shared' AND t.resync_of IS NULL
+         ON s.slot_name = CASE WHEN o.slot_name IS NULL AND coalesce(t.options ->> 'decoding', 'shared') = 'shared' AND t.resync_of IS NULL
                                THEN pg_catalog.format('meili_sync_%s_shared', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid)
                                ELSE pg_catalog.format('meili_sync_%s_%s', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid, t.id)
                           END;

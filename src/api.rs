@@ -323,6 +323,43 @@ fn refuse_index_in_use(
     .hint(format!("Pick another index uid; to copy {table} again use meili_sync_snapshot({existing}), or meili_sync_drop({existing}) first.")))
 }
 
+/// A task with a slot of its own moves into the shared decoding pass when altered to
+/// `"decoding": "shared"`: its worker hands over once the shared slot holds its changes. The way
+/// back has no such hand-over: a new slot of its own would start at the present and skip what the
+/// shared slot still holds for the task.
+fn refuse_leaving_shared_decoding(
+    record: &catalog::TaskRecord,
+    decoding: Option<&serde_json::Value>,
+) -> Result<(), SyncError> {
+    if !record.shared || decoding.and_then(|value| value.as_str()) != Some("own") {
+        return Ok(());
+    }
+    Err(SyncError::new(
+        ErrorKind::UnsupportedType,
+        format!(
+            "task {} is in the shared decoding pass and cannot move to a slot of its own",
+            record.id
+        ),
+    )
+    .hint("Start a new task with '{\"decoding\": \"own\"}' (meili_sync_drop, then meili_sync_start): it copies the table again."))
+}
+
+/// A task moving into the shared decoding pass streams from its own slot for a moment more; a
+/// resync waits until it has moved.
+fn refuse_while_moving(record: &catalog::TaskRecord) -> Result<(), SyncError> {
+    if !record.moving {
+        return Ok(());
+    }
+    Err(SyncError::new(
+        ErrorKind::Prerequisite,
+        format!(
+            "task {} is moving into the shared decoding pass",
+            record.id
+        ),
+    )
+    .hint("It moves once it streams and has caught up; meili_sync_status shows decoding = 'shared' then. Try again after that."))
+}
+
 /// A task held for the swap of its resync changes only through the helper, for a moment.
 fn refuse_while_swapping(record: &catalog::TaskRecord) -> Result<(), SyncError> {
     if record.state != TaskState::Swapping {
@@ -424,7 +461,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             SyncError::new(ErrorKind::InvalidParameter, "options must be a JSON object")
                 .hint("For example '{\"batch_size\": 5000}'.")
         })?;
-        if let Some(name) = ["primary_key", "columns", "exclude_columns", "decoding"]
+        if let Some(name) = ["primary_key", "columns", "exclude_columns"]
             .iter()
             .find(|name| changes.contains_key(**name))
         {
@@ -434,6 +471,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             )
             .hint("Drop the task and start a new one (meili_sync_drop, then meili_sync_start)."));
         }
+        refuse_leaving_shared_decoding(&record, changes.get("decoding"))?;
         let mut merged = record.options.as_object().cloned().unwrap_or_default();
         for (name, value) in changes {
             merged.insert(name.clone(), value.clone());
@@ -520,6 +558,7 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
             )
             .hint(format!("Resync task {rebuilt} itself.")));
         }
+        refuse_while_moving(&record)?;
         if let Some(helper) = catalog::resync_helper(record.id)? {
             return Err(SyncError::new(
                 ErrorKind::DuplicateTask,

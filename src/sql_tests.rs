@@ -40,8 +40,9 @@ mod tests {
     #[pg_test]
     fn start_creates_task_and_publication() {
         products();
+        // A task with a slot of its own has a publication of its own.
         let id = Spi::get_one::<i64>(
-            "SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\", \"api_key\": \"s3cret\", \"batch_size\": 500}')",
+            "SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\", \"api_key\": \"s3cret\", \"batch_size\": 500, \"decoding\": \"own\"}')",
         )
         .expect("start")
         .expect("task id");
@@ -129,7 +130,7 @@ mod tests {
                 .unwrap_or_default()
                 .to_owned()
         };
-        let id = Spi::get_one::<i64>("SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\", \"batch_size\": 100}')")
+        let id = Spi::get_one::<i64>("SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\", \"batch_size\": 100, \"decoding\": \"own\"}')")
             .expect("start")
             .expect("id");
         // Still copying: nothing to rebuild yet.
@@ -199,15 +200,16 @@ mod tests {
     #[pg_test]
     fn a_shared_task_has_no_publication_of_its_own_and_its_resync_helper_has_a_slot_of_its_own() {
         products();
+        // Shared decoding is the default, and the default is not stored.
         let id = Spi::get_one::<i64>(
-            "SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\", \"decoding\": \"shared\"}')",
+            "SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\"}')",
         )
         .expect("start")
         .expect("task id");
         let publications = "(SELECT count(*) FROM pg_catalog.pg_publication WHERE pubname LIKE 'meili\\_sync\\_%')";
         let row = Spi::get_one_with_args::<String>(
             &format!(
-                "SELECT concat_ws(',', t.options->>'decoding', s.decoding, t.stream_position IS NULL, {publications})
+                "SELECT concat_ws(',', coalesce(t.options->>'decoding', 'default'), s.decoding, t.stream_position IS NULL, {publications})
                    FROM meili_sync.tasks t JOIN meili_sync_status s ON s.task = t.id WHERE t.id = $1"
             ),
             &[id.into()],
@@ -215,7 +217,7 @@ mod tests {
         .expect("task row")
         .unwrap_or_default();
         // The shared decoder publishes the table and gives the position, once it sees the task.
-        assert_eq!(row, "shared,shared,t,0");
+        assert_eq!(row, "default,shared,t,0");
         Spi::run_with_args(
             "UPDATE meili_sync.tasks SET state = 'streaming', snapshot_finished_at = now() WHERE id = $1",
             &[id.into()],
@@ -238,7 +240,7 @@ mod tests {
             outcome(&format!(
                 "SELECT meili_sync_alter({id}, '{{\"decoding\": \"own\"}}')"
             )),
-            "0A000: option \"decoding\" cannot be changed on an existing task | Drop the task and start a new one (meili_sync_drop, then meili_sync_start)."
+            format!("0A000: task {id} is in the shared decoding pass and cannot move to a slot of its own | Start a new task with '{{\"decoding\": \"own\"}}' (meili_sync_drop, then meili_sync_start): it copies the table again.")
         );
     }
 

@@ -129,3 +129,14 @@ pub fn extension_installed() -> CatalogResult<bool> {
 /// over `meili_sync.tasks`.
 const OBJECT_NAME_SQL: &str =
     "pg_catalog.format('meili_sync_%s_%s', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid, t.id)";
+
+/// The first column of `rows`: task ids (a NULL id is skipped).
+fn ids_of(rows: pgrx::spi::SpiTupleTable<'_>) -> Result<Vec<i64>, pgrx::spi::SpiError> {
+    let mut ids = Vec::new();
+    for row in rows {
+        if let Some(id) = row.get::<i64>(1)? {
+            ids.push(id);
+        }
+    }
+    Ok(ids)
+}

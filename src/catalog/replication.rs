@@ -135,8 +135,14 @@ pub fn drop_publication(name: &str) -> CatalogResult<()> {
 }
 
 /// Asks a backend (a task worker) to exit; its SIGTERM handler only sets a flag it checks.
+/// Signals a worker unless it has exited already (a task that hands over to the shared decoder
+/// exits by itself as the launcher stops it; pg_terminate_backend would WARN of a gone pid).
 pub fn terminate_backend(pid: i32) -> CatalogResult<()> {
-    select_one::<bool>("SELECT pg_catalog.pg_terminate_backend($1)", &[pid.into()])?;
+    select_one::<bool>(
+        "SELECT pg_catalog.pg_terminate_backend(a.pid) FROM pg_catalog.pg_stat_activity a
+          WHERE a.pid OPERATOR(pg_catalog.=) $1",
+        &[pid.into()],
+    )?;
     Ok(())
 }
 

@@ -5,13 +5,20 @@
 use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 
-use super::{select_one, CatalogResult};
+use super::{ids_of, select_one, CatalogResult};
 
 /// The SQL condition that a row `t` of `meili_sync.tasks` belongs to the shared pass, never NULL
-/// (a NULL inside the launcher's NOT would stop every other task). Resync helpers always have a
-/// slot of their own.
+/// (a NULL inside the launcher's NOT would stop every other task). Shared is the default: only
+/// `"decoding": "own"` keeps a slot of the task's own. Resync helpers always have one.
 pub(super) const SHARED_TASK_SQL: &str =
-    "COALESCE(t.options OPERATOR(pg_catalog.->>) 'decoding', 'own') OPERATOR(pg_catalog.=) 'shared' AND t.resync_of IS NULL";
+    "COALESCE(t.options OPERATOR(pg_catalog.->>) 'decoding', 'shared') OPERATOR(pg_catalog.=) 'shared' AND t.resync_of IS NULL";
+
+/// The SQL condition that task `t` still has a slot of its own. A shared task with one is moving
+/// into the shared pass: it streams from its own slot until it hands over (see
+/// `worker::handover`), and the slot is dropped in the hand-over's transaction.
+pub(super) const OWN_SLOT_SQL: &str =
+    "EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots o
+              WHERE o.slot_name OPERATOR(pg_catalog.=) pg_catalog.format('meili_sync_%s_%s', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid, t.id))";
 
 /// The SQL expression of the shared slot's and publication's name.
 pub(super) const SHARED_NAME_SQL: &str =
@@ -27,7 +34,8 @@ pub fn shared_object_name(install: pg_sys::Oid) -> String {
 pub struct SharedTask {
     pub id: i64,
     pub relid: pg_sys::Oid,
-    /// Streaming: the decoder sends its changes. Any other state keeps its position only.
+    /// Streaming, and no longer from a slot of its own: the decoder sends its changes. Any other
+    /// task keeps its position only.
     pub streaming: bool,
     pub generation: i32,
     pub position: Option<u64>,
@@ -42,7 +50,7 @@ pub fn shared_tasks() -> CatalogResult<Vec<SharedTask>> {
     Spi::connect(|client| {
         let rows = client.select(
             &format!(
-                "SELECT t.id, t.source::pg_catalog.oid, t.state OPERATOR(pg_catalog.=) 'streaming', t.generation,
+                "SELECT t.id, t.source::pg_catalog.oid, t.state OPERATOR(pg_catalog.=) 'streaming' AND NOT {OWN_SLOT_SQL}, t.generation,
                         pg_catalog.pg_wal_lsn_diff(t.stream_position, '0/0')::bigint
                    FROM meili_sync.tasks t WHERE {SHARED_TASK_SQL} ORDER BY t.id"
             ),
@@ -122,26 +130,118 @@ fn qualified_name(relid: pg_sys::Oid) -> CatalogResult<String> {
     .unwrap_or_default())
 }
 
-/// Gives every shared task without a position `position` (the shared slot's confirmed position:
-/// the copy that follows holds every transaction committed before it). Returns their ids.
-pub fn assign_positions(position: u64) -> CatalogResult<Vec<i64>> {
+/// Gives a position to every shared task that needs one, and returns their ids:
+/// - a task about to copy gets `confirmed` (the shared slot's confirmed position): the copy that
+///   follows holds every transaction committed before it;
+/// - a task moving from its own slot gets the WAL's insert position now, at least `confirmed`.
+///   Its own slot streams it up to there, and the shared publication (made before this runs)
+///   publishes its table in every transaction from there on.
+pub fn assign_positions(confirmed: u64) -> CatalogResult<Vec<i64>> {
     Spi::connect_mut(|client| {
         let rows = client.update(
             &format!(
-                "UPDATE meili_sync.tasks t SET stream_position = '0/0'::pg_catalog.pg_lsn OPERATOR(pg_catalog.+) $1::pg_catalog.numeric
-                  WHERE {SHARED_TASK_SQL} AND t.stream_position IS NULL RETURNING t.id"
+                "UPDATE meili_sync.tasks t
+                    SET stream_position = CASE WHEN {OWN_SLOT_SQL}
+                            THEN GREATEST(pg_catalog.pg_current_wal_insert_lsn(), '0/0'::pg_catalog.pg_lsn OPERATOR(pg_catalog.+) $1::pg_catalog.numeric)
+                            ELSE '0/0'::pg_catalog.pg_lsn OPERATOR(pg_catalog.+) $1::pg_catalog.numeric END
+                  WHERE {SHARED_TASK_SQL} AND t.stream_position IS NULL
+                    AND (t.snapshot_finished_at IS NULL OR {OWN_SLOT_SQL})
+                  RETURNING t.id"
             ),
             None,
-            &[(position as i64).into()],
+            &[(confirmed as i64).into()],
         )?;
-        let mut ids = Vec::new();
-        for row in rows {
-            if let Some(id) = row.get::<i64>(1)? {
-                ids.push(id);
-            }
-        }
-        Ok(ids)
+        Ok(ids_of(rows)?)
     })
+}
+
+/// Shared tasks whose copy is done but that have no position and no slot of their own: the slot
+/// that kept their changes was dropped before they moved into the shared pass (by hand, or lost
+/// in a failover, restore or upgrade). They are not stopped yet.
+pub fn tasks_without_changes() -> CatalogResult<Vec<i64>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            &format!(
+                "SELECT t.id FROM meili_sync.tasks t
+                  WHERE {SHARED_TASK_SQL} AND t.stream_position IS NULL
+                    AND t.snapshot_finished_at IS NOT NULL AND t.state OPERATOR(pg_catalog.<>) 'error'
+                    AND NOT {OWN_SLOT_SQL}"
+            ),
+            None,
+            &[],
+        )?;
+        Ok(ids_of(rows)?)
+    })
+}
+
+/// The shared slot was `what` ("invalidated", "missing") and is made again: every shared task
+/// loses its position. Those with a slot of their own (moving) only get a new one; the others stop
+/// with an error asking for a new copy. Returns the ids of those stopped.
+pub fn forget_positions(slot: &str, what: &str) -> CatalogResult<Vec<i64>> {
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            &format!(
+                "UPDATE meili_sync.tasks t
+                    SET stream_position = NULL,
+                        state = CASE WHEN {OWN_SLOT_SQL} THEN t.state ELSE 'error' END,
+                        last_error = CASE WHEN {OWN_SLOT_SQL} THEN t.last_error
+                            ELSE pg_catalog.format('the shared replication slot \"%s\" is %s, so the changes it kept for this task are lost; run SELECT meili_sync_snapshot(%s) to copy the table again', $1, $2, t.id) END,
+                        last_error_at = CASE WHEN {OWN_SLOT_SQL} THEN t.last_error_at ELSE pg_catalog.now() END
+                  WHERE {SHARED_TASK_SQL} AND t.stream_position IS NOT NULL
+                  RETURNING CASE WHEN {OWN_SLOT_SQL} THEN NULL ELSE t.id END"
+            ),
+            None,
+            &[slot.into(), what.into()],
+        )?;
+        Ok(ids_of(rows)?)
+    })
+}
+
+/// Hands a moving task over to the shared pass: stores `position` (everything that committed
+/// before it is in the index, and its own slot was read up to it), then drops its own slot and
+/// publication, all in the caller's transaction. False if the task changed meanwhile (altered,
+/// paused, dropped): then nothing is done.
+pub fn hand_over(
+    task_id: i64,
+    generation: i32,
+    position: u64,
+    own_object: &str,
+) -> CatalogResult<bool> {
+    let moved = Spi::connect_mut(|client| {
+        let rows = client.update(
+            &format!(
+                "UPDATE meili_sync.tasks t
+                    SET stream_position = GREATEST(t.stream_position, '0/0'::pg_catalog.pg_lsn OPERATOR(pg_catalog.+) $3::pg_catalog.numeric)
+                  WHERE t.id OPERATOR(pg_catalog.=) $1 AND t.generation OPERATOR(pg_catalog.=) $2
+                    AND {SHARED_TASK_SQL} AND t.state OPERATOR(pg_catalog.=) 'streaming'
+                    AND t.stream_position IS NOT NULL
+                    AND t.stream_position OPERATOR(pg_catalog.<=) ('0/0'::pg_catalog.pg_lsn OPERATOR(pg_catalog.+) $3::pg_catalog.numeric)
+                  RETURNING t.id"
+            ),
+            None,
+            &[task_id.into(), generation.into(), (position as i64).into()],
+        )?;
+        Ok::<_, pgrx::spi::SpiError>(rows.len())
+    })?;
+    if moved == 0 {
+        return Ok(false);
+    }
+    super::drop_slot(own_object)?;
+    Spi::run(&format!(
+        "DROP PUBLICATION IF EXISTS {}",
+        quote_identifier(own_object)
+    ))?;
+    Ok(true)
+}
+
+/// A task's stored position in the shared pass.
+pub fn stream_position(task_id: i64) -> CatalogResult<Option<u64>> {
+    Ok(select_one::<i64>(
+        "SELECT pg_catalog.pg_wal_lsn_diff(stream_position, '0/0')::bigint
+           FROM meili_sync.tasks WHERE id OPERATOR(pg_catalog.=) $1",
+        &[task_id.into()],
+    )?
+    .map(|lsn| lsn as u64))
 }
 
 /// Records where each task's index is complete; positions never move backwards.

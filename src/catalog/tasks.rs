@@ -5,8 +5,10 @@ use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 use pgrx::JsonB;
 
-use super::shared::{shared_object_name, SHARED_TASK_SQL};
-use super::{as_catalog_owner, format_lsn, names_from, select_one, CatalogResult, OBJECT_NAME_SQL};
+use super::shared::{shared_object_name, OWN_SLOT_SQL, SHARED_TASK_SQL};
+use super::{
+    as_catalog_owner, format_lsn, ids_of, names_from, select_one, CatalogResult, OBJECT_NAME_SQL,
+};
 use crate::error::{ErrorKind, SyncError};
 
 /// What a task should be doing: `meili_sync.tasks.state`, whose CHECK constraint allows exactly
@@ -83,8 +85,11 @@ pub struct TaskRecord {
     pub swap_lsn: Option<u64>,
     pub swap_created_at: Option<String>,
     /// In the database's shared decoding pass (`slot_name` and `publication_name` are then the
-    /// shared ones).
+    /// shared ones, unless it is `moving`).
     pub shared: bool,
+    /// A shared task that still has a slot of its own (it had one before, or was altered to
+    /// shared): its worker streams from that slot until it hands over to the shared decoder.
+    pub moving: bool,
     /// A shared task's position: every transaction that committed before it is in its index or
     /// its copy. None until the shared decoder gives it one.
     pub stream_position: Option<u64>,
@@ -94,8 +99,8 @@ pub struct TaskRecord {
 #[derive(Debug, Clone, Copy)]
 pub struct TaskSummary {
     pub id: i64,
-    /// Needs a task worker of its own: copying, or streaming from its own slot (the shared
-    /// decoder streams the shared tasks).
+    /// Needs a task worker of its own: copying, or streaming from its own slot (also while it
+    /// moves into the shared pass; the shared decoder streams the shared tasks).
     pub active: bool,
     pub generation: i32,
     pub shared: bool,
@@ -142,7 +147,7 @@ fn insert_task_row(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i6
             .options
             .get("decoding")
             .and_then(|value| value.as_str())
-            == Some("shared");
+            != Some("own");
     Spi::connect_mut(|client| {
         let id: i64 = client
             .update(
@@ -212,7 +217,7 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
                     t.options, t.state, t.snapshot_key, t.rows_copied, 'meili_sync.tasks'::regclass::oid,
                     t.resync_of, t.resync_phase, pg_catalog.pg_wal_lsn_diff(t.swap_lsn, '0/0')::bigint,
                     t.swap_created_at, t.owner::oid, t.generation, {SHARED_TASK_SQL},
-                    pg_catalog.pg_wal_lsn_diff(t.stream_position, '0/0')::bigint
+                    pg_catalog.pg_wal_lsn_diff(t.stream_position, '0/0')::bigint, {OWN_SLOT_SQL}
                FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id = t.id
               WHERE t.id = $1"),
             Some(1),
@@ -224,7 +229,8 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
         let id: i64 = row.get(1)?.unwrap_or(task_id);
         let install = row.get(12)?.unwrap_or(pg_sys::InvalidOid);
         let shared = row.get(19)?.unwrap_or(false);
-        let object = if shared {
+        let moving = shared && row.get(21)?.unwrap_or(false);
+        let object = if shared && !moving {
             shared_object_name(install)
         } else {
             object_name(install, id)
@@ -253,6 +259,7 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
             owner: row.get(17)?.unwrap_or(pg_sys::InvalidOid),
             generation: row.get(18)?.unwrap_or(0),
             shared,
+            moving,
             stream_position: row.get::<i64>(20)?.map(|lsn| lsn as u64),
         }))
     })
@@ -335,7 +342,7 @@ pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
     as_catalog_owner(|| {
         Spi::connect_mut(|client| {
             // The shared publication stays: the shared decoder stops publishing the table.
-            if !task.shared {
+            if !task.shared || task.moving {
                 client.update(
                     &format!(
                         "DROP PUBLICATION IF EXISTS {}",
@@ -527,13 +534,7 @@ pub fn release_held_tasks() -> CatalogResult<Vec<i64>> {
             None,
             &[],
         )?;
-        let mut ids = Vec::new();
-        for row in rows {
-            if let Some(id) = row.get::<i64>(1)? {
-                ids.push(id);
-            }
-        }
-        Ok(ids)
+        Ok(ids_of(rows)?)
     })
 }
 
@@ -542,7 +543,7 @@ pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
         let rows = client.select(
             &format!(
                 "SELECT t.id, t.state IN ('snapshot', 'streaming')
-                        AND NOT ({SHARED_TASK_SQL} AND t.state OPERATOR(pg_catalog.=) 'streaming'),
+                        AND NOT ({SHARED_TASK_SQL} AND t.state OPERATOR(pg_catalog.=) 'streaming' AND NOT {OWN_SLOT_SQL}),
                         t.generation, {SHARED_TASK_SQL}
                    FROM meili_sync.tasks t ORDER BY t.id"
             ),

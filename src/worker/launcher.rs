@@ -107,9 +107,11 @@ impl Launcher {
                     .min(MAX_BACKOFF);
                 backoff.crashes += 1;
                 backoff.not_before = Some(Instant::now() + delay);
-                // The shared decoder has no task row to stop: it is restarted after the longest
-                // backoff for as long as tasks share it (each failed task was stopped already).
-                if backoff.crashes >= CRASH_LOOP && id != SHARED_DECODER {
+                // The shared decoder has no task row to stop: the tasks it streams stop instead,
+                // and it is restarted after the longest backoff for as long as tasks share it.
+                if backoff.crashes >= CRASH_LOOP && id == SHARED_DECODER {
+                    stop_shared_crash_loop(backoff.crashes);
+                } else if backoff.crashes >= CRASH_LOOP {
                     stop_crash_loop(id, backoff.crashes);
                     continue;
                 }
@@ -360,11 +362,7 @@ fn warn_with_hint(message: String, hint: &str) {
 /// Puts a task whose worker keeps crashing in state `error`, with its last error, instead of
 /// restarting it forever; `meili_sync_resume` tries again.
 fn stop_crash_loop(task_id: i64, crashes: u32) {
-    let last_error = shmem::live_tasks()
-        .into_iter()
-        .find(|live| live.task_id == task_id)
-        .and_then(|live| live.last_error)
-        .unwrap_or_else(|| "unknown error".to_owned());
+    let last_error = last_error_of(task_id);
     let message = format!(
         "worker crashed {crashes} times in a row; last error: {last_error}; fix the cause, then run SELECT meili_sync_resume({task_id})"
     );
@@ -377,6 +375,45 @@ fn stop_crash_loop(task_id: i64, crashes: u32) {
             error.message
         );
     }
+}
+
+/// The shared decoder keeps crashing: every task it streams stops in state `error` with the
+/// decoder's last error, so that the tasks show why their changes do not arrive.
+fn stop_shared_crash_loop(crashes: u32) {
+    let last_error = last_error_of(SHARED_DECODER);
+    let stopped = BackgroundWorker::transaction(|| -> Result<Vec<i64>, crate::error::SyncError> {
+        let mut stopped = Vec::new();
+        for task in catalog::shared_tasks()?
+            .into_iter()
+            .filter(|task| task.streaming)
+        {
+            let message = format!(
+                "the shared decoder crashed {crashes} times in a row; last error: {last_error}; fix the cause, then run SELECT meili_sync_resume({})",
+                task.id
+            );
+            catalog::set_error_state(task.id, &message)?;
+            stopped.push(task.id);
+        }
+        Ok(stopped)
+    });
+    match stopped {
+        Ok(stopped) if !stopped.is_empty() => warning!(
+            "pg_meili_sync: the shared decoder crashed {crashes} times in a row (last error: {last_error}); stopped tasks {stopped:?}"
+        ),
+        Ok(_) => {}
+        Err(error) => warning!(
+            "pg_meili_sync: could not stop the tasks of the crashing shared decoder: {}",
+            error.message
+        ),
+    }
+}
+
+fn last_error_of(worker: i64) -> String {
+    shmem::live_tasks()
+        .into_iter()
+        .find(|live| live.task_id == worker)
+        .and_then(|live| live.last_error)
+        .unwrap_or_else(|| "unknown error".to_owned())
 }
 
 /// Sends SIGTERM to a task worker (its handler only sets a flag that the worker checks).

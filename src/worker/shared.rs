@@ -127,11 +127,9 @@ impl SharedDecoder {
             for task_id in in_transaction(self.live, "giving new tasks their position", || {
                 catalog::assign_positions(confirmed)
             })? {
-                log!(
-                    "pg_meili_sync task {task_id}: streams from {} in the shared decoding pass once its copy is done",
-                    catalog::format_lsn(confirmed)
-                );
+                log!("pg_meili_sync task {task_id}: has its position in the shared decoding pass");
             }
+            self.stop_tasks_without_changes()?;
         }
         let leaving: Vec<i64> = self
             .pipelines
@@ -162,6 +160,26 @@ impl SharedDecoder {
                     .is_none_or(|other| other == pid || !shmem::backend_alive(other))
             })
             .collect())
+    }
+
+    /// A task whose copy is done but that has neither a position here nor a slot of its own lost
+    /// the changes since its last confirmation (its own slot went before it moved here, or the
+    /// shared slot was replaced): it stops with an error asking for a new copy, also after a
+    /// resume (joining from the slot's position now would skip them silently).
+    fn stop_tasks_without_changes(&self) -> Result<(), Stop> {
+        let lost = in_transaction(self.live, "reading the tasks without a position", || {
+            catalog::tasks_without_changes()
+        })?;
+        for task_id in lost {
+            let message = format!(
+                "the changes of this task since its last confirmation are lost: the replication slot that kept them was dropped, invalidated, or lost in a failover, restore or upgrade; run SELECT meili_sync_snapshot({task_id}) to copy the table again"
+            );
+            warning!("pg_meili_sync task {task_id} stopped: {message}");
+            in_transaction(self.live, "stopping a task whose changes were lost", || {
+                catalog::set_error_state(task_id, &message)
+            })?;
+        }
+        Ok(())
     }
 
     /// Builds the pipeline of a task that joins. A failure that is the task's own stops that
@@ -504,18 +522,20 @@ impl SharedDecoder {
         if status.as_deref().is_some_and(|status| status != "lost") {
             return Ok(());
         }
-        let tasks = in_transaction(self.live, "reading the shared tasks", catalog::shared_tasks)?;
-        for task in tasks.iter().filter(|task| task.position.is_some()) {
-            let message = format!(
-                "the shared replication slot \"{}\" is {}, so the changes it kept for this task are lost; run SELECT meili_sync_snapshot({}) to copy the table again",
-                self.name,
-                if status.is_some() { "invalidated" } else { "missing" },
-                task.id
-            );
-            warning!("pg_meili_sync task {}: {message}", task.id);
-            in_transaction(self.live, "stopping a task whose changes were lost", || {
-                catalog::set_error_state(task.id, &message)
-            })?;
+        // Their positions go too: a position in the old slot means nothing in the new one, and a
+        // task resumed with it would skip what the old slot kept. Without one it stops again
+        // (`stop_tasks_without_changes`) until a new copy.
+        let what = if status.is_some() {
+            "invalidated"
+        } else {
+            "missing"
+        };
+        for task_id in in_transaction(
+            self.live,
+            "stopping the tasks whose changes were lost",
+            || catalog::forget_positions(&self.name, what),
+        )? {
+            warning!("pg_meili_sync task {task_id} stopped: the shared replication slot \"{}\" is {what}, so the changes it kept for this task are lost", self.name);
         }
         if status.is_some() {
             in_transaction(self.live, "dropping the invalidated shared slot", || {

@@ -18,6 +18,7 @@ use crate::worker::control::{
     await_meili_task, in_transaction, open_dispatcher, permanent, retry_pause, with_retry,
     worker_main, Stop, HTTP_TIMEOUT,
 };
+use crate::worker::handover::{self, MoveGate};
 use crate::worker::resync::{self, ResyncGate};
 use crate::worker::snapshot::{self, SnapshotOutcome};
 use crate::worker::stream::{self, IndexWatch, Streamer, SwapGate};
@@ -192,7 +193,7 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
     let plan = in_transaction(live, "planning the documents", || {
         build_plan(&task, &options)
     })?;
-    if task.shared {
+    if task.shared && !task.moving {
         await_position(&mut task, live)?;
     } else {
         ensure_slot(&mut task, live)?;
@@ -217,7 +218,14 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
     let watch = IndexWatch::new(client.clone(), &task.index_uid, index.created_at);
 
     let mut dispatcher = open_dispatcher(&client, &task, &options, &key_attribute);
-    let mut gate = held.as_ref().map(|held| ResyncGate::new(held.id, live));
+    // A stream ends at a position for a resync's swap, or for the hand-over of a moving task.
+    let mut resync_gate = held.as_ref().map(|held| ResyncGate::new(held.id, live));
+    let mut move_gate = task.moving.then(|| MoveGate::new(task.id, live));
+    let gate = match (&mut resync_gate, &mut move_gate) {
+        (Some(gate), _) => Some(gate as &mut dyn SwapGate),
+        (None, Some(gate)) => Some(gate as &mut dyn SwapGate),
+        (None, None) => None,
+    };
     let result = copy_then_stream(
         &task,
         &plan,
@@ -226,11 +234,12 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
         live,
         watch,
         !index.created && !fresh_index,
-        gate.as_mut().map(|gate| gate as &mut dyn SwapGate),
+        gate,
     );
     dispatcher.shutdown();
     match (result?, &held) {
         (Some(position), Some(held)) => resync::swap(&task, held, &client, live, position),
+        (Some(position), None) if task.moving => handover::hand_over(&task, live, position),
         _ => Err(Stop::Terminated),
     }
 }
@@ -267,7 +276,7 @@ fn copy_then_stream(
             SnapshotOutcome::Failed(message) => return Err(permanent(message)),
         }
     }
-    if task.shared {
+    if task.shared && !task.moving {
         // The shared decoder streams it from here on.
         shmem::wake_launcher();
         return Err(Stop::Terminated);

@@ -330,11 +330,7 @@ fn tasks(idle: usize, rows: i64, shared: bool) {
     let cluster = Cluster::start(&[&slots, &workers]);
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
-    let options = if shared {
-        meili.options(json!({"decoding": "shared"}))
-    } else {
-        meili.options(json!({}))
-    };
+    let options = meili.options(json!({"decoding": if shared { "shared" } else { "own" }}));
     let start = |table: &str, index: &str| -> i64 {
         cluster
             .psql(&format!(

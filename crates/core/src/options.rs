@@ -89,7 +89,7 @@ impl Default for TaskOptions {
             flush_interval_ms: 200,
             gzip: false,
             write_mode: WriteMode::Replace,
-            decoding: Decoding::Own,
+            decoding: Decoding::Shared,
             settings: None,
         }
     }
@@ -392,8 +392,9 @@ impl TaskOptions {
         );
         stored.insert("gzip".into(), Value::from(self.gzip));
         stored.insert("write_mode".into(), Value::from(self.write_mode.as_str()));
-        if self.decoding == Decoding::Shared {
-            // Stored only when not the default, so that other tasks' stored options read as before.
+        if self.decoding == Decoding::Own {
+            // Stored only when not the default: a task without it (also one created before shared
+            // decoding was the default) is in the shared pass, and moves there by itself.
             stored.insert("decoding".into(), Value::from(self.decoding.as_str()));
         }
         if let Some(settings) = &self.settings {
@@ -465,6 +466,21 @@ mod tests {
         let stored = parsed.to_stored_json();
         assert_eq!(stored["write_mode"], json!("upsert"));
         assert!(stored.get("api_key").is_none() && stored.get("url").is_none());
+    }
+
+    #[test]
+    fn shared_decoding_is_the_default_and_only_own_is_stored() {
+        let default = TaskOptions::parse(&json!({"url": "http://m"})).expect("parse");
+        assert_eq!(default.decoding, Decoding::Shared);
+        assert!(default.to_stored_json().get("decoding").is_none());
+        // A stored task without "decoding" reads as shared: it moves into the shared pass.
+        let reread = TaskOptions::parse(&default.to_stored_json()).expect("parse");
+        assert_eq!(reread.decoding, Decoding::Shared);
+        let own =
+            TaskOptions::parse(&json!({"url": "http://m", "decoding": "own"})).expect("parse");
+        assert_eq!(own.to_stored_json()["decoding"], json!("own"));
+        let reread = TaskOptions::parse(&own.to_stored_json()).expect("parse");
+        assert_eq!(reread.decoding, Decoding::Own);
     }
 
     #[test]

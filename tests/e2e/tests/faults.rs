@@ -415,13 +415,23 @@ fn a_wrong_key_waits_for_meili_sync_alter_and_loses_nothing() {
 
 #[test]
 fn a_crash_loop_ends_in_state_error_with_the_last_error() {
-    // Someone drops the task's publication: decoding fails each time the worker starts.
+    crash_loop_ends_in_state_error("own", "worker crashed 10 times");
+}
+
+#[test]
+fn a_crash_loop_of_the_shared_decoder_stops_its_tasks_with_its_last_error() {
+    crash_loop_ends_in_state_error("shared", "the shared decoder crashed 10 times");
+}
+
+/// Someone drops the publication a task's changes come from: decoding fails each time the worker
+/// (or the shared decoder) starts, until the task stops with the error that says why.
+fn crash_loop_ends_in_state_error(decoding: &str, verdict: &str) {
     let meili = Meili::from_env();
     let cluster = Cluster::start(&["meili_sync.restart_backoff=10ms"]);
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, 100));
-    let (_index, task) = start(&cluster, &meili, json!({}));
+    let (_index, task) = start(&cluster, &meili, json!({ "decoding": decoding }));
     cluster.wait_snapshot_done(task, CONVERGE);
     let publication =
         cluster.psql("SELECT pubname FROM pg_publication WHERE pubname LIKE 'meili\\_sync\\_%'");
@@ -433,18 +443,22 @@ fn a_crash_loop_ends_in_state_error_with_the_last_error() {
     });
     let error = status.get("last_error").cloned().unwrap_or_default();
     assert!(
-        error.contains("crashed 10 times")
+        error.contains(verdict)
             && error.contains(&publication)
             && error.contains("meili_sync_resume"),
         "{status:?}"
     );
-    // Stopped means stopped: no worker keeps restarting.
+    // Stopped means stopped: no worker keeps restarting for the task.
     std::thread::sleep(Duration::from_secs(2));
     assert_eq!(
         cluster.psql(
             "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_meili_sync task'"
         ),
         "0"
+    );
+    assert_eq!(
+        cluster.status(task).get("state").map(String::as_str),
+        Some("error")
     );
 }
 

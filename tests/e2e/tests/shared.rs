@@ -1,6 +1,7 @@
-//! End to end: tasks with `"decoding": "shared"` share one slot and one decoding process, each
-//! task gets the changes of its own table only, and tasks that join, pause, resume, leave or are
-//! killed mid-stream lose nothing; every test ends with "each index holds exactly its table".
+//! End to end: shared tasks (the default) share one slot and one decoding process, each task gets
+//! the changes of its own table only, tasks that join, pause, resume, leave or are killed
+//! mid-stream lose nothing, and tasks with a slot of their own move in without a copy; every test
+//! ends with "each index holds exactly its table".
 
 use std::time::Duration;
 
@@ -35,8 +36,12 @@ fn setup_with(settings: &[&str]) -> (Cluster, Meili) {
 
 /// Starts a shared task on `table` and waits until it streams; returns its index and id.
 fn start_shared(cluster: &Cluster, meili: &Meili, table: &str) -> (String, i64) {
-    let index = meili.unique_index(&format!("shared_{table}"));
-    let options = meili.options(json!({"decoding": "shared", "batch_size": 500}));
+    start_task(cluster, meili, table, "shared")
+}
+
+fn start_task(cluster: &Cluster, meili: &Meili, table: &str, decoding: &str) -> (String, i64) {
+    let index = meili.unique_index(&format!("{decoding}_{table}"));
+    let options = meili.options(json!({"decoding": decoding, "batch_size": 500}));
     let task: i64 = cluster
         .psql(&format!(
             "SELECT meili_sync_start('{table}', '{index}', '{options}')"
@@ -382,4 +387,120 @@ fn a_paused_shared_task_holding_the_slot_back_is_named_in_the_wal_warning() {
             == Some("false"))
         .then_some(())
     });
+}
+
+/// Starts a task with a slot of its own on `table` and waits until it streams.
+fn start_own(cluster: &Cluster, meili: &Meili, table: &str) -> (String, i64) {
+    start_task(cluster, meili, table, "own")
+}
+
+fn own_slot_exists(cluster: &Cluster, task: i64) -> bool {
+    cluster.psql(&format!(
+        "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'meili\\_sync\\_%\\_{task}'"
+    )) == "1"
+}
+
+/// Waits until a task has moved into the shared pass: its own slot is gone and the decoder
+/// streams it.
+fn wait_moved(cluster: &Cluster, task: i64) {
+    wait_for("the task to move into the shared pass", CONVERGE, || {
+        let status = cluster.status(task);
+        (status.get("decoding").map(String::as_str) == Some("shared")
+            && status.get("state").map(String::as_str) == Some("streaming")
+            && !own_slot_exists(cluster, task))
+        .then_some(())
+    });
+}
+
+#[test]
+fn tasks_with_their_own_slot_move_into_the_shared_pass_while_writes_go_on() {
+    let (cluster, meili) = setup();
+    let (products_index, products_task) = start_own(&cluster, &meili, "products");
+    let (notes_index, notes_task) = start_own(&cluster, &meili, "notes");
+    assert_eq!(
+        cluster
+            .status(products_task)
+            .get("decoding")
+            .map(String::as_str),
+        Some("own")
+    );
+    assert!(own_slot_exists(&cluster, products_task));
+
+    std::thread::scope(|scope| {
+        // Writes on both tables all through the move: each statement is its own transaction, so
+        // transactions commit before, at and after every hand-over.
+        // A statement refused while the server restarts after the kill below is tried again.
+        let write = |sql: &str| {
+            wait_for("the server to take a write", CONVERGE, || {
+                cluster.try_psql(sql).ok()
+            });
+        };
+        let writer = scope.spawn(move || {
+            for round in 0..60i64 {
+                let first = 2001 + round * 50;
+                write(&products::insert_sql(first, first + 49));
+                write(&insert_notes(first, first + 49));
+                write(&format!(
+                    "UPDATE products SET version = version + 1 WHERE id % 60 = {}",
+                    round % 60
+                ));
+                write(&format!("DELETE FROM notes WHERE id = {}", first - 1000));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        // Altered from own: moves by a hand-over from its own slot.
+        cluster.psql(&format!(
+            "SELECT meili_sync_alter({products_task}, '{{\"decoding\": \"shared\"}}')"
+        ));
+        // Created before shared decoding was the default (no "decoding" stored): moves by itself
+        // once its worker starts again, as after an upgrade of the library.
+        cluster.psql(&format!(
+            "UPDATE meili_sync.tasks SET options = options - 'decoding', generation = generation + 1 WHERE id = {notes_task}"
+        ));
+        // Killed mid-move: the worker starts again and still hands over.
+        std::thread::sleep(Duration::from_millis(300));
+        if let Some(pid) = cluster
+            .status(notes_task)
+            .get("worker_pid")
+            .and_then(|pid| pid.parse::<i64>().ok())
+        {
+            if own_slot_exists(&cluster, notes_task) {
+                cluster.kill_worker(notes_task, pid);
+            }
+        }
+        wait_moved(&cluster, products_task);
+        wait_moved(&cluster, notes_task);
+        writer.join().expect("writer");
+    });
+    cluster.psql("UPDATE notes SET n = n + 1 WHERE id % 3 = 0");
+    cluster.psql(&products::insert_sql(6001, 6500));
+    converge(&cluster, &meili, &products_index, "products");
+    converge(&cluster, &meili, &notes_index, "notes");
+    assert_eq!(
+        cluster.psql("SELECT string_agg(slot_name, ',') FROM pg_replication_slots"),
+        cluster.psql("SELECT format('meili_sync_%s_shared', 'meili_sync.tasks'::regclass::oid)"),
+        "only the shared slot is left"
+    );
+    assert_eq!(
+        cluster.psql("SELECT string_agg(pubname, ',') FROM pg_publication"),
+        cluster.psql("SELECT format('meili_sync_%s_shared', 'meili_sync.tasks'::regclass::oid)"),
+        "only the shared publication is left"
+    );
+    assert_eq!(
+        cluster.psql(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_meili_sync task'"
+        ),
+        "0",
+        "no task worker once both moved"
+    );
+    // The way back is refused: a new slot of its own would skip what the shared slot holds.
+    let refused = cluster
+        .try_psql(&format!(
+            "SELECT meili_sync_alter({products_task}, '{{\"decoding\": \"own\"}}')"
+        ))
+        .expect_err("moving back to a slot of its own");
+    assert!(
+        refused.contains("cannot move to a slot of its own"),
+        "{refused}"
+    );
 }

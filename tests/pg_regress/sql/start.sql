@@ -105,8 +105,8 @@ SELECT meili_sync_start('products', 'x', '{"url": "http://a b/"}');
 SELECT * FROM leftovers;
 
 -- A table whose name is itself an injection attempt syncs like any other: every identifier the
--- extension writes into SQL is quoted.
-SELECT meili_sync_start('"Weird ""Table""; DROP TABLE products; --"', 'weird', '{"url": "http://127.0.0.1:1", "columns": ["id", "select"]}') AS task \gset
+-- extension writes into SQL is quoted (here into a publication of the task's own).
+SELECT meili_sync_start('"Weird ""Table""; DROP TABLE products; --"', 'weird', '{"url": "http://127.0.0.1:1", "columns": ["id", "select"], "decoding": "own"}') AS task \gset
 SELECT pubname ~ '^meili_sync_[0-9]+_[0-9]+$' AS our_name, schemaname, tablename
   FROM pg_catalog.pg_publication_tables WHERE pubname LIKE 'meili\_sync\_%';
 SELECT to_regclass('products') IS NOT NULL AS products_still_there;

@@ -36,6 +36,11 @@ SELECT meili_sync_alter(:task, '{"primary_key": "select"}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_alter(:task, '{"columns": ["id"]}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- The task is in the shared decoding pass (the default): there is no way back to a slot of its
+-- own, which would start at the present and skip what the shared slot holds for it.
+SELECT meili_sync_alter(:task, '{"decoding": "own"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:task, '{"decoding": "shared"}');
 SELECT meili_sync_alter(:task, '{"batch_size": -5}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_alter(:task, '{"url": "ftp://127.0.0.1:1"}');
