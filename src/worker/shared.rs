@@ -39,6 +39,9 @@ const REFRESH_INTERVAL: Duration = Duration::from_millis(500);
 /// How often positions are stored (and the slot confirmed) while changes flow.
 const STORE_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How often an idle task's status is published while other tasks keep the decoder busy.
+const QUIET_PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
+
 /// How long one task whose Meilisearch confirms nothing may hold up the shared reader before it
 /// leaves the stream. Long enough for a real Meilisearch's large auto-batch (all its tasks finish
 /// together, after seconds), short enough that an unreachable one does not stall the others long.
@@ -58,6 +61,8 @@ struct Pipeline {
     /// write WAL that moves them again.
     checkpointed: u64,
     stored: u64,
+    /// When the status view was last given this task's progress.
+    published: Instant,
     /// Receives changes. A task whose Meilisearch stalls leaves the stream (its pipeline stays to
     /// finish what it sent) and joins again once its dispatcher is idle.
     attached: bool,
@@ -245,6 +250,7 @@ impl SharedDecoder {
             position,
             checkpointed: position,
             stored: position,
+            published: Instant::now(),
             attached: false,
         })
     }
@@ -253,7 +259,13 @@ impl SharedDecoder {
     fn settle(&mut self, caught_up: bool, read_position: u64) -> Result<(), Stop> {
         let mut failed = Vec::new();
         for (task_id, pipeline) in self.pipelines.iter_mut() {
-            match pipeline.streamer.settle() {
+            let settled = if pipeline.streamer.is_quiet() {
+                // Idle with nothing to report: many such tasks must not cost a round each.
+                Ok(None)
+            } else {
+                pipeline.streamer.settle()
+            };
+            match settled {
                 Ok(Some(lsn)) => {
                     pipeline.position = pipeline.position.max(lsn);
                     pipeline.checkpointed = pipeline.checkpointed.max(lsn);
@@ -465,12 +477,20 @@ impl SharedDecoder {
                         continue;
                     }
                 }
-                pipeline.streamer.end_read(caught_up);
+                if pipeline.streamer.is_quiet() {
+                    // Only the shown read position would move: at most once a second.
+                    if pipeline.published.elapsed() < QUIET_PUBLISH_INTERVAL {
+                        continue;
+                    }
+                } else {
+                    pipeline.streamer.end_read(caught_up);
+                }
                 pipeline.streamer.publish(
                     pipeline.task.rows_copied,
                     read_position,
                     pipeline.position,
                 );
+                pipeline.published = Instant::now();
             }
             for (task_id, message) in gone {
                 if let Some(pipeline) = self.remove(task_id) {

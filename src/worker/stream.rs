@@ -248,6 +248,16 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         self.mapper.is_idle() && self.dispatcher.borrow().is_idle()
     }
 
+    /// Nothing mapped, sent or to report: `settle`, `end_read` and `publish` would change
+    /// nothing but the shown read position (the shared decoder skips such tasks).
+    pub fn is_quiet(&self) -> bool {
+        self.mapper.is_idle()
+            && self.dispatcher.borrow().is_quiet()
+            && self.progress.checkpoint.is_none()
+            && self.progress.retries.is_empty()
+            && self.failure.is_none()
+    }
+
     fn dispatcher_is_idle(&self) -> bool {
         self.dispatcher.borrow().is_idle()
     }

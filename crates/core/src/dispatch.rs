@@ -263,6 +263,15 @@ impl Dispatcher {
             && self.watermark.inflight() == 0
     }
 
+    /// Idle, and nothing for `pump`, `take_dead_letters` or `take_failure` to hand over: a caller
+    /// with many dispatchers may skip this one until it is given a batch.
+    pub fn is_quiet(&self) -> bool {
+        self.is_idle()
+            && self.ready_checkpoint.is_none()
+            && self.dead_letters.is_empty()
+            && self.failure.is_none()
+    }
+
     /// A failure that splitting cannot help (e.g. a refused delete-all, or a server that rejects
     /// every request): the task must stop.
     pub fn take_failure(&mut self) -> Option<String> {
