@@ -149,13 +149,22 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         Ok(progress.checkpoint)
     }
 
-    /// After a read: sends the open batch when nothing else is coming to fill it (`caught_up`)
-    /// or when it is due, then whatever closed batches the dispatcher has room for.
+    /// After a read: closes the open window, then sends whatever closed batches the dispatcher
+    /// has room for. The window closes at once when nothing else is coming to fill it
+    /// (`caught_up`) and Meilisearch has nothing of ours to do. While it is busy with earlier
+    /// requests, the window closes only when due or full, and not at all while every request slot
+    /// is taken: a request enqueued now would wait for the running batch anyway, and Meilisearch's
+    /// auto-batcher turns a few large queued requests into fewer batches than many small ones
+    /// (each batch has a large fixed cost).
     pub fn end_read(&mut self, caught_up: bool) {
-        if caught_up {
-            self.mapper.flush();
-        } else {
-            self.mapper.flush_due(Instant::now());
+        self.pump(None);
+        let dispatcher = self.dispatcher.borrow();
+        if dispatcher.has_room() {
+            if caught_up && dispatcher.is_idle() {
+                self.mapper.flush();
+            } else {
+                self.mapper.flush_due(Instant::now());
+            }
         }
         self.send_ready(false);
     }

@@ -153,9 +153,26 @@ fn meili_batches(meili: &Meili, index: &str) -> Option<String> {
         .filter_map(|batch| batch["stats"]["totalNbTasks"].as_u64())
         .max()
         .unwrap_or(0);
+    // Oldest first: tasks, documents and seconds of each, to show how the auto-batcher was fed.
+    let each: Vec<String> = document_batches
+        .iter()
+        .rev()
+        .map(|batch| {
+            format!(
+                "{}x{} {:.1}s",
+                batch["stats"]["totalNbTasks"].as_u64().unwrap_or(0),
+                batch["details"]["receivedDocuments"].as_u64().unwrap_or(0),
+                batch["duration"]
+                    .as_str()
+                    .and_then(iso_duration_seconds)
+                    .unwrap_or(0.0)
+            )
+        })
+        .collect();
     Some(format!(
-        "meilisearch       {} document batches, {seconds:.1} s indexing between them, the largest of {largest} tasks (GET /batches)",
-        document_batches.len()
+        "meilisearch       {} document batches, {seconds:.1} s indexing between them, the largest of {largest} tasks (GET /batches; tasks x documents: {})",
+        document_batches.len(),
+        each.join(", ")
     ))
 }
 
