@@ -45,6 +45,12 @@ echo "== stream, 50,000 rows in 500-row transactions"
 run_load stream 50000 500
 echo "== latency, 200 one-row transactions at 10/s"
 run_load latency 200 10
+echo "== 0 and 50 idle shared tasks beside one busy table, 200,000 rows"
+run_load tasks 0 200000 1
+run_load tasks 50 200000 1
+echo "== 8 busy shared tasks at once, 50,000 rows each: the decoder's memory with a 16 MB budget and the default"
+run_load busy 8 50000 16
+run_load busy 8 50000 256
 echo "== decoders, 200,000 rows"
 "$load" decoders 200000 500
 echo "== sweep of the batching knobs, 100,000 rows per run"

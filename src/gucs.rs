@@ -18,6 +18,7 @@ static INDEX_CHECK_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000)
 static MAX_RETAINED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static LAG_WARNING_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
 static MAX_TASKS: GucSetting<i32> = GucSetting::<i32>::new(64);
+static DECODER_MEMORY_MB: GucSetting<i32> = GucSetting::<i32>::new(256);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -82,6 +83,16 @@ pub fn init() {
         3_600_000,
         GucContext::Sighup,
         GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"meili_sync.decoder_memory",
+        c"Memory the shared decoder may hold in documents not yet confirmed by Meilisearch, for all its tasks together.",
+        c"Past it, each task sends its next request only once its earlier ones are confirmed; one request per task is always allowed.",
+        &DECODER_MEMORY_MB,
+        1,
+        i32::MAX / 2,
+        GucContext::Sighup,
+        GucFlags::UNIT_MB,
     );
     GucRegistry::define_int_guc(
         c"meili_sync.max_retained_wal",
@@ -200,6 +211,14 @@ pub fn naptime() -> std::time::Duration {
 
 pub fn index_check_interval() -> std::time::Duration {
     std::time::Duration::from_millis(INDEX_CHECK_INTERVAL_MS.get().max(100) as u64)
+}
+
+/// Bytes of documents the shared decoder may hold for all its tasks (see `Dispatcher::set_squeezed`).
+pub fn decoder_memory() -> usize {
+    usize::try_from(DECODER_MEMORY_MB.get())
+        .unwrap_or(1)
+        .max(1)
+        .saturating_mul(1024 * 1024)
 }
 
 pub fn max_tasks() -> usize {

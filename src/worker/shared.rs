@@ -22,19 +22,25 @@ use crate::dispatch::Dispatcher;
 use crate::error::SyncError;
 use crate::meili::client::Client;
 use crate::options::TaskOptions;
+use crate::pacing::BusyNap;
 use crate::plan::{build_plan, ColumnRules};
 use crate::route::Router;
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
     in_transaction, open_dispatcher, permanent, should_stop, worker_main, Stop, HTTP_TIMEOUT,
 };
-use crate::worker::stream::{IndexWatch, Streamer, RECORDS_PER_ROUND};
+use crate::worker::stream::{
+    IndexWatch, Streamer, BUSY_NAP_LONGEST, BUSY_NAP_SHORTEST, RECORDS_PER_ROUND,
+};
 
 /// The launcher's and shared memory's key for the shared decoder (task ids are positive).
 pub const SHARED_DECODER: i64 = -1;
 
 /// How often the decoder looks at the catalog for tasks that join or leave.
 const REFRESH_INTERVAL: Duration = Duration::from_millis(500);
+
+/// At most one LOG line this often about the decoder's memory budget being spent.
+const SQUEEZE_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 /// How often positions are stored (and the slot confirmed) while changes flow.
 const STORE_INTERVAL: Duration = Duration::from_secs(1);
@@ -110,6 +116,9 @@ struct SharedDecoder {
     last_store: Instant,
     /// See `load_lowest_elsewhere`; read again whenever tasks join, leave or get a position.
     lowest_elsewhere: Option<u64>,
+    /// Over `meili_sync.decoder_memory` at the last look (see `share_memory`).
+    squeezed: bool,
+    squeeze_logged: Option<Instant>,
 }
 
 impl SharedDecoder {
@@ -253,6 +262,36 @@ impl SharedDecoder {
             published: Instant::now(),
             attached: false,
         })
+    }
+
+    /// Holds every task to one request at a time while all of them together hold more
+    /// documents than `meili_sync.decoder_memory`, so that the decoder's memory is bounded by
+    /// that setting (plus about one request per busy task), not by how many tasks stream.
+    fn share_memory(&mut self) {
+        let held: usize = self
+            .pipelines
+            .values()
+            .map(|pipeline| pipeline.streamer.held_bytes())
+            .sum();
+        let budget = crate::gucs::decoder_memory();
+        let squeezed = held > budget;
+        if squeezed
+            && !self.squeezed
+            && self
+                .squeeze_logged
+                .is_none_or(|at| at.elapsed() >= SQUEEZE_LOG_INTERVAL)
+        {
+            self.squeeze_logged = Some(Instant::now());
+            log!(
+                "pg_meili_sync shared decoder: its tasks hold {} kB of documents Meilisearch has not confirmed, more than meili_sync.decoder_memory ({} kB); each task sends one request at a time until they hold less",
+                held / 1024,
+                budget / 1024
+            );
+        }
+        self.squeezed = squeezed;
+        for pipeline in self.pipelines.values_mut() {
+            pipeline.streamer.dispatcher().set_squeezed(squeezed);
+        }
     }
 
     /// Takes in each task's confirmations; a task that failed leaves with its error.
@@ -420,6 +459,7 @@ impl SharedDecoder {
         let mut session = DecodingSession::open(&self.name, &self.name).map_err(permanent)?;
         self.live.set_phase(Phase::Streaming);
         let mut caught_up = false;
+        let mut busy_nap = BusyNap::new(BUSY_NAP_SHORTEST, BUSY_NAP_LONGEST);
         let result = loop {
             if should_stop() {
                 break Ok(());
@@ -455,6 +495,7 @@ impl SharedDecoder {
             if let Err(stop) = self.confirm(&mut session) {
                 break Err(stop);
             }
+            self.share_memory();
             let mut fanout = Fanout {
                 router: &mut self.router,
                 pipelines: &mut self.pipelines,
@@ -501,12 +542,16 @@ impl SharedDecoder {
             self.live
                 .set_stream_position(read_position, confirmed, None);
             if caught_up {
-                let busy = self
-                    .pipelines
-                    .values_mut()
-                    .any(|pipeline| !pipeline.streamer.dispatcher().is_idle());
+                let mut busy = false;
+                let mut moved = records > 0;
+                for pipeline in self.pipelines.values_mut() {
+                    if !pipeline.streamer.is_quiet() {
+                        busy |= !pipeline.streamer.dispatcher().is_idle();
+                        moved |= pipeline.streamer.finished_more();
+                    }
+                }
                 let nap = if busy {
-                    Duration::from_millis(5)
+                    busy_nap.after_round(moved)
                 } else {
                     REFRESH_INTERVAL
                 };
@@ -605,6 +650,8 @@ fn run(live: LiveStatus, pid: i32) -> Result<(), Stop> {
         last_refresh: None,
         last_store: Instant::now(),
         lowest_elsewhere: None,
+        squeezed: false,
+        squeeze_logged: None,
     };
     let result = decoder.run();
     let attached: Vec<i64> = decoder.pipelines.keys().copied().collect();

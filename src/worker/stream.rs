@@ -18,6 +18,7 @@ use crate::gucs;
 use crate::meili::client::Client;
 use crate::meter::CommitAges;
 use crate::options::{TaskOptions, WriteMode};
+use crate::pacing::BusyNap;
 use crate::pgoutput;
 use crate::plan::ColumnRules;
 use crate::shmem::{LiveStatus, Phase};
@@ -25,6 +26,11 @@ use crate::worker::control::{permanent, report_progress, should_stop, Stop};
 
 /// WAL records decoded between two looks at confirmations and signals.
 pub const RECORDS_PER_ROUND: usize = 2000;
+
+/// The nap between rounds while Meilisearch has requests of ours: from the shortest, right after
+/// a round that moved something, doubling to the longest while none does (see `BusyNap`).
+pub const BUSY_NAP_SHORTEST: Duration = Duration::from_millis(5);
+pub const BUSY_NAP_LONGEST: Duration = Duration::from_millis(40);
 
 /// One task's stream: maps its decoded changes to batches and hands them to its dispatcher
 /// (borrowed in a task worker, which used it for the copy first; owned in the shared decoder).
@@ -47,6 +53,8 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
     stall_limit: Option<Duration>,
     /// Left the stream (stall_limit passed): later changes are ignored until mapping restarts.
     stalled: bool,
+    /// `batches_finished` when `finished_more` last looked.
+    finished_seen: u64,
 }
 
 impl<D: BorrowMut<Dispatcher>> Streamer<D> {
@@ -73,6 +81,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             upsert: options.write_mode == WriteMode::Upsert,
             stall_limit: None,
             stalled: false,
+            finished_seen: 0,
         }
     }
 
@@ -105,6 +114,19 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             + stats
                 .batches_failed
                 .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Meilisearch finished a request since the last call: the main loop naps short again.
+    pub fn finished_more(&mut self) -> bool {
+        let finished = self.batches_finished();
+        let more = finished != self.finished_seen;
+        self.finished_seen = finished;
+        more
+    }
+
+    /// Bytes of documents this stream holds: mapped and not yet sent, or sent and unconfirmed.
+    pub fn held_bytes(&self) -> usize {
+        self.mapper.held_bytes() + self.dispatcher.borrow().held_bytes()
     }
 
     pub fn dispatcher(&mut self) -> &mut Dispatcher {
@@ -368,6 +390,7 @@ pub fn run(
     streamer.live.set_phase(Phase::Streaming);
     let mut caught_up = false;
     let mut draining = false;
+    let mut busy_nap = BusyNap::new(BUSY_NAP_SHORTEST, BUSY_NAP_LONGEST);
     let result = loop {
         if should_stop() {
             break Ok(None);
@@ -422,10 +445,11 @@ pub fn run(
             session.confirmed(),
         );
         if caught_up {
+            let moved = records > 0 || streamer.finished_more();
             let nap = if streamer.dispatcher_is_idle() {
                 Duration::from_secs(1)
             } else {
-                Duration::from_millis(5)
+                busy_nap.after_round(moved)
             };
             if !BackgroundWorker::wait_latch(Some(nap)) {
                 break Ok(None);

@@ -6,6 +6,7 @@
 //!   cargo run --release -p pg_meili_sync_load -- latency [transactions] [per_second]
 //!   cargo run --release -p pg_meili_sync_load -- decoders [rows] [rows_per_transaction]
 //!   cargo run --release -p pg_meili_sync_load -- tasks [idle_tasks] [rows] [shared 0|1]
+//!   cargo run --release -p pg_meili_sync_load -- busy [busy_tasks] [rows] [decoder_memory MB]
 //!
 //! Set LOAD_VERIFY=1 to also check that the index holds exactly the table's rows afterwards.
 
@@ -333,6 +334,33 @@ fn stream(rows: i64, per_transaction: i64, max_inflight: usize) {
     println!("stream/ceiling    {:.2}", rows as f64 / seconds / rate);
 }
 
+/// Creates `count` tables `{prefix}_{n}` (with `create(n)`) and a task on each, into an index of
+/// its own; returns the task ids and the indexes.
+fn start_on_tables(
+    cluster: &Cluster,
+    meili: &Meili,
+    options: &str,
+    prefix: &str,
+    count: usize,
+    create: impl Fn(usize) -> String,
+) -> (Vec<i64>, Vec<String>) {
+    let mut tasks = Vec::new();
+    let mut indexes = Vec::new();
+    for n in 0..count {
+        cluster.psql(&create(n));
+        let index = meili.unique_index(&format!("{prefix}{n}"));
+        let task: i64 = cluster
+            .psql(&format!(
+                "SELECT meili_sync_start('{prefix}_{n}', '{index}', '{options}')"
+            ))
+            .parse()
+            .expect("task id");
+        tasks.push(task);
+        indexes.push(index);
+    }
+    (tasks, indexes)
+}
+
 /// `idle` tasks on tables nobody writes beside one busy task: one transaction of `rows` rows into
 /// the busy table, then the catch-up time (commit → every document in the busy index), the CPU the
 /// busy worker and the idle workers spent on it (until every slot confirmed past the commit), and
@@ -348,26 +376,23 @@ fn tasks(idle: usize, rows: i64, shared: bool) {
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     let options = meili.options(json!({"decoding": if shared { "shared" } else { "own" }}));
-    let start = |table: &str, index: &str| -> i64 {
-        cluster
-            .psql(&format!(
-                "SELECT meili_sync_start('{table}', '{index}', '{options}')"
-            ))
-            .parse()
-            .expect("task id")
-    };
-    let mut indexes = Vec::new();
-    let mut idle_tasks = Vec::new();
-    for n in 0..idle {
-        cluster.psql(&format!(
-            "CREATE TABLE idle_{n} (id int PRIMARY KEY, v text); INSERT INTO idle_{n} VALUES (1, 'x')"
-        ));
-        let index = meili.unique_index(&format!("idle{n}"));
-        idle_tasks.push(start(&format!("idle_{n}"), &index));
-        indexes.push(index);
-    }
+    let (idle_tasks, mut indexes) = start_on_tables(
+        &cluster,
+        &meili,
+        &options,
+        "idle",
+        idle,
+        |n| {
+            format!("CREATE TABLE idle_{n} (id int PRIMARY KEY, v text); INSERT INTO idle_{n} VALUES (1, 'x')")
+        },
+    );
     let busy_index = meili.unique_index("busy");
-    let busy = start("products", &busy_index);
+    let busy: i64 = cluster
+        .psql(&format!(
+            "SELECT meili_sync_start('products', '{busy_index}', '{options}')"
+        ))
+        .parse()
+        .expect("task id");
     indexes.push(busy_index.clone());
     for task in idle_tasks.iter().chain([&busy]) {
         cluster.wait_snapshot_done(*task, Duration::from_secs(600));
@@ -430,6 +455,81 @@ fn tasks(idle: usize, rows: i64, shared: bool) {
     );
     println!("extension CPU     {:.2} s in all", busy_cpu + idle_cpu);
     println!("retained WAL      {retained} (the largest of the slots, after the catch-up)");
+    if meili.test_server().is_none() {
+        for index in &indexes {
+            meili.delete_index(index);
+        }
+    }
+}
+
+/// `busy` shared tasks, each on a table of its own that gets one transaction of `rows` rows at the
+/// same moment: the shared decoder's private memory (sampled while they catch up) against
+/// `meili_sync.decoder_memory`, and the catch-up time. Without the budget, memory grows with the
+/// number of busy tasks (each keeps up to `max_inflight` requests for a resend).
+fn busy(tasks: usize, rows: i64, decoder_memory_mb: i64) {
+    let meili = Meili::from_env();
+    let budget = format!("meili_sync.decoder_memory={decoder_memory_mb}MB");
+    // Postgres's reorder buffer (64 MB by default, in the same process) would hide ours.
+    let cluster = Cluster::start(&[&budget, "logical_decoding_work_mem=4MB"]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, rows));
+    let options = meili.options(json!({}));
+    let (task_ids, indexes) = start_on_tables(&cluster, &meili, &options, "busy", tasks, |n| {
+        format!("CREATE TABLE busy_{n} (LIKE products INCLUDING ALL)")
+    });
+    for task in &task_ids {
+        cluster.wait_snapshot_done(*task, Duration::from_secs(600));
+    }
+    let pid: i64 = cluster
+        .status(task_ids[0])
+        .get("worker_pid")
+        .and_then(|pid| pid.parse().ok())
+        .unwrap_or(0);
+    let cpu_before = cpu_seconds(pid).unwrap_or(0.0);
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        for n in 0..tasks {
+            let cluster = &cluster;
+            scope.spawn(move || {
+                cluster.psql(&format!("INSERT INTO busy_{n} SELECT * FROM products"))
+            });
+        }
+    });
+    let committed = started.elapsed().as_secs_f64();
+    let mut peak = 0.0f64;
+    let mut last_count = Instant::now() - Duration::from_secs(1);
+    wait_for(
+        "every row in every index",
+        Duration::from_secs(3600),
+        || {
+            peak = peak.max(memory_mib(pid, "RssAnon:").unwrap_or(0.0));
+            if last_count.elapsed() < Duration::from_secs(1) {
+                return None;
+            }
+            last_count = Instant::now();
+            indexes
+                .iter()
+                .all(|index| meili.document_count(index) == Some(rows as u64))
+                .then_some(())
+        },
+    );
+    let seconds = started.elapsed().as_secs_f64();
+    let cpu = cpu_seconds(pid).unwrap_or(0.0) - cpu_before;
+    let target = if meili.test_server().is_some() {
+        "test server".to_owned()
+    } else {
+        meili.url.clone()
+    };
+    println!("busy: {tasks} shared tasks, one transaction of {rows} rows each (committed in {committed:.2} s), meili_sync.decoder_memory {decoder_memory_mb} MB, logical_decoding_work_mem 4 MB, into {target}");
+    println!("catch-up          {seconds:.2} s (first commit → every document in every index, counted once a second)");
+    println!("decoder memory    private peak {peak:.1} MiB (RssAnon sampled every 100 ms)");
+    println!("decoder CPU       {cpu:.2} s");
+    for index in &indexes {
+        if let Some(batches) = meili_batches(&meili, index) {
+            println!("{index}: {batches}");
+        }
+    }
     if meili.test_server().is_none() {
         for index in &indexes {
             meili.delete_index(index);
@@ -529,8 +629,11 @@ fn main() {
         "latency" => latency(arg(0, 200) as usize, arg(1, 10) as u64),
         "decoders" => decoders::run(arg(0, 200_000), arg(1, 500)),
         "tasks" => tasks(arg(0, 10) as usize, arg(1, 200_000), arg(2, 0) != 0),
+        "busy" => busy(arg(0, 4) as usize, arg(1, 100_000), arg(2, 256)),
         other => {
-            eprintln!("unknown mode {other}: use backfill, stream, latency, decoders or tasks");
+            eprintln!(
+                "unknown mode {other}: use backfill, stream, latency, decoders, tasks or busy"
+            );
             std::process::exit(2);
         }
     }

@@ -456,6 +456,16 @@ impl ChangeBatcher {
         !self.closed.is_empty()
     }
 
+    /// Body bytes of the open window and of the closed requests not yet taken.
+    pub fn held_bytes(&self) -> usize {
+        self.bytes
+            + self
+                .closed
+                .iter()
+                .map(|batch| batch.body.len())
+                .sum::<usize>()
+    }
+
     /// No window is open.
     pub fn is_empty(&self) -> bool {
         self.opened_at.is_none()
@@ -833,6 +843,28 @@ mod tests {
     /// holding items pushed before it are confirmed.
     fn change_batches(batcher: &mut ChangeBatcher) -> Vec<Batch> {
         std::iter::from_fn(|| batcher.next_closed()).collect()
+    }
+
+    #[test]
+    fn a_change_batcher_counts_the_bytes_it_holds_until_they_are_taken() {
+        let now = Instant::now();
+        let clock = || now;
+        let mut batcher = ChangeBatcher::new(limits(100, 1 << 20));
+        assert_eq!(batcher.held_bytes(), 0);
+        batcher.push(Operation::Replace, b"1", b"{\"id\":1}", &clock);
+        batcher.push(Operation::Delete, b"2", b"2", &clock);
+        let open = batcher.held_bytes();
+        assert!(open >= 9, "the open window holds its items: {open}");
+        batcher.close();
+        let closed: usize = change_batches(&mut batcher)
+            .iter()
+            .map(|batch| batch.body.len())
+            .sum();
+        assert!(closed >= open - 2, "{closed} bytes closed of {open}");
+        assert_eq!(batcher.held_bytes(), 0, "everything was taken");
+        batcher.push(Operation::Replace, b"3", b"{\"id\":3}", &clock);
+        batcher.close();
+        assert_eq!(batcher.held_bytes(), b"{\"id\":3}".len() + 1);
     }
 
     #[test]

@@ -276,6 +276,11 @@ impl ChangeMapper {
         self.batcher.has_closed()
     }
 
+    /// Body bytes mapped and not yet handed over (the open window and closed batches).
+    pub fn held_bytes(&self) -> usize {
+        self.batcher.held_bytes()
+    }
+
     /// A commit whose changes produced no document: confirmable once everything before it is.
     pub fn take_pending_checkpoint(&mut self) -> Option<u64> {
         self.batcher.take_pending_checkpoint()

@@ -105,6 +105,9 @@ pub struct Dispatcher {
     next_repair_seq: u64,
     dead_letters: Vec<DeadLetter>,
     failure: Option<String>,
+    /// The owner's memory budget (shared by many dispatchers) is spent: no room while anything
+    /// is unresolved (see [`Dispatcher::set_squeezed`]).
+    squeezed: bool,
 }
 
 impl Dispatcher {
@@ -132,6 +135,7 @@ impl Dispatcher {
             next_repair_seq: REPAIR_SEQ_BASE,
             dead_letters: Vec::new(),
             failure: None,
+            squeezed: false,
         }
     }
 
@@ -248,11 +252,22 @@ impl Dispatcher {
     }
 
     /// Room for another batch: fewer than `max_inflight` held in memory, and fewer than `depth`
-    /// unresolved.
+    /// unresolved; when squeezed, nothing unresolved at all.
     pub fn has_room(&self) -> bool {
+        if self.squeezed {
+            return self.backlog() == 0;
+        }
         let released = self.sent.values().filter(|batch| batch.released).count()
             + self.landed.iter().filter(|batch| batch.released).count();
         self.backlog() - released < self.max_inflight && self.backlog() < self.depth
+    }
+
+    /// Set while the batches of all the dispatchers that share a memory budget (the tasks of
+    /// one shared decoder) hold more than it: this one then takes a new batch only once all it
+    /// sent is resolved. One batch each is always allowed, so no task waits on another's
+    /// Meilisearch.
+    pub fn set_squeezed(&mut self, squeezed: bool) {
+        self.squeezed = squeezed;
     }
 
     /// Nothing queued, in flight, or being repaired.
@@ -1355,6 +1370,36 @@ mod tests {
         assert_eq!(
             ids(&server),
             (1..=30).map(|id| json!(id)).collect::<Vec<_>>()
+        );
+        dispatcher.shutdown();
+    }
+
+    #[test]
+    fn a_squeezed_dispatcher_holds_one_batch_at_a_time_and_loses_none() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        server.faults().set_task_delay(Duration::from_millis(30));
+        let mut dispatcher = Dispatcher::new(writer(&server, 8), "id", 8, 1 << 20);
+        dispatcher.push(batch(1, &[json!({"id": 1})]));
+        assert!(dispatcher.has_room(), "unsqueezed: room up to max_inflight");
+        dispatcher.set_squeezed(true);
+        assert!(!dispatcher.has_room(), "squeezed with a batch unresolved");
+        let (mut pushed, mut most) = (1u64, 0);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while pushed < 6 || !dispatcher.is_idle() {
+            assert!(Instant::now() < deadline, "a squeezed dispatcher got stuck");
+            if pushed < 6 && dispatcher.has_room() {
+                pushed += 1;
+                dispatcher.push(batch(pushed, &[json!({"id": pushed})]));
+            }
+            most = most.max(dispatcher.backlog());
+            dispatcher.pump(Some(Duration::from_millis(5)));
+        }
+        assert_eq!(most, 1, "more than one batch at a time while squeezed");
+        dispatcher.set_squeezed(false);
+        assert!(dispatcher.has_room());
+        assert_eq!(
+            ids(&server),
+            (1..=6).map(|id| json!(id)).collect::<Vec<_>>()
         );
         dispatcher.shutdown();
     }

@@ -11,6 +11,7 @@ pub mod encode;
 pub mod meili;
 pub mod meter;
 pub mod options;
+pub mod pacing;
 pub mod pgoutput;
 pub mod route;
 #[cfg(test)]

@@ -216,6 +216,37 @@ fn tasks_join_pause_resume_and_leave_while_others_stream() {
 }
 
 #[test]
+fn tasks_over_the_decoders_memory_budget_send_one_request_at_a_time_and_lose_nothing() {
+    let (cluster, meili) = setup_with(&["meili_sync.decoder_memory=1MB"]);
+    // Slow confirmations, as behind a real Meilisearch's indexing, so that requests pile up.
+    if let Some(server) = meili.test_server() {
+        server.faults().set_task_delay(Duration::from_millis(100));
+    }
+    let (products_index, _) = start_shared(&cluster, &meili, "products");
+    let (notes_index, _) = start_shared(&cluster, &meili, "notes");
+    // 40 requests of 500 rows, about 2 MB of products alone: over the budget, the two tasks
+    // go on one request each at a time.
+    std::thread::scope(|scope| {
+        scope.spawn(|| cluster.psql(&products::insert_sql(2001, 12_000)));
+        scope.spawn(|| cluster.psql(&insert_notes(2001, 12_000)));
+    });
+    cluster.psql("UPDATE products SET price = price + 1 WHERE id % 5 = 0");
+    cluster.psql("DELETE FROM notes WHERE id % 3 = 0");
+    converge(&cluster, &meili, &products_index, "products");
+    converge(&cluster, &meili, &notes_index, "notes");
+    assert!(
+        cluster
+            .server_log()
+            .contains("more than meili_sync.decoder_memory (1024 kB)"),
+        "the budget was never reached: {}",
+        cluster.tail_log()
+    );
+    if let Some(server) = meili.test_server() {
+        server.faults().set_task_delay(Duration::ZERO);
+    }
+}
+
+#[test]
 fn a_killed_decoder_and_an_immediate_shutdown_during_a_catch_up_lose_nothing() {
     let (cluster, meili) = setup();
     let (products_index, _) = start_shared(&cluster, &meili, "products");

@@ -1,0 +1,54 @@
+//! How long a worker naps between rounds while Meilisearch works on its requests (pure: no pgrx).
+
+use std::time::Duration;
+
+/// Short right after a round that moved something, doubling up to a cap while rounds move
+/// nothing: a long indexing run is not polled hundreds of times a second (the writer's threads
+/// learn of finished tasks every 20 to 320 ms anyway), and a worker with many tasks does not pay
+/// for all of them on every idle round.
+pub struct BusyNap {
+    shortest: Duration,
+    longest: Duration,
+    current: Duration,
+}
+
+impl BusyNap {
+    pub fn new(shortest: Duration, longest: Duration) -> Self {
+        BusyNap {
+            shortest,
+            longest: longest.max(shortest),
+            current: shortest,
+        }
+    }
+
+    /// The nap after a round; `moved` when it read changes or Meilisearch finished a request.
+    pub fn after_round(&mut self, moved: bool) -> Duration {
+        self.current = if moved {
+            self.shortest
+        } else {
+            (self.current * 2).min(self.longest)
+        };
+        self.current
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn naps_double_while_nothing_moves_and_start_over_when_something_does() {
+        let mut nap = BusyNap::new(Duration::from_millis(5), Duration::from_millis(40));
+        let naps: Vec<u128> = [false, false, false, false, true, false]
+            .into_iter()
+            .map(|moved| nap.after_round(moved).as_millis())
+            .collect();
+        assert_eq!(naps, [10, 20, 40, 40, 5, 10]);
+    }
+
+    #[test]
+    fn a_cap_below_the_floor_is_the_floor() {
+        let mut nap = BusyNap::new(Duration::from_millis(5), Duration::from_millis(1));
+        assert_eq!(nap.after_round(false), Duration::from_millis(5));
+    }
+}
