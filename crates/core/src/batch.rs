@@ -9,8 +9,10 @@
 //! tells which checkpoint is safe: the newest one such that every batch
 //! sent before it is confirmed by Meilisearch.
 
+use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasherDefault, Hasher};
+use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -277,8 +279,15 @@ pub struct ChangeBatcher {
     parts: [Option<OpenBatch>; 3],
     /// The open window is one delete-all (counting merged repeats).
     delete_all: usize,
-    /// Each document of the open window (by [`id_hash`]), with the operation its part holds.
-    ids: HashMap<u64, Operation, BuildHasherDefault<PreHashed>>,
+    /// Each document of the open window (by [`id_hash`]): the operation its part holds, and where
+    /// its id and its newest item are.
+    ids: HashMap<u64, HeldItem, BuildHasherDefault<PreHashed>>,
+    /// The ids of the open window, back to back (`HeldItem::id` points here): a hash match alone
+    /// never merges two documents.
+    id_bytes: Vec<u8>,
+    /// Byte ranges of the replace part that a newer version of the same document superseded:
+    /// left out when the window closes.
+    superseded: Vec<Range<usize>>,
     items: usize,
     bytes: usize,
     opened_at: Option<Instant>,
@@ -299,6 +308,8 @@ impl ChangeBatcher {
             parts: [None, None, None],
             delete_all: 0,
             ids: HashMap::default(),
+            id_bytes: Vec::new(),
+            superseded: Vec::new(),
             items: 0,
             bytes: 0,
             opened_at: None,
@@ -329,14 +340,29 @@ impl ChangeBatcher {
             self.delete_all += 1;
             return;
         }
-        let id = id_hash(id);
+        let hash = id_hash(id);
         let conflict = self.delete_all > 0
-            || self.ids.get(&id).is_some_and(|held| *held != op)
+            || self.ids.get(&hash).is_some_and(|held| held.op != op)
             || self.items >= self.limits.max_docs
             || self.window_len_with(op, item.len()) > self.limits.max_bytes;
         if conflict && !self.is_empty() {
             self.close();
         }
+        // The same document again, with the same kind of operation: the window needs only the
+        // newest replacement, and one delete.
+        let repeat = self
+            .ids
+            .get(&hash)
+            .filter(|held| held.op == op && &self.id_bytes[held.id.clone()] == id)
+            .map(|held| held.item.clone());
+        let supersedes = match (op, repeat) {
+            (Operation::Delete, Some(_)) => return,
+            (Operation::Replace, Some(older)) => {
+                self.superseded.push(older);
+                true
+            }
+            _ => false,
+        };
         self.open_window(now);
         let part = self.parts[Self::part_index(op)].get_or_insert_with(|| OpenBatch {
             op,
@@ -349,10 +375,32 @@ impl ChangeBatcher {
             checkpoint: None,
         });
         let before = part.closed_len();
+        let start = part.body.len();
         part.add(item);
+        let added = start..part.body.len();
+        // The bytes of a superseded version stay until the window closes; the document counts once.
         self.bytes = self.bytes + part.closed_len() - before;
-        self.items += 1;
-        self.ids.entry(id).or_insert(op);
+        if !supersedes {
+            self.items += 1;
+        }
+        match self.ids.entry(hash) {
+            Entry::Occupied(mut held) => {
+                // The same document (or, rarely, another whose id hashes alike: then it only
+                // stays unmerged) of the same kind: its newest item.
+                if &self.id_bytes[held.get().id.clone()] == id {
+                    held.get_mut().item = added;
+                }
+            }
+            Entry::Vacant(vacant) => {
+                let id_start = self.id_bytes.len();
+                self.id_bytes.extend_from_slice(id);
+                vacant.insert(HeldItem {
+                    op,
+                    id: id_start..self.id_bytes.len(),
+                    item: added,
+                });
+            }
+        }
         if self.items >= self.limits.max_docs || self.bytes >= self.limits.max_bytes {
             self.close();
         }
@@ -423,6 +471,10 @@ impl ChangeBatcher {
                 if part.op == Operation::Delete {
                     part.body.push(b']');
                 }
+                if part.op == Operation::Replace && !self.superseded.is_empty() {
+                    part.docs -= self.superseded.len();
+                    part.body = without_ranges(&part.body, &mut self.superseded);
+                }
                 self.closed.push_back(Batch {
                     seq: self.next_seq,
                     op: part.op,
@@ -442,6 +494,8 @@ impl ChangeBatcher {
         }
         self.delete_all = 0;
         self.ids.clear();
+        self.id_bytes.clear();
+        self.superseded.clear();
         self.items = 0;
         self.bytes = 0;
     }
@@ -470,6 +524,29 @@ impl ChangeBatcher {
     pub fn is_empty(&self) -> bool {
         self.opened_at.is_none()
     }
+}
+
+/// One document of an open change window.
+struct HeldItem {
+    op: Operation,
+    /// Its id, in `ChangeBatcher::id_bytes`.
+    id: Range<usize>,
+    /// Its newest item (with its newline) in its part's body.
+    item: Range<usize>,
+}
+
+/// `body` without the byte `ranges` (disjoint; sorted here).
+fn without_ranges(body: &[u8], ranges: &mut [Range<usize>]) -> Vec<u8> {
+    ranges.sort_unstable_by_key(|range| range.start);
+    let left_out: usize = ranges.iter().map(|range| range.len()).sum();
+    let mut kept = Vec::with_capacity(body.len() - left_out);
+    let mut from = 0;
+    for range in ranges.iter() {
+        kept.extend_from_slice(&body[from..range.start]);
+        from = range.end;
+    }
+    kept.extend_from_slice(&body[from..]);
+    kept
 }
 
 /// A 64-bit hash of a document id (FxHash's mixing, 8 bytes at a time): cheap, and computed for
@@ -868,6 +945,41 @@ mod tests {
     }
 
     #[test]
+    fn a_hot_document_costs_one_item_per_window() {
+        let now = Instant::now();
+        let clock = || now;
+        let mut batcher = ChangeBatcher::new(limits(100, 1 << 20));
+        for version in 1..=500 {
+            batcher.push(
+                Operation::Replace,
+                b"7",
+                format!("{{\"id\":7,\"v\":{version}}}").as_bytes(),
+                &clock,
+            );
+            batcher.push(Operation::Replace, b"17", b"{\"id\":17}", &clock);
+            batcher.push(Operation::Delete, b"8", b"8", &clock);
+        }
+        // Another document whose id is a prefix of the hot one's is its own document.
+        batcher.push(Operation::Replace, b"1", b"{\"id\":1}", &clock);
+        batcher.close();
+        let batches: Vec<(Operation, String, usize)> = change_batches(&mut batcher)
+            .into_iter()
+            .map(|b| (b.op, String::from_utf8_lossy(&b.body).into_owned(), b.docs))
+            .collect();
+        assert_eq!(
+            batches,
+            vec![
+                (Operation::Delete, "[8]".into(), 1),
+                (
+                    Operation::Replace,
+                    "{\"id\":7,\"v\":500}\n{\"id\":17}\n{\"id\":1}\n".into(),
+                    3
+                ),
+            ]
+        );
+    }
+
+    #[test]
     fn a_change_window_mixes_kinds_until_one_document_changes_kind() {
         let now = Instant::now();
         let clock = || now;
@@ -900,7 +1012,8 @@ mod tests {
                 (
                     2,
                     Operation::Replace,
-                    "{\"id\":1}\n{\"id\":4}\n{\"id\":1,\"v\":2}\n".into(),
+                    // Only the newest version of 1: the window sends one request per kind.
+                    "{\"id\":4}\n{\"id\":1,\"v\":2}\n".into(),
                     None
                 ),
                 (3, Operation::Update, "{\"id\":3}\n".into(), Some(20)),

@@ -672,12 +672,17 @@ mod tests {
             let relation = Relation { oid, ..relation() };
             apply(&mut mapper, Message::Relation(relation));
         }
-        for oid in [u32::MAX, OID, OID + 1024, OID + 1] {
+        for (oid, id) in [
+            (u32::MAX, "1"),
+            (OID, "2"),
+            (OID + 1024, "3"),
+            (OID + 1, "4"),
+        ] {
             apply(
                 &mut mapper,
                 Message::Insert {
                     relation: oid,
-                    new: row(&[Some("1"), None, None, None]),
+                    new: row(&[Some(id), None, None, None]),
                 },
             );
         }

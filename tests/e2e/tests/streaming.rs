@@ -78,6 +78,36 @@ fn inserts_updates_deletes_and_key_changes() {
 }
 
 #[test]
+fn a_row_updated_500_times_in_one_transaction_is_sent_once() {
+    let (cluster, meili, index, task) = streaming_task(100, json!({}));
+    converge(&cluster, &meili, &index);
+    let sent = || -> i64 {
+        cluster
+            .status(task)
+            .get("documents_sent")
+            .and_then(|sent| sent.parse().ok())
+            .expect("documents_sent")
+    };
+    let before = sent();
+    cluster.psql(
+        "DO $$ BEGIN FOR v IN 1..500 LOOP UPDATE products SET version = v WHERE id = 7; END LOOP; END $$",
+    );
+    cluster.psql("UPDATE products SET name = 'last' WHERE id = 8");
+    // The index holds version 500 of row 7 (and every other row as it is).
+    converge(&cluster, &meili, &index);
+    // The status view is published at most once a second for a task with nothing in flight.
+    wait_for("the documents sent to be counted", CONVERGE, || {
+        (sent() - before >= 2).then_some(())
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let documents = sent() - before;
+    assert!(
+        documents <= 3,
+        "{documents} documents sent for two changed rows (500 versions of one)"
+    );
+}
+
+#[test]
 fn unchanged_toast_columns_keep_their_value() {
     let (cluster, meili, index, task) = streaming_task(10, json!({}));
     cluster.psql("ALTER TABLE products ALTER COLUMN description SET STORAGE EXTERNAL");
