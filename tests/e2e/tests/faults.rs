@@ -79,12 +79,14 @@ fn meilisearch_unreachable_during_backfill() {
         return;
     };
     // The copy must still be running when the outage begins. On the test server slow tasks see to
-    // that (20 batches, 300 ms each). A real server indexes 20 small batches enqueued at once in
-    // well under a second, so it gets more rows and a shallow queue (one Meilisearch batch per
-    // two of ours).
+    // that: like Meilisearch, it indexes every task waiting in the queue as one batch, so the
+    // whole copy (20 tasks at depth 32) may be two batches, and each must outlast the time from
+    // the copy's first page to the outage (2 s; 300 ms let a fast copy finish first). A real
+    // server indexes 20 small batches enqueued at once in well under a second, so it gets more
+    // rows and a shallow queue (one Meilisearch batch per two of ours).
     let (rows, depth) = match meili.test_server() {
         Some(server) => {
-            server.faults().set_task_delay(Duration::from_millis(300));
+            server.faults().set_task_delay(Duration::from_secs(2));
             (20_000, 32)
         }
         None => (100_000, 2),
@@ -207,8 +209,11 @@ fn a_deep_copy_queue_reads_failed_batches_again_from_the_table() {
         return;
     };
     cluster.psql(&products::insert_sql(1, 20_000));
-    // Slow tasks pile up in Meilisearch's queue, as behind a real server's indexing.
-    faults(&meili).set_task_delay(Duration::from_millis(100));
+    // Slow tasks pile up in Meilisearch's queue, as behind a real server's indexing. The test
+    // server takes every waiting task into its next batch, so the first batch must last long
+    // enough for the copy to enqueue more than max_inflight behind it (at 100 ms a fast copy
+    // could be indexed in a few batches that never left more than 2 waiting).
+    faults(&meili).set_task_delay(Duration::from_secs(1));
     let (index, task) = start(
         &cluster,
         &meili,
