@@ -24,7 +24,7 @@ if [ -z "${MEILI_URL:-}" ]; then
 fi
 printf '%-10s %-9s %-5s %-6s %10s %10s %6s %12s %8s\n' batch_size in_flight gzip depth docs/s ceiling ratio 'CPU s/100k' batches
 # batch_size in_flight gzip snapshot_depth
-for setting in "10000 8 0 8" "10000 8 0 16" "10000 8 0 32" "10000 8 0 64" "5000 8 0 32" "20000 8 0 32" "10000 2 0 32" "10000 8 1 32"; do
+for setting in "10000 8 0 32" "5000 8 0 32" "20000 8 0 32" "10000 4 0 32" "10000 16 0 32" "10000 8 1 32" "10000 8 0 8" "10000 8 0 64"; do
     read -r batch inflight gzip depth <<<"$setting"
     out=$(target/release/load backfill "$rows" "$batch" "$inflight" "$gzip" "$depth")
     rate=$(awk '/^docs\/s/ {print $2}' <<<"$out")

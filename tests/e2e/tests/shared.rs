@@ -224,7 +224,7 @@ fn tasks_over_the_decoders_memory_budget_send_one_request_at_a_time_and_lose_not
     }
     let (products_index, _) = start_shared(&cluster, &meili, "products");
     let (notes_index, _) = start_shared(&cluster, &meili, "notes");
-    // 40 requests of 500 rows, about 2 MB of products alone: over the budget, the two tasks
+    // 40 requests of 500 rows, about 3 MB of products alone: over the budget, the two tasks
     // go on one request each at a time.
     std::thread::scope(|scope| {
         scope.spawn(|| cluster.psql(&products::insert_sql(2001, 12_000)));
@@ -234,14 +234,16 @@ fn tasks_over_the_decoders_memory_budget_send_one_request_at_a_time_and_lose_not
     cluster.psql("DELETE FROM notes WHERE id % 3 = 0");
     converge(&cluster, &meili, &products_index, "products");
     converge(&cluster, &meili, &notes_index, "notes");
-    assert!(
-        cluster
-            .server_log()
-            .contains("more than meili_sync.decoder_memory (1024 kB)"),
-        "the budget was never reached: {}",
-        cluster.tail_log()
-    );
+    // Only the test server's slow tasks make the pile-up certain: a real Meilisearch may confirm
+    // fast enough that the decoder never sees more than 1 MB held (one CI run on it did not).
     if let Some(server) = meili.test_server() {
+        assert!(
+            cluster
+                .server_log()
+                .contains("more than meili_sync.decoder_memory (1024 kB)"),
+            "the budget was never reached: {}",
+            cluster.tail_log()
+        );
         server.faults().set_task_delay(Duration::ZERO);
     }
 }
