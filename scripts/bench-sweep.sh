@@ -28,7 +28,7 @@ for setting in "10000 8 0 32" "5000 8 0 32" "20000 8 0 32" "10000 4 0 32" "10000
     read -r batch inflight gzip depth <<<"$setting"
     out=$(target/release/load backfill "$rows" "$batch" "$inflight" "$gzip" "$depth")
     rate=$(awk '/^docs\/s/ {print $2}' <<<"$out")
-    ceiling=$(awk '/^ceiling / {print $2}' <<<"$out")
+    ceiling=$(awk '/^ceiling +[0-9]/ {print $2}' <<<"$out")
     ratio=$(awk '/^backfill\/ceiling/ {print $2}' <<<"$out")
     cpu=$(sed -n 's/.*(\([0-9.]*\) per 100k docs).*/\1/p' <<<"$out")
     batches=$(awk '/^meilisearch / {print $2}' <<<"$out")
