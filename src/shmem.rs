@@ -234,6 +234,8 @@ static WROTE_WAL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool:
 
 /// Wakes the task workers when a transaction that wrote something commits, so they decode it at
 /// once instead of after their nap. Runs in every backend; costs a shared lock per writing commit.
+// SAFETY: called by Postgres's transaction machinery on this backend's main thread only, with the
+// arguments RegisterXactCallback documents; #[pg_guard] keeps a panic from unwinding into C.
 #[pg_guard]
 unsafe extern "C-unwind" fn wake_workers_at_commit(
     event: pg_sys::XactEvent::Type,

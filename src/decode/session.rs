@@ -55,6 +55,8 @@ pub struct DecodingSession {
     _routine: Box<pg_sys::XLogReaderRoutine>,
 }
 
+// SAFETY: an output-plugin write callback, called by logical decoding on the main thread with the
+// context this session created; #[pg_guard] keeps a panic from unwinding into C.
 #[pg_guard]
 unsafe extern "C-unwind" fn prepare_write(
     context: *mut pg_sys::LogicalDecodingContext,

@@ -22,16 +22,13 @@ use crate::dispatch::Dispatcher;
 use crate::error::SyncError;
 use crate::meili::client::Client;
 use crate::options::TaskOptions;
-use crate::pacing::BusyNap;
 use crate::plan::{build_plan, ColumnRules};
 use crate::route::Router;
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
     in_transaction, open_dispatcher, permanent, should_stop, worker_main, Stop, HTTP_TIMEOUT,
 };
-use crate::worker::stream::{
-    IndexWatch, Streamer, BUSY_NAP_LONGEST, BUSY_NAP_SHORTEST, RECORDS_PER_ROUND,
-};
+use crate::worker::stream::{busy_nap, IndexWatch, Streamer, RECORDS_PER_ROUND};
 
 /// The launcher's and shared memory's key for the shared decoder (task ids are positive).
 pub const SHARED_DECODER: i64 = -1;
@@ -459,7 +456,7 @@ impl SharedDecoder {
         let mut session = DecodingSession::open(&self.name, &self.name).map_err(permanent)?;
         self.live.set_phase(Phase::Streaming);
         let mut caught_up = false;
-        let mut busy_nap = BusyNap::new(BUSY_NAP_SHORTEST, BUSY_NAP_LONGEST);
+        let mut busy_nap = busy_nap();
         let result = loop {
             if should_stop() {
                 break Ok(());

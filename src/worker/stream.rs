@@ -27,10 +27,12 @@ use crate::worker::control::{permanent, report_progress, should_stop, Stop};
 /// WAL records decoded between two looks at confirmations and signals.
 pub const RECORDS_PER_ROUND: usize = 2000;
 
-/// The nap between rounds while Meilisearch has requests of ours: from the shortest, right after
-/// a round that moved something, doubling to the longest while none does (see `BusyNap`).
-pub const BUSY_NAP_SHORTEST: Duration = Duration::from_millis(5);
-pub const BUSY_NAP_LONGEST: Duration = Duration::from_millis(40);
+/// The nap between rounds while Meilisearch has requests of ours: 5 ms right after a round that
+/// moved something, doubling to 40 ms while none does (for a task's own loop and the shared
+/// decoder's alike).
+pub fn busy_nap() -> BusyNap {
+    BusyNap::new(Duration::from_millis(5), Duration::from_millis(40))
+}
 
 /// One task's stream: maps its decoded changes to batches and hands them to its dispatcher
 /// (borrowed in a task worker, which used it for the copy first; owned in the shared decoder).
@@ -390,7 +392,7 @@ pub fn run(
     streamer.live.set_phase(Phase::Streaming);
     let mut caught_up = false;
     let mut draining = false;
-    let mut busy_nap = BusyNap::new(BUSY_NAP_SHORTEST, BUSY_NAP_LONGEST);
+    let mut busy_nap = busy_nap();
     let result = loop {
         if should_stop() {
             break Ok(None);
