@@ -8,12 +8,12 @@ use pgrx::prelude::*;
 use pgrx::{register_xact_callback, JsonB, PgRelation, PgXactCallbackEvent};
 
 use crate::catalog::{self, NewTask, RelationInfo, TaskState};
-use crate::encode::ValueKind;
+use crate::encode::{check_geo, encode_document, ColumnValue, ValueKind};
 use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::meili::client::{Client, MeiliError};
-use crate::options::{validate_index_uid, TaskOptions};
+use crate::options::{validate_index_uid, Decoding, TaskOptions};
 use crate::worker::resync;
-use crate::{gucs, security, shmem};
+use crate::{gucs, plan, security, shmem};
 
 static WAKE_PENDING: AtomicBool = AtomicBool::new(false);
 
@@ -223,6 +223,48 @@ fn resolve_key(
     Ok(key)
 }
 
+/// The key of a task's documents and the tables its publication holds: for a table, its key
+/// (see `resolve_key`) and itself; for a view, the `primary_key` option (required) and the tables
+/// it reads, once `plan::view_plan` found how to follow each.
+fn source_plan(
+    info: &RelationInfo,
+    relid: pg_sys::Oid,
+    options: &TaskOptions,
+) -> Result<(Vec<String>, Vec<String>), SyncError> {
+    if !info.is_view() {
+        let key = resolve_key(info, options.primary_key.as_ref())?;
+        return Ok((key, vec![info.qualified_name.clone()]));
+    }
+    let key = options.primary_key.clone().ok_or_else(|| {
+        SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!("option \"primary_key\" is required to sync view {}", info.qualified_name),
+        )
+        .hint("Name the view's key column or columns, unique by construction: {\"primary_key\": \"id\"}.")
+    })?;
+    let plan = plan::view_plan(info, relid, &key, options, security::current_role(), true)?;
+    Ok((key, plan.published_tables()))
+}
+
+/// The `mappings` option as stored: each table by its schema-qualified name, so that workers,
+/// whose search_path holds only pg_catalog, find the same tables.
+fn stored_mappings(
+    info: &RelationInfo,
+    relid: pg_sys::Oid,
+    key: &[String],
+    options: &TaskOptions,
+) -> Result<Vec<(String, String)>, SyncError> {
+    if !info.is_view() {
+        return Ok(Vec::new());
+    }
+    let plan = plan::view_plan(info, relid, key, options, security::current_role(), false)?;
+    Ok(plan
+        .mappings
+        .into_iter()
+        .map(|mapping| (mapping.table, mapping.query))
+        .collect())
+}
+
 fn check_column_names(
     info: &RelationInfo,
     option: &str,
@@ -264,13 +306,33 @@ fn start_task(
     crate::options::validate_url(&url)?;
     let url = url.trim_end_matches('/').to_owned();
 
+    let mut parsed = parsed;
     let info = catalog::syncable_source(source.oid(), security::current_role())?;
-    let table = &info.qualified_name;
     if let Some(columns) = &parsed.columns {
         check_column_names(&info, "columns", columns)?;
     }
     check_column_names(&info, "exclude_columns", &parsed.exclude_columns)?;
-    let key = resolve_key(&info, parsed.primary_key.as_ref())?;
+    let (key, published) = source_plan(&info, source.oid(), &parsed)?;
+    if info.is_view() {
+        if options.get("decoding").and_then(|value| value.as_str()) == Some("shared") {
+            return Err(SyncError::new(
+                ErrorKind::UnsupportedType,
+                format!("view {} cannot be in the shared decoding pass", info.qualified_name),
+            )
+            .hint("A view task decodes with a replication slot of its own: leave out \"decoding\", or pass \"own\"."));
+        }
+        parsed.decoding = Decoding::Own;
+        parsed.mappings = stored_mappings(&info, source.oid(), &key, &parsed)?;
+    } else if !parsed.mappings.is_empty() {
+        return Err(SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!(
+                "option \"mappings\" is for views, and {} is a table",
+                info.qualified_name
+            ),
+        )
+        .hint("A table's own changes say which documents they affect: leave out \"mappings\"."));
+    }
     if let Some(name) = parsed
         .exclude_columns
         .iter()
@@ -296,7 +358,7 @@ fn start_task(
             options: parsed.to_stored_json(),
             resync_of: None,
         },
-        table,
+        &published,
     )?;
     wake_launcher_at_commit();
     Ok(id)
@@ -403,6 +465,75 @@ fn meili_sync_start(
     result.or_raise()
 }
 
+/// The first documents of a table or view, exactly as a task with these options would send them
+/// (in key order), to check a view and its options before starting a task. It creates nothing;
+/// rows are read with the caller's rights (so row-level security applies).
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_preview(
+    source: Option<PgRelation>,
+    options: default!(Option<JsonB>, "'{}'"),
+    limit: default!(Option<i32>, 5),
+) -> SetOfIterator<'static, JsonB> {
+    let result = (|| {
+        require_admin()?;
+        let source = required(
+            source,
+            "source",
+            "Pass the table or view to preview, for example 'products'.",
+        )?;
+        let options = required(options, "options", "Pass '{}' for the defaults.")?;
+        let limit = required(
+            limit,
+            "limit",
+            "Pass how many documents to show, for example 5.",
+        )?;
+        if !(0..=10_000).contains(&limit) {
+            return Err(SyncError::new(
+                ErrorKind::InvalidParameter,
+                format!("limit {limit} is out of range"),
+            )
+            .hint("Preview between 0 and 10000 documents."));
+        }
+        let parsed = TaskOptions::parse(&options.0)?;
+        let caller = security::current_role();
+        let info = catalog::syncable_source(source.oid(), caller)?;
+        if let Some(columns) = &parsed.columns {
+            check_column_names(&info, "columns", columns)?;
+        }
+        check_column_names(&info, "exclude_columns", &parsed.exclude_columns)?;
+        let (key, _) = source_plan(&info, source.oid(), &parsed)?;
+        catalog::set_output_formats(true)?;
+        let plan = plan::source_plan(source.oid(), &key, &parsed)?;
+        let width = plan.shape.columns().len();
+        let rows = security::as_table_owner(caller, || {
+            catalog::read_page(&plan.first_page_query, None, limit as usize, width)
+        })?;
+        let mut documents = Vec::with_capacity(rows.len());
+        let mut body = Vec::new();
+        for row in &rows {
+            let values = ColumnValue::row(row);
+            body.clear();
+            let encoded = encode_document(&plan.shape, &values, &mut body)
+                .and_then(|_| check_geo(&plan.shape, &values));
+            match encoded {
+                Ok(()) => match serde_json::from_slice(&body) {
+                    Ok(document) => documents.push(JsonB(document)),
+                    Err(error) => {
+                        warning!("pg_meili_sync: a preview document is not JSON: {error}")
+                    }
+                },
+                Err(error) => warning!(
+                    "pg_meili_sync: row with key ({}) would be a dead letter: {error} ({})",
+                    plan.shape.key_of_row(row).join(", "),
+                    error.code()
+                ),
+            }
+        }
+        Ok(documents)
+    })();
+    SetOfIterator::new(result.or_raise())
+}
+
 /// Stops a task's worker; its slot and progress are kept.
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_sync_stop(task: Option<i64>) -> bool {
@@ -461,7 +592,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             SyncError::new(ErrorKind::InvalidParameter, "options must be a JSON object")
                 .hint("For example '{\"batch_size\": 5000}'.")
         })?;
-        if let Some(name) = ["primary_key", "columns", "exclude_columns"]
+        if let Some(name) = ["primary_key", "columns", "exclude_columns", "mappings"]
             .iter()
             .find(|name| changes.contains_key(**name))
         {
@@ -472,6 +603,18 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             .hint("Drop the task and start a new one (meili_sync_drop, then meili_sync_start)."));
         }
         refuse_leaving_shared_decoding(&record, changes.get("decoding"))?;
+        if changes.get("decoding").and_then(|value| value.as_str()) == Some("shared")
+            && catalog::relation_info(record.relid)?.is_view()
+        {
+            return Err(SyncError::new(
+                ErrorKind::UnsupportedType,
+                format!(
+                    "task {} syncs view {}, which cannot be in the shared decoding pass",
+                    record.id, record.relation
+                ),
+            )
+            .hint("A view task decodes with a replication slot of its own."));
+        }
         let mut merged = record.options.as_object().cloned().unwrap_or_default();
         for (name, value) in changes {
             merged.insert(name.clone(), value.clone());
@@ -601,6 +744,20 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
         }
         require_task_room()?;
         let info = catalog::relation_info(record.relid)?;
+        let options = TaskOptions::parse(&record.options)?;
+        let published = if info.is_view() {
+            plan::view_plan(
+                &info,
+                record.relid,
+                &record.primary_key,
+                &options,
+                record.owner,
+                false,
+            )?
+            .published_tables()
+        } else {
+            vec![info.qualified_name.clone()]
+        };
         let helper = catalog::insert_task(
             NewTask {
                 relid: record.relid,
@@ -612,7 +769,7 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
                 options: record.options.clone(),
                 resync_of: Some(record.id),
             },
-            &info.qualified_name,
+            &published,
         )?;
         wake_launcher_at_commit();
         Ok(helper)

@@ -19,7 +19,7 @@ mod worker;
 
 // The pure stages, under the paths the modules here name them by (`crate::batch`, …).
 use pg_meili_sync_core::{
-    batch, changes, dispatch, encode, meili, meter, options, pacing, pgoutput, route,
+    affected, batch, changes, dispatch, encode, meili, meter, options, pacing, pgoutput, route,
 };
 
 ::pgrx::pg_module_magic!(name, version);

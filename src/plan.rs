@@ -6,13 +6,15 @@ use std::time::Duration;
 
 use pgrx::prelude::*;
 
+use crate::affected::{KeyRoute, KeySource, TableRoutes};
 use crate::batch::BatchLimits;
-use crate::catalog::{self, TaskRecord};
+use crate::catalog::{self, RelationInfo, TaskRecord};
 use crate::changes::RelationShape;
-use crate::encode::{Column, DocumentShape};
+use crate::encode::{Column, DocumentShape, ValueKind};
 use crate::error::{ErrorKind, SyncError};
 use crate::options::TaskOptions;
 use crate::pgoutput::Relation;
+use crate::security;
 
 /// Which columns of the table become document fields, and which form the key.
 pub struct ColumnRules {
@@ -93,11 +95,21 @@ pub struct SnapshotPlan {
 }
 
 pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPlan, SyncError> {
-    let info = catalog::relation_info(task.relid)?;
+    source_plan(task.relid, &task.primary_key, options)
+}
+
+/// The copy's plan of a table or view (`relid`) by its document key `key`.
+pub fn source_plan(
+    relid: pg_sys::Oid,
+    key: &[String],
+    options: &TaskOptions,
+) -> Result<SnapshotPlan, SyncError> {
+    let info = catalog::relation_info(relid)?;
+    let relation = &info.qualified_name;
     let mut columns = Vec::new();
     let mut column_names = Vec::new();
     let mut key_types = Vec::new();
-    let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
+    let rules = ColumnRules::new(relation, key, options);
     for column in info.columns.iter().filter(|column| !column.generated) {
         if rules.includes(&column.name) {
             columns.push(Column {
@@ -108,15 +120,13 @@ pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPl
         }
     }
     let mut key_columns = Vec::new();
-    for name in &task.primary_key {
+    for name in key {
         let Some(position) = column_names.iter().position(|column| column == name) else {
             return Err(SyncError::new(
                 ErrorKind::UndefinedColumn,
-                format!(
-                    "key column \"{name}\" is no longer in table {}",
-                    task.relation
-                ),
-            ));
+                format!("key column \"{name}\" is no longer in {relation}"),
+            )
+            .hint("A task's key columns cannot change: drop the task and start a new one."));
         };
         key_columns.push(position);
         key_types.push((name.clone(), info.type_name_of(name)));
@@ -124,11 +134,11 @@ pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPl
     let shape = DocumentShape::new(columns, key_columns).map_err(|error| {
         SyncError::new(
             ErrorKind::InvalidParameter,
-            format!("cannot build documents of table {}: {error}", task.relation),
+            format!("cannot build documents of {relation}: {error}"),
         )
     })?;
     let page_rows = options.batch_size.clamp(100, 10_000);
-    let queries = catalog::page_queries(&info.qualified_name, &column_names, &key_types);
+    let queries = catalog::page_queries(&info.query_name(), &column_names, &key_types);
     Ok(SnapshotPlan {
         first_page_query: queries.first_page,
         next_page_query: queries.next_page,
@@ -143,6 +153,256 @@ pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPl
             max_age: Duration::from_millis(options.flush_interval_ms),
         },
         table_owner: info.owner,
+    })
+}
+
+/// A mapping query of a view task (the `mappings` option): it gets the changed rows' key columns
+/// of `table` as `text[]` parameters `$1`…`$params` and returns the keys of affected documents.
+#[derive(Debug, Clone)]
+pub struct Mapping {
+    pub table: String,
+    pub query: String,
+    pub params: usize,
+}
+
+/// How a view task follows its view: the tables it publishes and, for each, which columns of a
+/// changed row name the documents it affects (see `affected`), and the mapping queries.
+#[derive(Debug, Clone)]
+pub struct ViewPlan {
+    /// The view, schema-qualified and quoted.
+    pub view: String,
+    /// The view's key columns and their SQL types.
+    pub key: Vec<(String, String)>,
+    /// Base tables by relation OID, with their routes.
+    pub tables: Vec<(pg_sys::Oid, TableRoutes)>,
+    pub mappings: Vec<Mapping>,
+    /// The role mapping queries run as (the task's owner, who wrote them).
+    pub mapping_role: pg_sys::Oid,
+}
+
+impl ViewPlan {
+    /// The tables the task's publication must hold.
+    pub fn published_tables(&self) -> Vec<String> {
+        self.tables
+            .iter()
+            .map(|(_, routes)| routes.table.clone())
+            .collect()
+    }
+}
+
+const MAPPING_SHAPE: &str = "{\"mappings\": {\"<table>\": \"SELECT <document key> FROM ... WHERE <column> = ANY($1::<key type>[])\"}}";
+
+/// Whether the old row of an UPDATE or DELETE on the table carries `columns`.
+fn identity_carries(info: &RelationInfo, columns: &[String]) -> bool {
+    let within = |index: &Option<Vec<String>>| {
+        index
+            .as_ref()
+            .is_some_and(|index| columns.iter().all(|column| index.contains(column)))
+    };
+    match info.replica_identity.as_str() {
+        "f" => true,
+        "d" => within(&info.primary_key),
+        "i" => within(&info.replica_identity_index),
+        _ => false,
+    }
+}
+
+/// Runs a mapping query once, with no keys, as the task's owner under
+/// `SECURITY_RESTRICTED_OPERATION`: it must parse, its tables must be readable, and it must
+/// return one column per key column. A failure is re-raised with a hint (in a backend, where the
+/// ERROR then aborts the caller's transaction).
+fn check_mapping(
+    mapping: &Mapping,
+    width: usize,
+    task_owner: pg_sys::Oid,
+) -> Result<(), SyncError> {
+    PgTryBuilder::new(|| {
+        security::as_table_owner(task_owner, || {
+            catalog::run_mapping(&mapping.table, &mapping.query, mapping.params, &[], width)
+        })
+        .map(|_| ())
+    })
+    .catch_others(|error| {
+        Err(SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!("the mapping of table {} fails: {}", mapping.table, crate::error::caught_message(&error)),
+        )
+        .hint("A mapping runs with search_path pg_catalog, pg_temp, as the task's owner: schema-qualify its tables and functions (public.products), and cast its text-array parameters ($1::int[])."))
+    })
+    .execute()
+}
+
+/// Checks that a view can be followed and plans how: its key (`key`, required), what its query
+/// does, and every table it reads, each mapped by identity (the root table, whose column the key
+/// is), by a foreign key to the root, or by a mapping of the `mappings` option. Mapping queries
+/// are tried once, as `task_owner` under `SECURITY_RESTRICTED_OPERATION`.
+pub fn view_plan(
+    info: &RelationInfo,
+    relid: pg_sys::Oid,
+    key: &[String],
+    options: &TaskOptions,
+    task_owner: pg_sys::Oid,
+    check_mappings: bool,
+) -> Result<ViewPlan, SyncError> {
+    let view = &info.qualified_name;
+    let mut typed_key = Vec::new();
+    for name in key {
+        let Some(column) = info.columns.iter().find(|column| &column.name == name) else {
+            return Err(SyncError::new(
+                ErrorKind::UndefinedColumn,
+                format!(
+                    "column \"{name}\" of option \"primary_key\" does not exist in view {view}"
+                ),
+            )
+            .hint("Name the view's key columns, as its select list names them."));
+        };
+        if matches!(
+            catalog::value_kind(column.type_oid)?,
+            ValueKind::Json | ValueKind::Float | ValueKind::Array(_)
+        ) {
+            return Err(SyncError::new(
+                ErrorKind::UnsupportedType,
+                format!("key column \"{name}\" of view {view} has type {}, which cannot be a Meilisearch document id", column.type_name),
+            )
+            .hint("Use an integer, text, uuid, numeric, date or time key column."));
+        }
+        typed_key.push((name.clone(), column.type_name.clone()));
+    }
+    let query = catalog::view_query(relid, view, key)?;
+    let tables = catalog::base_tables(relid)?;
+    if let Some(table) = tables.iter().find(|table| table.relkind != "r") {
+        return Err(SyncError::new(
+            ErrorKind::UnsupportedType,
+            format!("view {view} reads {}, which is not an ordinary table (relkind '{}')", table.qualified_name, table.relkind),
+        )
+        .hint("A view task follows the changes of ordinary tables only: materialized views, foreign and partitioned tables have no row changes in the WAL it could follow."));
+    }
+    let mut mapped: Vec<(pg_sys::Oid, String)> = Vec::new();
+    let listed = || {
+        tables
+            .iter()
+            .map(|table| table.qualified_name.as_str())
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    for (name, sql) in &options.mappings {
+        // A plain name is one of the view's tables by name; a qualified one is resolved.
+        let relid = if name.contains('.') {
+            catalog::regclass_of(name)?
+        } else {
+            let mut named = tables.iter().filter(|table| &table.name == name);
+            match (named.next(), named.next()) {
+                (Some(table), None) => Some(table.relid),
+                (Some(_), Some(_)) => {
+                    return Err(SyncError::new(
+                        ErrorKind::InvalidParameter,
+                        format!("view {view} reads more than one table named \"{name}\" (option \"mappings\")"),
+                    )
+                    .hint(format!("Schema-qualify it: one of {}.", listed())))
+                }
+                (None, _) => None,
+            }
+        };
+        let Some(relid) = relid.filter(|relid| tables.iter().any(|table| table.relid == *relid))
+        else {
+            return Err(SyncError::new(
+                ErrorKind::InvalidParameter,
+                format!("view {view} does not read table \"{name}\" of option \"mappings\""),
+            )
+            .hint(format!("Map only tables the view reads: {}.", listed())));
+        };
+        mapped.push((relid, sql.clone()));
+    }
+    let mut planned = Vec::new();
+    let mut mappings = Vec::new();
+    let mut unmapped = Vec::new();
+    let mut without_identity = Vec::new();
+    for table in &tables {
+        let table_info = catalog::relation_info(table.relid)?;
+        let name = table.qualified_name.clone();
+        let mut routes = Vec::new();
+        if let Some((_, sql)) = mapped.iter().find(|(relid, _)| *relid == table.relid) {
+            let own_key = match table_info.replica_identity.as_str() {
+                "i" => table_info.replica_identity_index.clone(),
+                "d" | "f" => table_info.primary_key.clone(),
+                _ => None,
+            };
+            let Some(own_key) = own_key else {
+                return Err(SyncError::new(
+                    ErrorKind::Prerequisite,
+                    format!("table {name} has no key to hand to its mapping: it has no primary key, or its replica identity is NOTHING"),
+                )
+                .hint(format!("Add a primary key to {name} (its key columns are the mapping's $1, $2, ...), or set REPLICA IDENTITY USING INDEX on a unique index.")));
+            };
+            let mapping = Mapping {
+                table: name.clone(),
+                query: sql.clone(),
+                params: own_key.len(),
+            };
+            if check_mappings {
+                check_mapping(&mapping, key.len(), task_owner)?;
+            }
+            routes.push(KeyRoute {
+                source: KeySource::Mapping(mappings.len()),
+                columns: own_key,
+            });
+            mappings.push(mapping);
+        } else if let Some((root, root_columns)) = &query.root {
+            let mut by_columns = Vec::new();
+            if *root == table.relid {
+                by_columns.push(root_columns.clone());
+            }
+            by_columns.extend(catalog::foreign_keys_to(table.relid, *root, root_columns)?);
+            for columns in by_columns {
+                if !identity_carries(&table_info, &columns) {
+                    without_identity.push(format!("{name} ({})", columns.join(", ")));
+                }
+                routes.push(KeyRoute {
+                    source: KeySource::Document,
+                    columns,
+                });
+            }
+        }
+        if routes.is_empty() {
+            unmapped.push(name.clone());
+        }
+        planned.push((
+            table.relid,
+            TableRoutes {
+                table: name,
+                routes,
+            },
+        ));
+    }
+    if !unmapped.is_empty() {
+        let root = match &query.root {
+            Some((root, _)) => format!(
+                "Its key comes from table {}; these tables have no foreign key to that key column.",
+                catalog::relation_info(*root)?.qualified_name
+            ),
+            None => "Its key is not a plain column of one table (a UNION, an expression or a subquery), so every table it reads needs a mapping.".to_owned(),
+        };
+        return Err(SyncError::new(
+            ErrorKind::UnsupportedType,
+            format!("view {view} reads tables whose changes cannot be mapped to its documents: {}", unmapped.join(", ")),
+        )
+        .detail(root)
+        .hint(format!("Declare a mapping for each in the options: {MAPPING_SHAPE}. Its query gets the changed rows' primary key columns as text arrays $1, $2, ... and returns the keys of the documents they affect.")));
+    }
+    if !without_identity.is_empty() {
+        return Err(SyncError::new(
+            ErrorKind::Prerequisite,
+            format!("the replica identity of {} does not carry the columns that point to the view's documents", without_identity.join(", ")),
+        )
+        .detail("A DELETE, or an UPDATE that moves a row to another document, is found by its old row, which logical decoding takes from the replica identity.")
+        .hint(format!("Run ALTER TABLE <table> REPLICA IDENTITY FULL on each, or declare a mapping for it: {MAPPING_SHAPE}.")));
+    }
+    Ok(ViewPlan {
+        view: view.clone(),
+        key: typed_key,
+        tables: planned,
+        mappings,
+        mapping_role: task_owner,
     })
 }
 

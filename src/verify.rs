@@ -133,7 +133,7 @@ type OnDamagedRows<'a> = dyn FnMut(&Context, Vec<Vec<String>>) -> Result<(), Syn
 
 struct Context {
     task: TaskRecord,
-    /// The table, schema-qualified and quoted.
+    /// The table (`ONLY` it) or view, schema-qualified and quoted, as queries name it.
     relation: String,
     plan: SnapshotPlan,
     client: Client,
@@ -165,7 +165,7 @@ impl Context {
         let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
             .map_err(meili_error("cannot reach Meilisearch"))?;
         Ok(Context {
-            relation: info.qualified_name.clone(),
+            relation: info.query_name(),
             upsert: options.write_mode == WriteMode::Upsert,
             task,
             plan,

@@ -9,12 +9,14 @@ mod replication;
 mod shared;
 mod source;
 mod tasks;
+mod view;
 
 pub use dead_letters::*;
 pub use replication::*;
 pub use shared::*;
 pub use source::*;
 pub use tasks::*;
+pub use view::*;
 
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;

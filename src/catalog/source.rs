@@ -120,14 +120,15 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
     })
 }
 
-/// The table a task syncs, checked as `meili_sync_start` checks it and as the worker checks it
-/// again before each copy: an ordinary, permanent user table that `role` may read.
+/// The table or view a task syncs, checked as `meili_sync_start` checks it and as the worker
+/// checks it again before each copy: an ordinary, permanent user table, or a view, that `role`
+/// may read. (What a view reads is checked by `plan::view_plan`.)
 pub fn syncable_source(relid: pg_sys::Oid, role: pg_sys::Oid) -> CatalogResult<RelationInfo> {
     let info = relation_info(relid)?;
     let table = &info.qualified_name;
-    if info.relkind != "r" {
-        return Err(SyncError::new(ErrorKind::InvalidParameter, format!("{table} is not an ordinary table"))
-            .hint("Sync an ordinary table; partitioned tables, views and foreign tables are not supported."));
+    if info.relkind != "r" && info.relkind != "v" {
+        return Err(SyncError::new(ErrorKind::InvalidParameter, format!("{table} is not an ordinary table or a view"))
+            .hint("Sync an ordinary table or a view; partitioned tables, materialized views and foreign tables are not supported."));
     }
     if u32::from(relid) < pg_sys::FirstNormalObjectId {
         return Err(SyncError::new(
@@ -159,6 +160,19 @@ pub fn syncable_source(relid: pg_sys::Oid, role: pg_sys::Oid) -> CatalogResult<R
 }
 
 impl RelationInfo {
+    pub fn is_view(&self) -> bool {
+        self.relkind == "v"
+    }
+
+    /// How queries name it: `ONLY t` for a table (not its inheritance children), the view itself.
+    pub fn query_name(&self) -> String {
+        if self.is_view() {
+            self.qualified_name.clone()
+        } else {
+            format!("ONLY {}", self.qualified_name)
+        }
+    }
+
     /// The SQL type of a column (as `format_type` prints it), for casts in generated queries.
     pub fn type_name_of(&self, column: &str) -> String {
         self.columns
@@ -226,7 +240,7 @@ pub enum KeyMatch {
 }
 
 /// The key columns of one key tuple per position, as `text[]` arguments (one per column).
-fn key_arrays(keys: &[Vec<String>], columns: usize) -> Vec<DatumWithOid<'static>> {
+pub(super) fn key_arrays(keys: &[Vec<String>], columns: usize) -> Vec<DatumWithOid<'static>> {
     (0..columns)
         .map(|column| {
             let values: Vec<String> = keys
@@ -257,9 +271,9 @@ fn key_condition(key: &[(String, String)], matching: &KeyMatch, alias: &str) -> 
         .join(" AND ")
 }
 
-/// Positions (0-based) of the key tuples that no row of the table has.
+/// Positions (0-based) of the key tuples that no row of `from` (`RelationInfo::query_name`) has.
 pub fn absent_keys(
-    qualified_table: &str,
+    from: &str,
     key: &[(String, String)],
     keys: &[Vec<String>],
     matching: &KeyMatch,
@@ -272,7 +286,7 @@ pub fn absent_keys(
         let rows = client.select(
             &format!(
                 "SELECT i FROM pg_catalog.generate_subscripts($1::text[], 1) i
-                  WHERE NOT EXISTS (SELECT 1 FROM ONLY {qualified_table} t WHERE {condition})
+                  WHERE NOT EXISTS (SELECT 1 FROM {from} t WHERE {condition})
                   ORDER BY i"
             ),
             None,
@@ -288,9 +302,11 @@ pub fn absent_keys(
     })
 }
 
-/// The `columns` of the rows with these keys, locked FOR UPDATE until the end of the transaction so that they cannot change meanwhile.
+/// The `columns` of the rows of `from` (`RelationInfo::query_name`) with these keys, locked until
+/// the end of the transaction so that they cannot change meanwhile: FOR UPDATE in a table; in a
+/// view, whose rows may be aggregates, by blocking writes to every table it reads.
 pub fn lock_rows(
-    qualified_table: &str,
+    from: &str,
     columns: &[String],
     key: &[(String, String)],
     keys: &[Vec<String>],
@@ -303,13 +319,18 @@ pub fn lock_rows(
         .map(|name| format!("t.{}", quote_identifier(name)))
         .collect();
     let condition = key_condition(key, &KeyMatch::Typed, "t");
+    let is_table = from.starts_with("ONLY ");
+    if !is_table {
+        lock_table_against_writes(from)?;
+    }
     Spi::connect_mut(|client| {
         let table = client.update(
             &format!(
-                "SELECT {} FROM ONLY {qualified_table} t
+                "SELECT {} FROM {from} t
                   WHERE EXISTS (SELECT 1 FROM pg_catalog.generate_subscripts($1::text[], 1) i WHERE {condition})
-                  FOR UPDATE OF t",
-                select.join(", ")
+                  {}",
+                select.join(", "),
+                if is_table { "FOR UPDATE OF t" } else { "" }
             ),
             None,
             &key_arrays(keys, key.len()),
@@ -318,9 +339,10 @@ pub fn lock_rows(
     })
 }
 
-/// Blocks writes to the table until the end of the transaction (reads go on).
-pub fn lock_table_against_writes(qualified_table: &str) -> CatalogResult<()> {
-    Spi::run(&format!("LOCK TABLE ONLY {qualified_table} IN SHARE MODE"))?;
+/// Blocks writes to `from` (`RelationInfo::query_name`; for a view, every table it reads) until
+/// the end of the transaction (reads go on).
+pub fn lock_table_against_writes(from: &str) -> CatalogResult<()> {
+    Spi::run(&format!("LOCK TABLE {from} IN SHARE MODE"))?;
     Ok(())
 }
 
@@ -360,7 +382,7 @@ pub fn read_page(
     })
 }
 
-fn page_text_values(
+pub(super) fn page_text_values(
     table: &pgrx::spi::SpiTupleTable<'_>,
     column_count: usize,
 ) -> Vec<Vec<Option<String>>> {
@@ -392,10 +414,10 @@ fn page_text_values(
     rows
 }
 
-/// The keyset queries of the copy (see [`PageQueries`]): the document columns, then the
-/// key columns, in key order. The row limit is the last parameter, so that each page can be sized
+/// The keyset queries of the copy (see [`PageQueries`]) over `from` (`RelationInfo::query_name`):
+/// the document columns, then the key columns, in key order. The row limit is the last parameter, so that each page can be sized
 /// by the bytes of the rows before it.
-pub fn page_queries(relation: &str, columns: &[String], key: &[(String, String)]) -> PageQueries {
+pub fn page_queries(from: &str, columns: &[String], key: &[(String, String)]) -> PageQueries {
     let select: Vec<String> = columns
         .iter()
         .chain(key.iter().map(|(name, _)| name))
@@ -414,7 +436,7 @@ pub fn page_queries(relation: &str, columns: &[String], key: &[(String, String)]
             .collect::<Vec<_>>()
             .join(", ")
     };
-    let head = format!("SELECT {} FROM ONLY {}", select.join(", "), relation);
+    let head = format!("SELECT {} FROM {from}", select.join(", "));
     let order = format!("ORDER BY {key_names}");
     let width = key.len();
     PageQueries {

@@ -135,13 +135,14 @@ pub struct NewTask<'a> {
     pub resync_of: Option<i64>,
 }
 
-/// Inserts the task and its publication; returns the task id. The caller checked that
-/// `task.owner` may read the table.
-pub fn insert_task(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i64> {
-    as_catalog_owner(|| insert_task_row(task, qualified_table))
+/// Inserts the task and its publication of `published` (schema-qualified tables: the task's
+/// table, or every table its view reads); returns the task id. The caller checked that
+/// `task.owner` may read the source.
+pub fn insert_task(task: NewTask<'_>, published: &[String]) -> CatalogResult<i64> {
+    as_catalog_owner(|| insert_task_row(task, published))
 }
 
-fn insert_task_row(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i64> {
+fn insert_task_row(task: NewTask<'_>, published: &[String]) -> CatalogResult<i64> {
     let shared = task.resync_of.is_none()
         && task
             .options
@@ -194,7 +195,7 @@ fn insert_task_row(task: NewTask<'_>, qualified_table: &str) -> CatalogResult<i6
             &format!(
                 "CREATE PUBLICATION {} FOR TABLE ONLY {} WITH (publish = 'insert, update, delete, truncate')",
                 quote_identifier(object_name(install, id)),
-                qualified_table
+                published.join(", ONLY ")
             ),
             None,
             &[],

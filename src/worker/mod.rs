@@ -4,6 +4,7 @@
 pub mod control;
 pub mod handover;
 pub mod launcher;
+pub mod render;
 pub mod resync;
 pub mod shared;
 pub mod snapshot;

@@ -296,26 +296,37 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     }
 }
 
+/// Parses a pgoutput message and notes a commit's time (for `lag_seconds`); a message that does
+/// not parse is a permanent failure of the task.
+pub fn parse_noting_commits<'a>(
+    data: &'a [u8],
+    ages: &mut CommitAges,
+) -> Result<pgoutput::Message<'a>, String> {
+    let message = pgoutput::parse(data)
+        .map_err(|error| format!("cannot parse a pgoutput message: {error}"))?;
+    if let pgoutput::Message::Commit {
+        end_lsn,
+        commit_time,
+        ..
+    } = &message
+    {
+        ages.committed(*end_lsn, *commit_time);
+    }
+    Ok(message)
+}
+
 impl<D: BorrowMut<Dispatcher>> MessageSink for Streamer<D> {
     fn message(&mut self, _lsn: u64, data: &[u8]) {
         if self.failure.is_some() || self.stalled {
             return;
         }
-        let message = match pgoutput::parse(data) {
+        let message = match parse_noting_commits(data, &mut self.ages) {
             Ok(message) => message,
             Err(error) => {
-                self.failure = Some(format!("cannot parse a pgoutput message: {error}"));
+                self.failure = Some(error);
                 return;
             }
         };
-        if let pgoutput::Message::Commit {
-            end_lsn,
-            commit_time,
-            ..
-        } = &message
-        {
-            self.ages.committed(*end_lsn, *commit_time);
-        }
         let rules = &self.rules;
         if let Err(error) = self.mapper.apply(message, &Instant::now, &mut |relation| {
             rules.relation_shape(relation)

@@ -12,13 +12,14 @@ use crate::error::{ErrorKind, SyncError};
 use crate::meili::client::Client;
 use crate::meili::retry::Backoff;
 use crate::options::TaskOptions;
-use crate::plan::{build_plan, ColumnRules, SnapshotPlan};
+use crate::plan::{build_plan, view_plan, ColumnRules, SnapshotPlan, ViewPlan};
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
     await_meili_task, in_transaction, open_dispatcher, permanent, retry_pause, with_retry,
     worker_main, Stop, HTTP_TIMEOUT,
 };
 use crate::worker::handover::{self, MoveGate};
+use crate::worker::render::{self, ViewStream};
 use crate::worker::resync::{self, ResyncGate};
 use crate::worker::snapshot::{self, SnapshotOutcome};
 use crate::worker::stream::{self, IndexWatch, Streamer, SwapGate};
@@ -164,9 +165,25 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
         return Err(Stop::Terminated);
     };
     live.set_generation(task.generation);
-    // What meili_sync_start checked may have changed since: the table, or its owner's grants.
-    in_transaction(live, "checking the table", || {
-        catalog::syncable_source(task.relid, task.owner).map_err(|error| match error.hint {
+    let options = TaskOptions::parse(&task.options).map_err(SyncError::from)?;
+    // What meili_sync_start checked may have changed since: the table or view, what the view
+    // reads, or the owner's grants.
+    let view = in_transaction(live, "checking the table", || {
+        let checked = catalog::syncable_source(task.relid, task.owner).and_then(|info| {
+            if !info.is_view() {
+                return Ok(None);
+            }
+            view_plan(
+                &info,
+                task.relid,
+                &task.primary_key,
+                &options,
+                task.owner,
+                false,
+            )
+            .map(Some)
+        });
+        checked.map_err(|error| match error.hint {
             Some(ref hint) => {
                 let hint = format!("{hint} Then run SELECT meili_sync_resume({task_id}).");
                 error.hint(hint)
@@ -174,7 +191,6 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
             None => error,
         })
     })?;
-    let options = TaskOptions::parse(&task.options).map_err(SyncError::from)?;
     let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
         .map_err(|error| permanent(error.to_string()))?;
     let held = match task.resync_of {
@@ -229,6 +245,7 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
     let result = copy_then_stream(
         &task,
         &plan,
+        view,
         &options,
         &mut dispatcher,
         live,
@@ -250,6 +267,7 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
 fn copy_then_stream(
     task: &TaskRecord,
     plan: &SnapshotPlan,
+    view: Option<ViewPlan>,
     options: &TaskOptions,
     dispatcher: &mut Dispatcher,
     live: LiveStatus,
@@ -280,6 +298,10 @@ fn copy_then_stream(
         // The shared decoder streams it from here on.
         shmem::wake_launcher();
         return Err(Stop::Terminated);
+    }
+    if let Some(view) = view {
+        let mut stream = ViewStream::new(task, live, dispatcher, view, plan.limits, options);
+        return render::run(&mut stream, &mut watch, gate);
     }
     let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
     let mut streamer = Streamer::new(task.id, live, dispatcher, rules, plan.limits, options);

@@ -4,6 +4,7 @@
 //! (`pg_meili_sync`) owns the SQL API, the catalog, shared memory, decoding and the workers, and
 //! maps these modules' errors to SQLSTATEs.
 
+pub mod affected;
 pub mod batch;
 pub mod changes;
 pub mod dispatch;

@@ -71,6 +71,9 @@ pub struct TaskOptions {
     pub write_mode: WriteMode,
     pub decoding: Decoding,
     pub settings: Option<Map<String, Value>>,
+    /// For a view: table name (as written) → the SQL query that maps the keys of its changed
+    /// rows (text arrays `$1`, `$2`, …) to the keys of the documents they affect.
+    pub mappings: Vec<(String, String)>,
 }
 
 impl Default for TaskOptions {
@@ -91,6 +94,7 @@ impl Default for TaskOptions {
             write_mode: WriteMode::Replace,
             decoding: Decoding::Shared,
             settings: None,
+            mappings: Vec::new(),
         }
     }
 }
@@ -117,6 +121,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "write_mode",
     "decoding",
     "settings",
+    "mappings",
 ];
 
 fn invalid(message: String, hint: &str) -> InvalidOption {
@@ -124,6 +129,35 @@ fn invalid(message: String, hint: &str) -> InvalidOption {
         message,
         hint: hint.to_owned(),
     }
+}
+
+const MAPPINGS_HINT: &str = "For example {\"mappings\": {\"brands\": \"SELECT p.id FROM public.products p WHERE p.brand_id = ANY($1::int[])\"}}: each table's query gets the changed rows' key columns as text arrays $1, $2, ... and returns the keys of the documents they affect.";
+
+fn expect_mappings(value: &Value) -> Result<Vec<(String, String)>, InvalidOption> {
+    let Value::Object(object) = value else {
+        return Err(invalid(
+            format!("option \"mappings\" must be a JSON object of table names and SQL queries, not {value}"),
+            MAPPINGS_HINT,
+        ));
+    };
+    let mut mappings = Vec::new();
+    for (table, query) in object {
+        match query.as_str() {
+            Some(query) if !query.trim().is_empty() && !table.trim().is_empty() => {
+                mappings.push((table.clone(), query.to_owned()))
+            }
+            _ => {
+                return Err(invalid(
+                    format!(
+                        "the mapping of table \"{}\" must be a non-empty SQL query, not {query}",
+                        table.escape_default()
+                    ),
+                    MAPPINGS_HINT,
+                ))
+            }
+        }
+    }
+    Ok(mappings)
 }
 
 fn expect_string(name: &str, value: &Value) -> Result<String, InvalidOption> {
@@ -334,6 +368,7 @@ impl TaskOptions {
                         "For example {\"filterableAttributes\": [\"category\"]}.",
                     )),
                 },
+                "mappings" => parsed.mappings = expect_mappings(value)?,
                 unknown => {
                     return Err(invalid(
                         format!("unknown option \"{}\"", unknown.escape_default()),
@@ -400,6 +435,14 @@ impl TaskOptions {
         if let Some(settings) = &self.settings {
             stored.insert("settings".into(), Value::Object(settings.clone()));
         }
+        if !self.mappings.is_empty() {
+            let mappings: Map<String, Value> = self
+                .mappings
+                .iter()
+                .map(|(table, query)| (table.clone(), Value::from(query.as_str())))
+                .collect();
+            stored.insert("mappings".into(), Value::Object(mappings));
+        }
         Value::Object(stored)
     }
 }
@@ -408,6 +451,29 @@ impl TaskOptions {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn mappings_are_table_names_and_queries() {
+        let query = "SELECT p.id FROM public.products p WHERE p.brand_id = ANY($1::int[])";
+        let parsed = TaskOptions::parse(&json!({"mappings": {"brands": query}})).unwrap();
+        assert_eq!(
+            parsed.mappings,
+            vec![("brands".to_owned(), query.to_owned())]
+        );
+        assert_eq!(
+            parsed.to_stored_json()["mappings"],
+            json!({"brands": query})
+        );
+        for bad in [
+            json!(["brands"]),
+            json!({"brands": ""}),
+            json!({"brands": 1}),
+        ] {
+            let error = TaskOptions::parse(&json!({ "mappings": bad })).unwrap_err();
+            assert!(error.message.contains("mapping"), "{}", error.message);
+            assert!(error.hint.contains("$1"), "{}", error.hint);
+        }
+    }
 
     #[test]
     fn defaults_for_empty_object() {

@@ -18,6 +18,8 @@ SELECT count(*) FROM meili_sync_dead_letters;
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_start('products', 'mine', '{"url": "http://127.0.0.1:1"}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT * FROM meili_sync_preview('products');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_stop(:task);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_alter(:task, '{"url": "http://attacker:7700"}');

@@ -1,0 +1,435 @@
+//! The streaming phase of a view task. Decoding collects, per window, the keys of the documents
+//! that committed changes affect (`affected::AffectedKeys`, inside the decoding callback);
+//! between reads, outside any callback, the window is rendered: mapping queries turn changed rows
+//! of other tables into document keys, and `SELECT … FROM view WHERE key = ANY(…)` gives each
+//! affected document once, however many of its rows changed. Keys the view no longer returns are
+//! deleted. Each render runs in a short transaction of its own, after the window's transactions
+//! became visible, with the rights of the view's owner (mapping queries: the task's owner).
+//!
+//! A render reads the present state, never an older one than the changes it follows, and renders
+//! reach Meilisearch in order, so a later render never loses to an earlier one. The slot is
+//! confirmed to a window's last commit only once its documents are confirmed.
+
+use std::time::{Duration, Instant};
+
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::prelude::*;
+
+use crate::affected::{AffectedKeys, Window};
+use crate::batch::{BatchLimits, ChangeBatcher, Operation};
+use crate::catalog;
+use crate::decode::session::{DecodingSession, MessageSink};
+use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
+use crate::encode::{check_geo, encode_document, encode_id, ColumnValue};
+use crate::meter::CommitAges;
+use crate::options::TaskOptions;
+use crate::plan::{self, SnapshotPlan, ViewPlan};
+use crate::security;
+use crate::shmem::{LiveStatus, Phase};
+use crate::worker::control::{in_transaction, permanent, report_progress, should_stop, Stop};
+use crate::worker::stream::{
+    busy_nap, parse_noting_commits, IndexWatch, SwapGate, RECORDS_PER_ROUND,
+};
+
+/// Keys rendered by one query (and handed to one mapping query) at most.
+const RENDER_CHUNK: usize = 1000;
+
+/// Distinct keys collected before decoding waits for a render: keys are small, and a window that
+/// collects while Meilisearch is busy renders each hot document once.
+const MAX_COLLECTED_KEYS: usize = 200_000;
+
+/// One view task's stream: collects affected keys while decoding and renders them between reads.
+pub struct ViewStream<'a> {
+    task: &'a catalog::TaskRecord,
+    live: LiveStatus,
+    dispatcher: &'a mut Dispatcher,
+    view: ViewPlan,
+    options: TaskOptions,
+    keys: AffectedKeys,
+    batcher: ChangeBatcher,
+    limits: BatchLimits,
+    progress: Progress,
+    failure: Option<String>,
+    ages: CommitAges,
+}
+
+impl<'a> ViewStream<'a> {
+    pub fn new(
+        task: &'a catalog::TaskRecord,
+        live: LiveStatus,
+        dispatcher: &'a mut Dispatcher,
+        view: ViewPlan,
+        limits: BatchLimits,
+        options: &TaskOptions,
+    ) -> Self {
+        let planned = view
+            .tables
+            .iter()
+            .map(|(relid, routes)| (relid.to_u32(), routes.clone()))
+            .collect();
+        let keys = AffectedKeys::new(planned, view.mappings.len());
+        ViewStream {
+            task,
+            live,
+            dispatcher,
+            view,
+            options: options.clone(),
+            keys,
+            batcher: ChangeBatcher::new(limits),
+            limits,
+            progress: Progress::default(),
+            failure: None,
+            ages: CommitAges::default(),
+        }
+    }
+
+    fn pump(&mut self) {
+        let progress = self.dispatcher.pump(None);
+        if progress.checkpoint.is_some() {
+            self.progress.checkpoint = progress.checkpoint;
+        }
+        self.progress.retries.extend(progress.retries);
+        if let Some(failure) = self.dispatcher.take_failure() {
+            self.failure.get_or_insert(failure);
+        }
+    }
+
+    /// Stores dead letters and progress; returns the position the index is complete up to.
+    fn settle(&mut self) -> Result<Option<u64>, Stop> {
+        self.pump();
+        let progress = std::mem::take(&mut self.progress);
+        report_progress(
+            self.task.id,
+            self.live,
+            self.dispatcher,
+            &progress,
+            Phase::Streaming,
+        )?;
+        if let Some(failure) = self.failure.take() {
+            return Err(permanent(failure));
+        }
+        if let Some(lsn) = progress.checkpoint {
+            self.ages.confirmed(lsn);
+        }
+        Ok(progress.checkpoint)
+    }
+
+    fn is_idle(&self) -> bool {
+        self.keys.is_empty()
+            && self.batcher.is_empty()
+            && !self.batcher.has_closed()
+            && self.dispatcher.is_idle()
+    }
+
+    /// Whether the collected window should be rendered now: at once when nothing else is coming
+    /// (caught up) and Meilisearch has nothing of ours to do; while it is busy, when the window
+    /// is due or full, so that hot documents are rendered once for many changes.
+    fn render_due(&self, caught_up: bool) -> bool {
+        if self.keys.is_empty() || self.keys.in_transaction() || self.batcher.has_closed() {
+            return false;
+        }
+        if !self.dispatcher.has_room() {
+            return false;
+        }
+        let full = self.keys.len() >= self.limits.max_docs;
+        let due = self
+            .keys
+            .opened_at()
+            .is_none_or(|opened| opened.elapsed() >= self.limits.max_age);
+        (caught_up && self.dispatcher.is_idle()) || full || due
+    }
+
+    /// Decoding may go on: nothing rendered waits for room, and the window is not too large.
+    fn may_read(&self) -> bool {
+        !self.batcher.has_closed() && self.keys.len() < MAX_COLLECTED_KEYS
+    }
+
+    /// Renders the collected window into the batcher and closes it, with its checkpoint.
+    fn render(&mut self) -> Result<(), Stop> {
+        let window = self.keys.take();
+        if window.everything {
+            self.render_everything(&window)?;
+        } else if !window.is_empty() {
+            self.render_keys(&window)?;
+        }
+        if let Some(checkpoint) = window.checkpoint {
+            self.batcher.mark_checkpoint(checkpoint);
+        }
+        self.batcher.close();
+        Ok(())
+    }
+
+    /// The documents of the window's keys, read from the view once its transactions are visible.
+    fn render_keys(&mut self, window: &Window) -> Result<(), Stop> {
+        let view = &self.view;
+        let task = self.task;
+        let options = &self.options;
+        let rendered = in_transaction(self.live, "rendering documents from the view", || {
+            if !catalog::wait_for_transactions(&window.xids, should_stop) {
+                return Ok(None);
+            }
+            let mut keys = window.documents.clone();
+            for (mapping, input) in view.mappings.iter().zip(&window.mapped) {
+                for chunk in input.chunks(RENDER_CHUNK) {
+                    keys.extend(security::as_table_owner(view.mapping_role, || {
+                        catalog::run_mapping(
+                            &mapping.table,
+                            &mapping.query,
+                            mapping.params,
+                            chunk,
+                            view.key.len(),
+                        )
+                    })?);
+                }
+            }
+            // Planned again for each render, so that the view's columns follow CREATE OR
+            // REPLACE VIEW; a view that lost its key column stops the task.
+            let plan = plan::source_plan(task.relid, &task.primary_key, options)?;
+            let columns: Vec<String> = plan
+                .shape
+                .columns()
+                .iter()
+                .map(|column| column.name.clone())
+                .collect();
+            security::as_table_owner(plan.table_owner, || {
+                let keys = catalog::canonical_keys(&view.key, &keys)?;
+                let mut rows = Vec::new();
+                for chunk in keys.chunks(RENDER_CHUNK) {
+                    rows.extend(catalog::render_rows(
+                        &view.view, &columns, &view.key, chunk,
+                    )?);
+                }
+                Ok(Some((plan, keys, rows)))
+            })
+        })?;
+        let Some((plan, keys, rows)) = rendered else {
+            return Err(Stop::Terminated);
+        };
+        let found: std::collections::HashSet<Vec<String>> =
+            rows.iter().map(|row| plan.shape.key_of_row(row)).collect();
+        self.push_rows(&plan, &rows);
+        let mut id = Vec::new();
+        for key in keys.iter().filter(|key| !found.contains(*key)) {
+            let values: Vec<&str> = key.iter().map(String::as_str).collect();
+            match encode_id(&plan.shape, &values) {
+                Ok(document_id) => {
+                    id.clear();
+                    document_id.write_json(&mut id);
+                    self.batcher
+                        .push(Operation::Delete, &id, &id, &Instant::now);
+                }
+                // No document can have had this id.
+                Err(_) => continue,
+            }
+        }
+        Ok(())
+    }
+
+    /// After a TRUNCATE of a table the view reads: deletes every document, then renders the whole
+    /// view page by page (each page its own transaction), sending as it goes.
+    fn render_everything(&mut self, window: &Window) -> Result<(), Stop> {
+        let task = self.task;
+        let options = &self.options;
+        let plan = in_transaction(self.live, "planning the view", || {
+            if !catalog::wait_for_transactions(&window.xids, should_stop) {
+                return Ok(None);
+            }
+            plan::source_plan(task.relid, &task.primary_key, options).map(Some)
+        })?
+        .ok_or(Stop::Terminated)?;
+        log!(
+            "pg_meili_sync task {}: a table of view {} was truncated; rendering every document again",
+            task.id,
+            self.view.view
+        );
+        self.batcher
+            .push(Operation::DeleteAll, &[], &[], &Instant::now);
+        let width = plan.shape.columns().len();
+        let mut after: Option<Vec<String>> = None;
+        loop {
+            let (query, key) = match &after {
+                Some(key) => (&plan.next_page_query, Some(key.as_slice())),
+                None => (&plan.first_page_query, None),
+            };
+            let rows = in_transaction(self.live, "rendering the whole view", || {
+                security::as_table_owner(plan.table_owner, || {
+                    catalog::read_page(query, key, plan.page_rows, width)
+                })
+            })?;
+            let Some(last) = rows.last() else {
+                return Ok(());
+            };
+            after = Some(plan.shape.key_of_row(last));
+            self.push_rows(&plan, &rows);
+            self.send_all()?;
+        }
+    }
+
+    /// Rendered rows into the batcher as whole documents; rows that cannot be documents become
+    /// dead letters.
+    fn push_rows(&mut self, plan: &SnapshotPlan, rows: &[Vec<Option<String>>]) {
+        let mut document = Vec::with_capacity(1024);
+        let mut id = Vec::with_capacity(64);
+        for row in rows {
+            let values = ColumnValue::row(row);
+            document.clear();
+            let encoded = encode_document(&plan.shape, &values, &mut document).and_then(|doc_id| {
+                check_geo(&plan.shape, &values)?;
+                id.clear();
+                doc_id.write_json(&mut id);
+                Ok(())
+            });
+            match encoded {
+                Ok(()) => self
+                    .batcher
+                    .push(Operation::Replace, &id, &document, &Instant::now),
+                Err(error) => self.dispatcher.add_dead_letter(DeadLetter {
+                    id: item_id(Operation::Replace, &document, self.dispatcher.primary_key())
+                        .unwrap_or(serde_json::Value::Null),
+                    op: Operation::Replace,
+                    document: document.clone(),
+                    code: error.code().to_owned(),
+                    message: error.to_string(),
+                    task_uid: None,
+                    checkpoint: None,
+                }),
+            }
+        }
+    }
+
+    /// Hands closed batches to the dispatcher while it has room; a commit that rendered nothing
+    /// counts once everything before it is confirmed.
+    fn send_ready(&mut self) {
+        self.pump();
+        while self.dispatcher.has_room() {
+            match self.batcher.next_closed() {
+                Some(batch) => self.dispatcher.push(batch),
+                None => break,
+            }
+        }
+        if !self.batcher.has_closed() {
+            if let Some(checkpoint) = self.batcher.take_pending_checkpoint() {
+                if let Some(lsn) = self.dispatcher.standalone(checkpoint) {
+                    self.progress.checkpoint = Some(lsn);
+                }
+            }
+        }
+    }
+
+    /// Sends every closed batch, waiting for room (and storing progress meanwhile).
+    fn send_all(&mut self) -> Result<(), Stop> {
+        loop {
+            self.send_ready();
+            if !self.batcher.has_closed() {
+                return Ok(());
+            }
+            if should_stop() {
+                return Err(Stop::Terminated);
+            }
+            self.settle()?;
+            self.dispatcher.pump(Some(Duration::from_millis(20)));
+        }
+    }
+
+    fn publish(&mut self, read_position: u64, confirmed: u64) {
+        self.live.set_progress(
+            self.task.rows_copied,
+            self.dispatcher.backlog(),
+            self.dispatcher.writer().stats(),
+        );
+        self.live
+            .set_stream_position(read_position, confirmed, self.ages.oldest());
+    }
+}
+
+impl MessageSink for ViewStream<'_> {
+    fn message(&mut self, _lsn: u64, data: &[u8]) {
+        if self.failure.is_some() {
+            return;
+        }
+        let applied = parse_noting_commits(data, &mut self.ages)
+            .and_then(|message| self.keys.apply(&message, &Instant::now));
+        if let Err(error) = applied {
+            self.failure = Some(error);
+        }
+    }
+}
+
+/// Streams a view task until SIGTERM or a permanent failure; with a `gate` (a resync helper),
+/// until it asks to drain: then reading stops, everything collected is rendered and confirmed,
+/// and the position where the stream ended is returned.
+pub fn run(
+    stream: &mut ViewStream<'_>,
+    watch: &mut IndexWatch,
+    mut gate: Option<&mut dyn SwapGate>,
+) -> Result<Option<u64>, Stop> {
+    let task = stream.task;
+    let mut session =
+        DecodingSession::open(&task.slot_name, &task.publication_name).map_err(permanent)?;
+    stream.live.set_phase(Phase::Streaming);
+    let mut caught_up = false;
+    let mut draining = false;
+    let mut busy_nap = busy_nap();
+    let result = loop {
+        if should_stop() {
+            break Ok(None);
+        }
+        match stream.settle() {
+            Ok(Some(lsn)) => session.confirm(lsn),
+            Ok(None) => {}
+            Err(error) => break Err(error),
+        }
+        if caught_up && stream.is_idle() {
+            // Nothing unconfirmed: let the slot release WAL that other tables wrote meanwhile.
+            session.confirm(session.read_position());
+            stream.ages.confirmed(session.read_position());
+        }
+        if let Some(gate) = gate.as_deref_mut() {
+            if draining && stream.is_idle() {
+                session.confirm(session.read_position());
+                break Ok(Some(session.read_position()));
+            }
+            if !draining {
+                match gate.ready_to_drain(session.read_position(), caught_up) {
+                    Ok(ready) => draining = ready,
+                    Err(error) => break Err(error),
+                }
+            }
+        }
+        if stream.render_due(caught_up || draining) {
+            if let Err(error) = stream.render() {
+                break Err(error);
+            }
+        }
+        stream.send_ready();
+        let mut records = 0;
+        if !draining && stream.may_read() {
+            records = match session.read(stream, RECORDS_PER_ROUND) {
+                Ok(records) => records,
+                Err(error) => break Err(permanent(error)),
+            };
+            caught_up = records == 0;
+        }
+        if let Some(failure) = stream.failure.take() {
+            break Err(permanent(failure));
+        }
+        if caught_up {
+            if let Err(error) = watch.check(task.id) {
+                break Err(permanent(error));
+            }
+        }
+        stream.publish(session.read_position(), session.confirmed());
+        if records == 0 {
+            let nap = if stream.is_idle() {
+                Duration::from_secs(1)
+            } else {
+                busy_nap.after_round(false)
+            };
+            if !BackgroundWorker::wait_latch(Some(nap)) {
+                break Ok(None);
+            }
+        }
+    };
+    session.close();
+    result
+}

@@ -1,0 +1,838 @@
+//! End to end: a VIEW as a task's source. The view's rows are the documents: a backfill, then
+//! changes to every table the view reads (the root table by key, children through their foreign
+//! key, lookup and UNION tables through the "mappings" option), soft deletes through the view's
+//! WHERE, TRUNCATE, concurrent writers and a killed worker; the views `meili_sync_start` refuses
+//! (SQLSTATE and message), and `meili_sync_preview`, which creates nothing. Every streaming test
+//! ends with "the index holds exactly the view's rows".
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use pg_meili_sync_e2e::cluster::Cluster;
+use pg_meili_sync_e2e::meili::{Meili, Method};
+use pg_meili_sync_e2e::{assert_no_crash, products, wait_for, wait_index_matches_table};
+use serde_json::{json, Value};
+
+const CONVERGE: Duration = Duration::from_secs(300);
+
+const VIEW: &str = "product_documents";
+
+/// 2024-01-01T00:00:00Z as a Unix time.
+const EPOCH_2024: i64 = 1_704_067_200;
+const DAY: i64 = 86_400;
+
+/// The shop schema and its view. Seed: 10 brands, 20 tags, 200 products (every 25th without a
+/// brand), 3 tags per product (none for every 50th), 2 reviews per product (none for every 40th;
+/// review ids 2i-1 and 2i belong to product i).
+const SCHEMA: &str = r#"
+CREATE TABLE brands (id int PRIMARY KEY, name text);
+CREATE TABLE products (
+    id int PRIMARY KEY,
+    name text,
+    brand_id int REFERENCES brands,
+    price numeric,
+    deleted bool NOT NULL DEFAULT false,
+    created_at timestamptz NOT NULL DEFAULT now()
+);
+CREATE TABLE tags (id int PRIMARY KEY, label text);
+CREATE TABLE product_tags (
+    product_id int REFERENCES products ON DELETE CASCADE,
+    tag_id int REFERENCES tags ON DELETE CASCADE,
+    PRIMARY KEY (product_id, tag_id)
+);
+CREATE TABLE reviews (
+    id int PRIMARY KEY,
+    product_id int NOT NULL REFERENCES products ON DELETE CASCADE,
+    stars int
+);
+ALTER TABLE reviews REPLICA IDENTITY FULL;
+CREATE VIEW product_documents AS
+SELECT p.id, p.name, b.name AS brand, p.price,
+       extract(epoch FROM p.created_at)::bigint AS created_unix,
+       (SELECT coalesce(json_agg(t.label ORDER BY t.label), '[]'::json)
+          FROM product_tags pt JOIN tags t ON t.id = pt.tag_id WHERE pt.product_id = p.id) AS tags,
+       (SELECT count(*) FROM reviews r WHERE r.product_id = p.id) AS review_count,
+       (SELECT round(avg(r.stars), 2) FROM reviews r WHERE r.product_id = p.id) AS stars
+  FROM products p LEFT JOIN brands b ON b.id = p.brand_id
+ WHERE NOT p.deleted;
+INSERT INTO brands SELECT i, 'Brand ' || i FROM generate_series(1, 10) i;
+INSERT INTO tags SELECT i, 'tag-' || lpad(i::text, 2, '0') FROM generate_series(1, 20) i;
+INSERT INTO products (id, name, brand_id, price)
+SELECT i, 'Product ' || i, CASE WHEN i % 25 = 0 THEN NULL ELSE i % 10 + 1 END,
+       round((i * 37 % 1000) / 100.0 + 0.5, 2)
+  FROM generate_series(1, 200) i;
+INSERT INTO product_tags
+SELECT i, (i + k * 7) % 20 + 1 FROM generate_series(1, 200) i, generate_series(0, 2) k
+ WHERE i % 50 <> 0;
+INSERT INTO reviews
+SELECT 2 * i - 1 + k, i, 1 + (i * (k + 1)) % 5 FROM generate_series(1, 200) i, generate_series(0, 1) k
+ WHERE i % 40 <> 0;
+"#;
+
+/// A cluster with the extension and the seeded shop schema, and a Meilisearch.
+fn shop() -> (Cluster, Meili) {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql_script(SCHEMA);
+    (cluster, Meili::from_env())
+}
+
+/// The tables the view reads that neither are its root nor point at it with a foreign key.
+fn mappings() -> Value {
+    json!({
+        "brands": "SELECT p.id FROM public.products p WHERE p.brand_id = ANY($1::int[])",
+        "tags": "SELECT pt.product_id FROM public.product_tags pt WHERE pt.tag_id = ANY($1::int[])",
+    })
+}
+
+/// The view's options (key and mappings) merged with `extra`, as a JSON object.
+fn view_options(extra: Value) -> Value {
+    let mut options = json!({"primary_key": "id", "mappings": mappings()});
+    if let (Some(target), Some(source)) = (options.as_object_mut(), extra.as_object()) {
+        for (name, value) in source {
+            target.insert(name.clone(), value.clone());
+        }
+    }
+    options
+}
+
+/// Starts a task on `source` with `options` (merged with the server's url and key) and waits
+/// for its copy; returns its index and id.
+fn start_task(cluster: &Cluster, meili: &Meili, source: &str, options: Value) -> (String, i64) {
+    let index = meili.unique_index("views");
+    let options = meili.options(options);
+    let task: i64 = cluster
+        .psql(&format!(
+            "SELECT meili_sync_start('{source}', '{index}', '{options}')"
+        ))
+        .parse()
+        .expect("task id");
+    cluster.wait_snapshot_done(task, CONVERGE);
+    (index, task)
+}
+
+/// A task on `product_documents` with the usual options and `extra`, copied.
+fn start_view_task(cluster: &Cluster, meili: &Meili, extra: Value) -> (String, i64) {
+    start_task(cluster, meili, VIEW, view_options(extra))
+}
+
+fn converge(cluster: &Cluster, meili: &Meili, index: &str) {
+    wait_index_matches_table(cluster, meili, index, VIEW, CONVERGE);
+}
+
+/// One document of the index, or None when it has none with that id.
+fn document(meili: &Meili, index: &str, id: &str) -> Option<Value> {
+    let (status, body) = meili.request(
+        Method::GET,
+        &format!("/indexes/{index}/documents/{id}"),
+        None,
+    );
+    (status == 200).then_some(body)
+}
+
+fn document_ids(documents: &[Value]) -> Vec<i64> {
+    let mut ids: Vec<i64> = documents.iter().filter_map(|d| d["id"].as_i64()).collect();
+    ids.sort_unstable();
+    ids
+}
+
+/// The worker's pid from the status view.
+fn worker_pid(cluster: &Cluster, task: i64) -> i64 {
+    wait_for("the task's worker pid", CONVERGE, || {
+        cluster
+            .status(task)
+            .get("worker_pid")
+            .and_then(|pid| pid.parse().ok())
+    })
+}
+
+/// xorshift64, for reproducible workloads.
+fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
+    move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    }
+}
+
+/// An ERROR as psql prints it with `VERBOSITY verbose`: `ERROR:  <SQLSTATE>: <message>`, then
+/// DETAIL and HINT lines.
+#[derive(Debug)]
+struct Refusal {
+    sqlstate: String,
+    /// The message and its DETAIL.
+    message: String,
+    hint: String,
+    stderr: String,
+}
+
+/// Runs `sql`, which must fail; returns the error's SQLSTATE, message and hint.
+fn refusal(cluster: &Cluster, sql: &str) -> Refusal {
+    let output = cluster
+        .psql_command()
+        .args(["-v", "VERBOSITY=verbose", "-c", sql])
+        .output()
+        .expect("run psql");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        !output.status.success(),
+        "expected an error, but it ran: {sql}\n{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let field = |prefix: &str| {
+        stderr
+            .lines()
+            .find_map(|line| line.split_once(prefix).map(|(_, rest)| rest.to_owned()))
+    };
+    let error = field("ERROR:  ").unwrap_or_else(|| panic!("no ERROR for {sql}: {stderr}"));
+    let (sqlstate, message) = error
+        .split_once(": ")
+        .unwrap_or_else(|| panic!("no SQLSTATE in {error:?} (VERBOSITY verbose)"));
+    Refusal {
+        sqlstate: sqlstate.to_owned(),
+        message: format!("{message} {}", field("DETAIL:  ").unwrap_or_default()),
+        hint: field("HINT:  ").unwrap_or_default(),
+        stderr,
+    }
+}
+
+/// Asserts that `sql` fails with `sqlstate` and that its message (or detail) names at least one
+/// of `names` (case-insensitive).
+fn assert_refused(cluster: &Cluster, sql: &str, sqlstate: &str, names: &[&str]) -> Refusal {
+    let refused = refusal(cluster, sql);
+    assert_eq!(
+        refused.sqlstate, sqlstate,
+        "wrong SQLSTATE for {sql}:\n{}",
+        refused.stderr
+    );
+    let message = refused.message.to_lowercase();
+    assert!(
+        names
+            .iter()
+            .any(|name| message.contains(&name.to_lowercase())),
+        "the message for {sql} names none of {names:?}:\n{}",
+        refused.stderr
+    );
+    refused
+}
+
+/// Asserts that no task, publication or slot of the extension exists.
+fn assert_nothing_created(cluster: &Cluster) {
+    assert_eq!(cluster.psql("SELECT count(*) FROM meili_sync.tasks"), "0");
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM pg_publication WHERE pubname LIKE 'meili_sync%'"),
+        "0",
+        "a publication was left behind: {}",
+        cluster.psql("SELECT string_agg(pubname, ', ') FROM pg_publication")
+    );
+    assert_eq!(
+        cluster
+            .psql("SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'meili_sync%'"),
+        "0"
+    );
+}
+
+#[test]
+fn view_backfill_then_changes_to_every_table() {
+    let (cluster, meili) = shop();
+    let (index, _task) = start_view_task(&cluster, &meili, json!({}));
+    converge(&cluster, &meili, &index);
+    assert_eq!(meili.document_count(&index), Some(200));
+
+    // The root table, by key.
+    cluster.psql("UPDATE products SET name = 'Renamed 7' WHERE id = 7");
+    converge(&cluster, &meili, &index);
+    assert_eq!(
+        document(&meili, &index, "7").map(|d| d["name"].clone()),
+        Some(json!("Renamed 7"))
+    );
+
+    // A lookup table through its mapping: brand 3 is on the 20 products with id % 10 = 2.
+    cluster.psql("UPDATE brands SET name = 'Brand Three' WHERE id = 3");
+    converge(&cluster, &meili, &index);
+    let renamed: Vec<i64> = document_ids(
+        &meili
+            .all_documents(&index)
+            .into_iter()
+            .filter(|d| d["brand"] == json!("Brand Three"))
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(renamed, (0..20).map(|k| k * 10 + 2).collect::<Vec<i64>>());
+
+    // The other lookup table, through the mapping that goes through product_tags.
+    cluster.psql("UPDATE tags SET label = 'zz-renamed' WHERE id = 5");
+    converge(&cluster, &meili, &index);
+    // Product 4 has tags 5, 12 and 19.
+    assert_eq!(
+        document(&meili, &index, "4").map(|d| d["tags"].clone()),
+        Some(json!(["tag-12", "tag-19", "zz-renamed"]))
+    );
+
+    // A child keyed by (product_id, tag_id): default replica identity.
+    cluster.psql("INSERT INTO product_tags VALUES (11, 1)");
+    cluster.psql("DELETE FROM product_tags WHERE product_id = 12 AND tag_id = 13");
+    converge(&cluster, &meili, &index);
+    assert_eq!(
+        document(&meili, &index, "11").map(|d| d["tags"].clone()),
+        Some(json!(["tag-01", "tag-06", "tag-12", "tag-19"]))
+    );
+    assert_eq!(
+        document(&meili, &index, "12").map(|d| d["tags"].clone()),
+        Some(json!(["tag-07", "tag-20"]))
+    );
+
+    // A child with REPLICA IDENTITY FULL: insert, update, delete.
+    cluster.psql("INSERT INTO reviews VALUES (100001, 13, 5)");
+    cluster.psql("UPDATE reviews SET stars = 1 WHERE product_id = 14");
+    cluster.psql("DELETE FROM reviews WHERE product_id = 15");
+    converge(&cluster, &meili, &index);
+    let body = document(&meili, &index, "15").expect("document 15");
+    assert_eq!(
+        (body["review_count"].clone(), body["stars"].clone()),
+        (json!(0), Value::Null)
+    );
+    assert_eq!(
+        document(&meili, &index, "13").map(|d| d["review_count"].clone()),
+        Some(json!(3))
+    );
+
+    // A review moves: the product it leaves and the one it joins both change.
+    cluster.psql("UPDATE reviews SET product_id = 20 WHERE id = 19");
+    wait_for("both documents of the moved review", CONVERGE, || {
+        let count = |id: &str| document(&meili, &index, id).map(|d| d["review_count"].clone());
+        (count("10") == Some(json!(1)) && count("20") == Some(json!(3))).then_some(())
+    });
+    converge(&cluster, &meili, &index);
+
+    // A deleted product (its children cascade) leaves the index.
+    cluster.psql("DELETE FROM products WHERE id = 30");
+    converge(&cluster, &meili, &index);
+    assert_eq!(document(&meili, &index, "30"), None);
+
+    // A new product with its children, in one transaction.
+    cluster.psql(
+        "BEGIN;
+         INSERT INTO products (id, name, brand_id, price) VALUES (1000, 'Newcomer', 2, 9.99);
+         INSERT INTO product_tags VALUES (1000, 2), (1000, 1);
+         INSERT INTO reviews VALUES (200001, 1000, 4), (200002, 1000, 5);
+         COMMIT;",
+    );
+    converge(&cluster, &meili, &index);
+    let body = document(&meili, &index, "1000").expect("document 1000");
+    assert_eq!(body["name"], json!("Newcomer"));
+    assert_eq!(body["brand"], json!("Brand 2"));
+    assert_eq!(body["tags"], json!(["tag-01", "tag-02"]));
+    assert_eq!(body["review_count"], json!(2));
+    assert_eq!(body["stars"].as_f64(), Some(4.5));
+    assert_eq!(body["price"].as_f64(), Some(9.99));
+    assert_eq!(meili.document_count(&index), Some(200));
+}
+
+#[test]
+fn truncate_of_a_child_table() {
+    let (cluster, meili) = shop();
+    let (index, _task) = start_view_task(&cluster, &meili, json!({}));
+    converge(&cluster, &meili, &index);
+    cluster.psql("TRUNCATE reviews");
+    wait_for("every document to lose its reviews", CONVERGE, || {
+        let documents = meili.all_documents(&index);
+        (documents.len() == 200
+            && documents
+                .iter()
+                .all(|d| d["review_count"] == json!(0) && d["stars"].is_null()))
+        .then_some(())
+    });
+    converge(&cluster, &meili, &index);
+    // And the child streams again after it.
+    cluster.psql("INSERT INTO reviews VALUES (1, 1, 5), (2, 1, 2)");
+    converge(&cluster, &meili, &index);
+    let body = document(&meili, &index, "1").expect("document 1");
+    assert_eq!(body["review_count"], json!(2));
+    assert_eq!(body["stars"].as_f64(), Some(3.5));
+}
+
+#[test]
+fn soft_delete_filter() {
+    let (cluster, meili) = shop();
+    let (index, _task) = start_view_task(&cluster, &meili, json!({}));
+    converge(&cluster, &meili, &index);
+    cluster.psql("UPDATE products SET deleted = true WHERE id <= 10");
+    converge(&cluster, &meili, &index);
+    let ids = document_ids(&meili.all_documents(&index));
+    assert_eq!(ids, (11..=200).collect::<Vec<i64>>());
+    cluster.psql("UPDATE products SET deleted = false WHERE id <= 5");
+    converge(&cluster, &meili, &index);
+    let ids = document_ids(&meili.all_documents(&index));
+    assert_eq!(ids, (1..=5).chain(11..=200).collect::<Vec<i64>>());
+    // A change to a hidden product's child does not bring it back.
+    cluster.psql("INSERT INTO reviews VALUES (100001, 8, 5); UPDATE products SET name = 'hidden' WHERE id = 9");
+    converge(&cluster, &meili, &index);
+    assert_eq!(document(&meili, &index, "8"), None);
+    assert_eq!(document(&meili, &index, "9"), None);
+}
+
+#[test]
+fn computed_unix_time_with_a_range_filter() {
+    let (cluster, meili) = shop();
+    let (index, _task) = start_view_task(
+        &cluster,
+        &meili,
+        json!({"settings": {"filterableAttributes": ["created_unix"]}}),
+    );
+    converge(&cluster, &meili, &index);
+    // Product i was created on day i of 2024.
+    cluster.psql(
+        "UPDATE products SET created_at = timestamptz '2024-01-01 00:00:00+00' + id * interval '1 day'",
+    );
+    converge(&cluster, &meili, &index);
+    assert_eq!(
+        document(&meili, &index, "151").map(|d| d["created_unix"].clone()),
+        Some(json!(EPOCH_2024 + 151 * DAY))
+    );
+    let search = |filter: String| -> Vec<i64> {
+        meili.wait_idle(&index, CONVERGE);
+        let (status, answer) = meili.request(
+            Method::POST,
+            &format!("/indexes/{index}/search"),
+            Some(json!({"filter": filter, "limit": 1000})),
+        );
+        assert_eq!(status, 200, "search {filter}: {answer}");
+        document_ids(answer["hits"].as_array().expect("hits"))
+    };
+    let after_day_150 = format!("created_unix > {}", EPOCH_2024 + 150 * DAY);
+    assert_eq!(
+        search(after_day_150.clone()),
+        (151..=200).collect::<Vec<i64>>()
+    );
+    assert_eq!(
+        search(format!(
+            "created_unix {} TO {}",
+            EPOCH_2024 + 10 * DAY,
+            EPOCH_2024 + 20 * DAY
+        )),
+        (10..=20).collect::<Vec<i64>>()
+    );
+    // Product 5 moves into the range, product 160 is soft-deleted out of the index.
+    cluster
+        .psql("UPDATE products SET created_at = timestamptz '2100-01-01 00:00:00+00' WHERE id = 5");
+    cluster.psql("UPDATE products SET deleted = true WHERE id = 160");
+    converge(&cluster, &meili, &index);
+    let expected: Vec<i64> = std::iter::once(5)
+        .chain((151..=200).filter(|id| *id != 160))
+        .collect();
+    assert_eq!(search(after_day_150), expected);
+    assert_eq!(
+        search("created_unix >= 4102444800".to_owned()),
+        vec![5],
+        "2100-01-01T00:00:00Z"
+    );
+}
+
+/// Waits until the index holds exactly the rows of `view`, whose key `id` is text: compared as
+/// `to_jsonb` of each row, keyed by the id string.
+fn wait_index_matches_text_keyed_view(
+    cluster: &Cluster,
+    meili: &Meili,
+    index: &str,
+    view: &str,
+    timeout: Duration,
+) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let expected: BTreeMap<String, Value> = cluster
+            .psql(&format!(
+                "SELECT to_jsonb(t)::text FROM {view} t ORDER BY id"
+            ))
+            .lines()
+            .filter(|line| !line.is_empty())
+            .map(|line| serde_json::from_str::<Value>(line).expect("a row as JSON"))
+            .map(|row| (row["id"].as_str().expect("a text id").to_owned(), row))
+            .collect();
+        let mut problems = Vec::new();
+        let mut found = BTreeMap::new();
+        for document in meili.all_documents(index) {
+            match document["id"].as_str() {
+                Some(id) => {
+                    found.insert(id.to_owned(), document);
+                }
+                None => problems.push(format!("document without a string id: {document}")),
+            }
+        }
+        for (id, row) in &expected {
+            match found.get(id) {
+                None => problems.push(format!("missing id {id}")),
+                Some(document) if document != row => problems.push(format!(
+                    "id {id} differs:\n  index {document}\n  view  {row}"
+                )),
+                _ => {}
+            }
+        }
+        for id in found.keys().filter(|id| !expected.contains_key(*id)) {
+            problems.push(format!("extra id {id}"));
+        }
+        if problems.is_empty() {
+            assert_no_crash(cluster);
+            return;
+        }
+        if Instant::now() >= deadline {
+            let count = problems.len();
+            problems.truncate(5);
+            panic!(
+                "index {index} does not match view {view} after {timeout:?}: {count} differences (index {}, view {}):\n{}\n--- server log tail ---\n{}",
+                found.len(),
+                expected.len(),
+                problems.join("\n"),
+                cluster.tail_log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn union_view_of_two_tables() {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql_script(
+        "CREATE TABLE articles (id int PRIMARY KEY, title text);
+         CREATE TABLE videos (id int PRIMARY KEY, title text);
+         CREATE VIEW media AS
+         SELECT 'a' || a.id AS id, a.title, 'article' AS kind FROM articles a
+         UNION ALL
+         SELECT 'v' || v.id, v.title, 'video' FROM videos v;
+         INSERT INTO articles SELECT i, 'Article ' || i || E' \"quoted\" ✓' FROM generate_series(1, 50) i;
+         INSERT INTO videos SELECT i, 'Video ' || i FROM generate_series(1, 30) i;",
+    );
+    let meili = Meili::from_env();
+    let (index, _task) = start_task(
+        &cluster,
+        &meili,
+        "media",
+        json!({
+            "primary_key": "id",
+            "mappings": {
+                "articles": "SELECT 'a' || k FROM unnest($1::text[]) k",
+                "videos": "SELECT 'v' || k FROM unnest($1::text[]) k",
+            },
+        }),
+    );
+    let converge =
+        || wait_index_matches_text_keyed_view(&cluster, &meili, &index, "media", CONVERGE);
+    converge();
+    assert_eq!(meili.document_count(&index), Some(80));
+    assert_eq!(
+        document(&meili, &index, "v3"),
+        Some(json!({"id": "v3", "title": "Video 3", "kind": "video"}))
+    );
+
+    cluster
+        .psql("INSERT INTO articles SELECT i, 'New article ' || i FROM generate_series(51, 55) i");
+    cluster.psql("INSERT INTO videos VALUES (31, 'New video')");
+    cluster.psql("UPDATE articles SET title = 'Retitled' WHERE id = 3");
+    cluster.psql("UPDATE videos SET title = 'Retitled video' WHERE id = 4");
+    cluster.psql("DELETE FROM articles WHERE id = 7");
+    cluster.psql("DELETE FROM videos WHERE id = 8");
+    // A key change: the old document goes, the new one comes.
+    cluster.psql("UPDATE articles SET id = 1000 WHERE id = 9");
+    converge();
+    assert_eq!(document(&meili, &index, "a7"), None);
+    assert_eq!(document(&meili, &index, "v8"), None);
+    assert_eq!(document(&meili, &index, "a9"), None);
+    assert_eq!(
+        document(&meili, &index, "a3").map(|d| d["title"].clone()),
+        Some(json!("Retitled"))
+    );
+    assert_eq!(
+        document(&meili, &index, "a1000").map(|d| d["kind"].clone()),
+        Some(json!("article"))
+    );
+    // Same key number in both tables, one transaction.
+    cluster.psql(
+        "BEGIN; UPDATE articles SET title = 'both a' WHERE id = 10; UPDATE videos SET title = 'both v' WHERE id = 10; COMMIT;",
+    );
+    // TRUNCATE of one of the tables re-renders the index: the videos go, the articles stay.
+    cluster.psql("TRUNCATE videos");
+    cluster.psql("INSERT INTO videos VALUES (500, 'After truncate')");
+    converge();
+    let ids: Vec<String> = meili
+        .all_documents(&index)
+        .iter()
+        .filter_map(|d| d["id"].as_str().map(str::to_owned))
+        .filter(|id| id.starts_with('v'))
+        .collect();
+    assert_eq!(ids, vec!["v500".to_owned()]);
+    assert_eq!(
+        document(&meili, &index, "a10").map(|d| d["title"].clone()),
+        Some(json!("both a"))
+    );
+}
+
+#[test]
+fn concurrent_writers_on_parents_and_children() {
+    let (cluster, meili) = shop();
+    let (index, _task) = start_view_task(&cluster, &meili, json!({"batch_size": 50}));
+    converge(&cluster, &meili, &index);
+    let run_for = Duration::from_secs(5);
+    let (parents, children, lookups) = std::thread::scope(|scope| {
+        let cluster = &cluster;
+        // Products: names and prices, two rows per transaction. Only this thread updates them.
+        let parents = scope.spawn(move || {
+            let mut next = xorshift(0x9E37_79B9_7F4A_7C15);
+            let deadline = Instant::now() + run_for;
+            let mut rounds = 0_u64;
+            while Instant::now() < deadline {
+                let (a, b) = (1 + next() % 200, 1 + next() % 200);
+                cluster.psql(&format!(
+                    "BEGIN; UPDATE products SET name = 'writer {rounds}', price = {} WHERE id = {a}; \
+                     UPDATE products SET price = price + 1 WHERE id = {b}; COMMIT;",
+                    next() % 10_000
+                ));
+                rounds += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            rounds
+        });
+        // Reviews and product_tags: inserts, deletes and moves. Only this thread writes them.
+        let children = scope.spawn(move || {
+            let mut next = xorshift(0xD1B5_4A32_D192_ED03);
+            let deadline = Instant::now() + run_for;
+            let mut rounds = 0_u64;
+            while Instant::now() < deadline {
+                let product = |n: u64| 1 + n % 200;
+                let review = 300_000 + rounds;
+                cluster.psql(&format!(
+                    "BEGIN;
+                     INSERT INTO reviews VALUES ({review}, {}, {});
+                     DELETE FROM reviews WHERE id = (SELECT min(id) FROM reviews WHERE product_id = {});
+                     UPDATE reviews SET product_id = {} WHERE id = (SELECT max(id) FROM reviews WHERE product_id = {});
+                     INSERT INTO product_tags VALUES ({}, {}) ON CONFLICT DO NOTHING;
+                     DELETE FROM product_tags WHERE product_id = {} AND tag_id = {};
+                     COMMIT;",
+                    product(next()),
+                    1 + next() % 5,
+                    product(next()),
+                    product(next()),
+                    product(next()),
+                    product(next()),
+                    1 + next() % 20,
+                    product(next()),
+                    1 + next() % 20,
+                ));
+                rounds += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            rounds
+        });
+        // Brands and tags: renames that change many documents at once.
+        let lookups = scope.spawn(move || {
+            let mut next = xorshift(0x2545_F491_4F6C_DD1D);
+            let deadline = Instant::now() + run_for;
+            let mut rounds = 0_u64;
+            while Instant::now() < deadline {
+                let brand = 1 + next() % 10;
+                cluster.psql(&format!(
+                    "UPDATE brands SET name = 'Brand {brand} v{rounds}' WHERE id = {brand}"
+                ));
+                cluster.psql(&format!(
+                    "UPDATE tags SET label = 'tag v{rounds}' WHERE id = {}",
+                    1 + next() % 20
+                ));
+                rounds += 1;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            rounds
+        });
+        (
+            parents.join().expect("the products writer"),
+            children.join().expect("the children writer"),
+            lookups.join().expect("the lookups writer"),
+        )
+    });
+    assert!(
+        parents > 0 && children > 0 && lookups > 0,
+        "{parents} {children} {lookups}"
+    );
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn worker_killed_mid_stream() {
+    let (cluster, meili) = shop();
+    let (index, task) = start_view_task(&cluster, &meili, json!({"batch_size": 20}));
+    converge(&cluster, &meili, &index);
+    let pid = worker_pid(&cluster, task);
+    std::thread::scope(|scope| {
+        let cluster = &cluster;
+        // The burst: every review's stars in 40 transactions. The kill's crash recovery ends
+        // some sessions, so errors are expected; the oracle is what committed.
+        let writer = scope.spawn(move || {
+            let mut committed = 0;
+            for round in 0..40 {
+                let sql = format!(
+                    "UPDATE reviews SET stars = 1 + (stars + {round}) % 5 WHERE id % 4 = {}; \
+                     UPDATE products SET price = price + 1 WHERE id % 10 = {}",
+                    round % 4,
+                    round % 10
+                );
+                if cluster.try_psql(&sql).is_ok() {
+                    committed += 1;
+                }
+                std::thread::sleep(Duration::from_millis(25));
+            }
+            committed
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        cluster.kill_worker(task, pid);
+        let committed = writer.join().expect("the writer");
+        assert!(committed > 0, "no transaction of the burst committed");
+    });
+    cluster.psql("UPDATE reviews SET stars = 5 WHERE product_id <= 20");
+    cluster.psql("UPDATE brands SET name = name || ' after the kill' WHERE id = 4");
+    converge(&cluster, &meili, &index);
+}
+
+#[test]
+fn start_refuses_what_it_cannot_follow() {
+    let (cluster, meili) = shop();
+    cluster.psql_script(
+        "CREATE TABLE notes (id int PRIMARY KEY, product_id int, body text);
+         CREATE VIEW note_counts AS
+         SELECT p.id, (SELECT count(*) FROM notes n WHERE n.product_id = p.id) AS note_count FROM products p;
+         CREATE TABLE comments (id int PRIMARY KEY, product_id int REFERENCES products);
+         CREATE VIEW comment_counts AS
+         SELECT p.id, (SELECT count(*) FROM comments c WHERE c.product_id = p.id) AS comment_count FROM products p;
+         CREATE VIEW srf_documents AS SELECT id, generate_series(1, 2) AS n FROM products;
+         CREATE VIEW limited_documents AS SELECT id, name FROM products ORDER BY id LIMIT 10;
+         CREATE VIEW ranked_documents AS SELECT p.id, rank() OVER (ORDER BY p.price) AS price_rank FROM products p;",
+    );
+    let mut indexes = Vec::new();
+    let mut start = |source: &str, options: Value| {
+        let index = meili.unique_index("refused");
+        let sql = format!(
+            "SELECT meili_sync_start('{source}', '{index}', '{}')",
+            meili.options(options)
+        );
+        indexes.push(index);
+        sql
+    };
+    let sql = start(VIEW, json!({"mappings": mappings()}));
+    assert_refused(&cluster, &sql, "22023", &["primary_key"]);
+    let sql = start(VIEW, view_options(json!({"primary_key": "sku"})));
+    assert_refused(&cluster, &sql, "42703", &["sku"]);
+    // A base table neither the root nor pointing at it, without a mapping.
+    let sql = start("note_counts", json!({"primary_key": "id"}));
+    let refused = assert_refused(&cluster, &sql, "0A000", &["notes"]);
+    assert!(
+        refused.hint.contains("\"mappings\""),
+        "the hint shows the option: {}",
+        refused.stderr
+    );
+    // The lookup tables of product_documents are such tables too.
+    let sql = start(VIEW, json!({"primary_key": "id"}));
+    let refused = assert_refused(&cluster, &sql, "0A000", &["brands", "tags"]);
+    assert!(refused.hint.contains("\"mappings\""), "{}", refused.stderr);
+    // A child whose replica identity (its primary key) lacks the foreign key column.
+    let sql = start("comment_counts", json!({"primary_key": "id"}));
+    let refused = assert_refused(&cluster, &sql, "55000", &["comments"]);
+    assert!(
+        refused.hint.to_uppercase().contains("REPLICA IDENTITY"),
+        "the hint says how to fix it: {}",
+        refused.stderr
+    );
+    let sql = start("srf_documents", json!({"primary_key": "id"}));
+    assert_refused(&cluster, &sql, "0A000", &["srf_documents", "set-returning"]);
+    let sql = start("limited_documents", json!({"primary_key": "id"}));
+    assert_refused(&cluster, &sql, "0A000", &["limited_documents", "LIMIT"]);
+    let sql = start("ranked_documents", json!({"primary_key": "id"}));
+    assert_refused(&cluster, &sql, "0A000", &["ranked_documents", "window"]);
+    let sql = start(VIEW, view_options(json!({"decoding": "shared"})));
+    assert_refused(&cluster, &sql, "0A000", &["shared", "decoding"]);
+
+    // Nothing half-created.
+    assert_nothing_created(&cluster);
+    for index in &indexes {
+        assert_eq!(meili.index(index), None, "index {index} was created");
+    }
+    // With a replica identity that carries the foreign key, the comments view is accepted (and
+    // followed): the refusal was about the identity only.
+    cluster.psql("ALTER TABLE comments REPLICA IDENTITY FULL");
+    let (index, _task) = start_task(
+        &cluster,
+        &meili,
+        "comment_counts",
+        json!({"primary_key": "id"}),
+    );
+    cluster.psql("INSERT INTO comments VALUES (1, 3), (2, 3)");
+    wait_index_matches_table(&cluster, &meili, &index, "comment_counts", CONVERGE);
+    assert_eq!(
+        document(&meili, &index, "3").map(|d| d["comment_count"].clone()),
+        Some(json!(2))
+    );
+}
+
+#[test]
+fn preview_shows_documents_and_creates_nothing() {
+    let (cluster, _meili) = shop();
+    // The first three documents in key order skip the soft-deleted product 2.
+    cluster.psql("UPDATE products SET deleted = true WHERE id = 2");
+    let options = view_options(json!({})).to_string().replace('\'', "''");
+    let preview = |sql: &str| -> Vec<Value> {
+        cluster
+            .psql(sql)
+            .lines()
+            .filter(|line| !line.is_empty())
+            .map(|line| serde_json::from_str(line).expect("a jsonb document"))
+            .collect()
+    };
+    let first = |source: &str, n: usize| -> BTreeMap<i64, Value> {
+        products::table_documents(&cluster, source)
+            .into_iter()
+            .take(n)
+            .collect()
+    };
+
+    let documents = preview(&format!(
+        "SELECT meili_sync_preview('{VIEW}', '{options}', 3)"
+    ));
+    let ids: Vec<Option<i64>> = documents.iter().map(|d| d["id"].as_i64()).collect();
+    assert_eq!(ids, vec![Some(1), Some(3), Some(4)], "{documents:?}");
+    if let Some(problem) = products::diff_documents(&documents, &first(VIEW, 3)) {
+        panic!("the view's preview: {problem}");
+    }
+    // Nested JSON stays nested.
+    assert!(documents[0]["tags"].is_array(), "{}", documents[0]);
+
+    // The default limit is 5.
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT count(*) FROM meili_sync_preview('{VIEW}', '{options}')"
+        )),
+        "5"
+    );
+
+    // A table, with its own primary key.
+    let documents = preview("SELECT meili_sync_preview('products', '{}', 3)");
+    let ids: Vec<Option<i64>> = documents.iter().map(|d| d["id"].as_i64()).collect();
+    assert_eq!(ids, vec![Some(1), Some(2), Some(3)], "{documents:?}");
+    if let Some(problem) = products::diff_documents(&documents, &first("products", 3)) {
+        panic!("the table's preview: {problem}");
+    }
+    assert!(
+        documents[0]["created_at"]
+            .as_str()
+            .is_some_and(|at| at.ends_with('Z')),
+        "{}",
+        documents[0]
+    );
+
+    // Options are checked as meili_sync_start checks them.
+    assert_refused(
+        &cluster,
+        &format!("SELECT meili_sync_preview('{VIEW}', '{{}}', 3)"),
+        "22023",
+        &["primary_key"],
+    );
+
+    assert_nothing_created(&cluster);
+}
