@@ -836,3 +836,171 @@ fn preview_shows_documents_and_creates_nothing() {
 
     assert_nothing_created(&cluster);
 }
+
+#[test]
+fn verify_repair_and_resync_of_a_view_task() {
+    let (cluster, meili) = shop();
+    let (index, task) = start_view_task(&cluster, &meili, json!({}));
+    converge(&cluster, &meili, &index);
+    let verify = || {
+        cluster.psql(&format!(
+            "SELECT rows_checked || ',' || documents_checked || ',' || missing || ',' || extra || ',' || different
+                    || ' ' || array_to_string(sample_missing, '/') || ' ' || array_to_string(sample_extra, '/')
+                    || ' ' || array_to_string(sample_different, '/')
+               FROM meili_sync_verify({task})"
+        ))
+    };
+    assert_eq!(verify(), "200,200,0,0,0");
+    // Damage the index behind the task's back: one document deleted, one changed, one added.
+    let documents = format!("/indexes/{index}/documents");
+    meili.request(
+        Method::POST,
+        &format!("{documents}/delete-batch"),
+        Some(json!([5])),
+    );
+    meili.request(
+        Method::PUT,
+        &documents,
+        Some(json!([{"id": 10, "brand": "tampered"}])),
+    );
+    meili.request(
+        Method::POST,
+        &documents,
+        Some(json!([{"id": 100001, "name": "ghost"}])),
+    );
+    meili.wait_idle(&index, CONVERGE);
+    assert_eq!(verify(), "200,200,1,1,1 5 100001 10");
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT resent || ',' || deleted FROM meili_sync_repair({task})"
+        )),
+        "2,1"
+    );
+    assert_eq!(verify(), "200,200,0,0,0");
+
+    // A resync builds a new index from the view and swaps it in while the stream goes on.
+    let helper: i64 = cluster
+        .psql(&format!("SELECT meili_sync_resync({task})"))
+        .parse()
+        .expect("helper task id");
+    cluster.psql("UPDATE reviews SET stars = 5 WHERE product_id <= 20");
+    wait_for("the resync to finish", CONVERGE, || {
+        (cluster.psql(&format!(
+            "SELECT count(*) FROM meili_sync.tasks WHERE id = {helper}"
+        )) == "0")
+            .then_some(())
+    });
+    cluster.psql("UPDATE brands SET name = 'After resync' WHERE id = 3");
+    converge(&cluster, &meili, &index);
+    assert_eq!(meili.index(&format!("{index}__resync")), None);
+    assert_eq!(
+        document(&meili, &index, "12").map(|d| d["brand"].clone()),
+        Some(json!("After resync"))
+    );
+}
+
+#[test]
+fn view_columns_follow_create_or_replace_and_a_lost_key_stops_the_task() {
+    let (cluster, meili) = shop();
+    let (index, task) = start_view_task(&cluster, &meili, json!({}));
+    converge(&cluster, &meili, &index);
+    // A column added at the end (all CREATE OR REPLACE VIEW allows): documents rendered from now
+    // on carry it.
+    cluster.psql(
+        "CREATE OR REPLACE VIEW product_documents AS
+         SELECT p.id, p.name, b.name AS brand, p.price,
+                extract(epoch FROM p.created_at)::bigint AS created_unix,
+                (SELECT coalesce(json_agg(t.label ORDER BY t.label), '[]'::json)
+                   FROM product_tags pt JOIN tags t ON t.id = pt.tag_id WHERE pt.product_id = p.id) AS tags,
+                (SELECT count(*) FROM reviews r WHERE r.product_id = p.id) AS review_count,
+                (SELECT round(avg(r.stars), 2) FROM reviews r WHERE r.product_id = p.id) AS stars,
+                upper(p.name) AS shout
+           FROM products p LEFT JOIN brands b ON b.id = p.brand_id
+          WHERE NOT p.deleted",
+    );
+    cluster.psql("UPDATE products SET price = price + 1");
+    converge(&cluster, &meili, &index);
+    assert_eq!(
+        document(&meili, &index, "3").map(|d| d["shout"].clone()),
+        Some(json!("PRODUCT 3"))
+    );
+    // Without its key column the view cannot be followed: the task stops and says why.
+    cluster.psql("ALTER VIEW product_documents RENAME COLUMN id TO product_id");
+    cluster.psql("UPDATE products SET name = 'after the rename' WHERE id = 1");
+    let status = cluster.wait_error(task, CONVERGE);
+    let error = status.get("last_error").cloned().unwrap_or_default();
+    assert!(
+        error.contains("\"id\"") && error.contains("product_documents"),
+        "{error}"
+    );
+    assert_eq!(
+        document(&meili, &index, "1").map(|d| d["name"].clone()),
+        Some(json!("Product 1")),
+        "nothing was sent after the key column went"
+    );
+}
+
+/// A log of who ran the view's functions and the mapping queries, and from which client (the
+/// test's own psql, which also reads the view as superuser for its oracle, or a worker, which
+/// has no application name).
+const WHO_RAN: &str = r#"
+CREATE TABLE public.who_ran (what text, who name, superuser boolean, app text);
+GRANT INSERT ON public.who_ran TO PUBLIC;
+CREATE FUNCTION public.note(what text) RETURNS boolean LANGUAGE sql AS $$
+    INSERT INTO public.who_ran SELECT what, current_user, r.rolsuper, pg_catalog.current_setting('application_name')
+      FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user;
+    SELECT true
+$$;
+"#;
+
+#[test]
+fn renders_run_as_the_view_owner_and_mappings_as_the_task_owner_never_as_superuser() {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql_script(WHO_RAN);
+    cluster.psql_script(
+        "CREATE ROLE shop_owner;
+         CREATE ROLE syncer IN ROLE meili_sync_admin;
+         GRANT CREATE ON SCHEMA public TO shop_owner;
+         SET ROLE shop_owner;
+         CREATE TABLE public.makers (id int PRIMARY KEY, name text);
+         CREATE TABLE public.gadgets (id int PRIMARY KEY, name text, maker_id int REFERENCES public.makers);
+         CREATE VIEW public.gadget_documents AS
+         SELECT g.id, g.name, m.name AS maker, public.note('render') AS noted
+           FROM public.gadgets g LEFT JOIN public.makers m ON m.id = g.maker_id;
+         INSERT INTO public.makers VALUES (1, 'Acme'), (2, 'Globex');
+         INSERT INTO public.gadgets SELECT i, 'Gadget ' || i, 1 + i % 2 FROM generate_series(1, 20) i;
+         GRANT SELECT ON public.gadget_documents, public.gadgets, public.makers TO syncer;
+         RESET ROLE;",
+    );
+    let meili = Meili::from_env();
+    let index = meili.unique_index("views");
+    let options = meili.options(json!({
+        "primary_key": "id",
+        "mappings": {"makers": "SELECT g.id FROM public.gadgets g WHERE g.maker_id = ANY($1::int[]) AND public.note('mapping')"},
+    }));
+    let task: i64 = cluster
+        .psql(&format!(
+            "SET ROLE syncer; SELECT meili_sync_start('gadget_documents', '{index}', '{options}')"
+        ))
+        .parse()
+        .expect("task id");
+    cluster.wait_snapshot_done(task, CONVERGE);
+    cluster.psql("UPDATE public.makers SET name = 'Acme Renamed' WHERE id = 1");
+    cluster.psql("UPDATE public.gadgets SET name = 'Gadget two' WHERE id = 2");
+    wait_index_matches_table(
+        &cluster,
+        &meili,
+        &index,
+        "public.gadget_documents",
+        CONVERGE,
+    );
+    let runs = cluster.psql(
+        "SELECT what || ':' || who || ':' || superuser FROM public.who_ran
+          WHERE app <> 'psql' GROUP BY 1 ORDER BY 1",
+    );
+    assert_eq!(
+        runs, "mapping:syncer:false\nrender:shop_owner:false",
+        "the workers' copy and renders must run as the view's owner, mappings as the task's owner"
+    );
+}
