@@ -7,10 +7,14 @@
 //!   cargo run --release -p pg_meili_sync_load -- decoders [rows] [rows_per_transaction]
 //!   cargo run --release -p pg_meili_sync_load -- tasks [idle_tasks] [rows] [shared 0|1]
 //!   cargo run --release -p pg_meili_sync_load -- busy [busy_tasks] [rows] [decoder_memory MB]
+//!   cargo run --release -p pg_meili_sync_load -- view [products] [new_products]
+//!   cargo run --release -p pg_meili_sync_load -- fanout [parents] [children_per_parent] [rows_per_transaction]
+//!   cargo run --release -p pg_meili_sync_load -- hotrow [ids] [rounds]
 //!
 //! Set LOAD_VERIFY=1 to also check that the index holds exactly the table's rows afterwards.
 
 mod decoders;
+mod views;
 
 use std::time::{Duration, Instant};
 
@@ -196,14 +200,22 @@ fn iso_duration_seconds(text: &str) -> Option<f64> {
 /// enqueued at once (so that its auto-batcher makes the largest batches it can). Prints docs/s
 /// and Meilisearch's batches, and returns the rate.
 fn ceiling(meili: &Meili, rows: i64, batch_size: usize) -> f64 {
-    let index = meili.unique_index("products_ceiling");
-    let ids: Vec<i64> = (1..=rows).collect();
-    let bodies: Vec<Vec<u8>> = ids
+    let documents: Vec<String> = (1..=rows)
+        .map(|id| products::expected_document(id, 1).to_string())
+        .collect();
+    ceiling_of(meili, &documents, batch_size, "products_ceiling")
+}
+
+/// Posts these documents (JSON lines) straight to Meilisearch, `batch_size` per task, all
+/// enqueued at once; prints and returns docs/s.
+fn ceiling_of(meili: &Meili, documents: &[String], batch_size: usize, prefix: &str) -> f64 {
+    let index = meili.unique_index(prefix);
+    let bodies: Vec<Vec<u8>> = documents
         .chunks(batch_size.max(1))
         .map(|chunk| {
             let mut body = Vec::new();
-            for id in chunk {
-                body.extend_from_slice(products::expected_document(*id, 1).to_string().as_bytes());
+            for document in chunk {
+                body.extend_from_slice(document.as_bytes());
                 body.push(b'\n');
             }
             body
@@ -218,9 +230,10 @@ fn ceiling(meili: &Meili, rows: i64, batch_size: usize) -> f64 {
         meili.wait_task(uid, Duration::from_secs(3600));
     }
     let seconds = started.elapsed().as_secs_f64();
-    let rate = rows as f64 / seconds;
+    let count = documents.len();
+    let rate = count as f64 / seconds;
     println!(
-        "ceiling           {rate:.0} docs/s (the same {rows} documents posted straight to the same server, {batch_size} per task, all enqueued at once, in {seconds:.2} s)"
+        "ceiling           {rate:.0} docs/s (the same {count} documents posted straight to the same server, {batch_size} per task, all enqueued at once, in {seconds:.2} s)"
     );
     if let Some(batches) = meili_batches(meili, &index) {
         println!("ceiling {batches}");
@@ -630,9 +643,12 @@ fn main() {
         "decoders" => decoders::run(arg(0, 200_000), arg(1, 500)),
         "tasks" => tasks(arg(0, 10) as usize, arg(1, 200_000), arg(2, 0) != 0),
         "busy" => busy(arg(0, 4) as usize, arg(1, 100_000), arg(2, 256)),
+        "view" => views::view(arg(0, 100_000), arg(1, 20_000)),
+        "fanout" => views::fanout(arg(0, 1000), arg(1, 20), arg(2, 500)),
+        "hotrow" => views::hot_rows(arg(0, 1000), arg(1, 100)),
         other => {
             eprintln!(
-                "unknown mode {other}: use backfill, stream, latency, decoders, tasks or busy"
+                "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout or hotrow"
             );
             std::process::exit(2);
         }
