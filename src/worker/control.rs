@@ -78,6 +78,35 @@ const PASSING_ERRORS: [PgSqlErrorCode; 4] = [
 pub fn in_transaction<T>(
     live: LiveStatus,
     what: &str,
+    work: impl FnMut() -> Result<T, SyncError>,
+) -> Result<T, Stop> {
+    run_transaction(live, what, None, work)
+}
+
+/// Like [`in_transaction`], for work that runs the user's SQL (a view's query, a mapping query):
+/// any other ERROR is the user's to fix, so it rolls the transaction back and stops the task with
+/// the message and `hint`, instead of ending the worker for the launcher to restart in a loop.
+pub fn in_user_transaction<T>(
+    live: LiveStatus,
+    what: &str,
+    hint: &str,
+    work: impl FnMut() -> Result<T, SyncError>,
+) -> Result<T, Stop> {
+    run_transaction(live, what, Some(hint), work)
+}
+
+/// How a transaction's ERROR was caught.
+enum Caught {
+    /// Of [`PASSING_ERRORS`]: retried.
+    Passing(String),
+    /// Any other, where the caller stops the task for it.
+    Permanent(String),
+}
+
+fn run_transaction<T>(
+    live: LiveStatus,
+    what: &str,
+    stop_hint: Option<&str>,
     mut work: impl FnMut() -> Result<T, SyncError>,
 ) -> Result<T, Stop> {
     let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
@@ -89,7 +118,10 @@ pub fn in_transaction<T>(
             Ok(BackgroundWorker::transaction(AssertUnwindSafe(&mut work)))
         }));
         for code in PASSING_ERRORS {
-            guarded = guarded.catch_when(code, roll_back);
+            guarded = guarded.catch_when(code, |error| roll_back(error).map_err(Caught::Passing));
+        }
+        if stop_hint.is_some() {
+            guarded = guarded.catch_others(|error| roll_back(error).map_err(Caught::Permanent));
         }
         match guarded.execute() {
             Ok(result) => {
@@ -98,7 +130,13 @@ pub fn in_transaction<T>(
                 }
                 return Ok(result?);
             }
-            Err(message) => {
+            Err(Caught::Permanent(message)) => {
+                return Err(Stop::Permanent(format!(
+                    "{what}: {message}; {}",
+                    stop_hint.unwrap_or_default()
+                )))
+            }
+            Err(Caught::Passing(message)) => {
                 let delay = backoff.delay(attempt);
                 let error = format!(
                     "{what}: {message}; rolled back, tried again in {} ms",

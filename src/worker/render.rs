@@ -26,10 +26,15 @@ use crate::options::TaskOptions;
 use crate::plan::{self, SnapshotPlan, ViewPlan};
 use crate::security;
 use crate::shmem::{LiveStatus, Phase};
-use crate::worker::control::{in_transaction, permanent, report_progress, should_stop, Stop};
+use crate::worker::control::{
+    in_transaction, in_user_transaction, permanent, report_progress, should_stop, Stop,
+};
 use crate::worker::stream::{
     busy_nap, parse_noting_commits, IndexWatch, SwapGate, RECORDS_PER_ROUND,
 };
+
+/// What to do when the view's or a mapping's query fails at run time.
+const RENDER_HINT: &str = "the view or a mapping query of the task fails; fix it (or drop the task and start a new one with other mappings), then run SELECT meili_sync_snapshot(task) to render every document again";
 
 /// Keys rendered by one query (and handed to one mapping query) at most.
 const RENDER_CHUNK: usize = 1000;
@@ -164,44 +169,49 @@ impl<'a> ViewStream<'a> {
         let view = &self.view;
         let task = self.task;
         let options = &self.options;
-        let rendered = in_transaction(self.live, "rendering documents from the view", || {
-            if !catalog::wait_for_transactions(&window.xids, should_stop) {
-                return Ok(None);
-            }
-            let mut keys = window.documents.clone();
-            for (mapping, input) in view.mappings.iter().zip(&window.mapped) {
-                for chunk in input.chunks(RENDER_CHUNK) {
-                    keys.extend(security::as_table_owner(view.mapping_role, || {
-                        catalog::run_mapping(
-                            &mapping.table,
-                            &mapping.query,
-                            mapping.params,
-                            chunk,
-                            view.key.len(),
-                        )
-                    })?);
+        let rendered = in_user_transaction(
+            self.live,
+            "rendering documents from the view",
+            RENDER_HINT,
+            || {
+                if !catalog::wait_for_transactions(&window.xids, should_stop) {
+                    return Ok(None);
                 }
-            }
-            // Planned again for each render, so that the view's columns follow CREATE OR
-            // REPLACE VIEW; a view that lost its key column stops the task.
-            let plan = plan::source_plan(task.relid, &task.primary_key, options)?;
-            let columns: Vec<String> = plan
-                .shape
-                .columns()
-                .iter()
-                .map(|column| column.name.clone())
-                .collect();
-            security::as_table_owner(plan.table_owner, || {
-                let keys = catalog::canonical_keys(&view.key, &keys)?;
-                let mut rows = Vec::new();
-                for chunk in keys.chunks(RENDER_CHUNK) {
-                    rows.extend(catalog::render_rows(
-                        &view.view, &columns, &view.key, chunk,
-                    )?);
+                let mut keys = window.documents.clone();
+                for (mapping, input) in view.mappings.iter().zip(&window.mapped) {
+                    for chunk in input.chunks(RENDER_CHUNK) {
+                        keys.extend(security::as_table_owner(view.mapping_role, || {
+                            catalog::run_mapping(
+                                &mapping.table,
+                                &mapping.query,
+                                mapping.params,
+                                chunk,
+                                view.key.len(),
+                            )
+                        })?);
+                    }
                 }
-                Ok(Some((plan, keys, rows)))
-            })
-        })?;
+                // Planned again for each render, so that the view's columns follow CREATE OR
+                // REPLACE VIEW; a view that lost its key column stops the task.
+                let plan = plan::source_plan(task.relid, &task.primary_key, options)?;
+                let columns: Vec<String> = plan
+                    .shape
+                    .columns()
+                    .iter()
+                    .map(|column| column.name.clone())
+                    .collect();
+                security::as_table_owner(plan.table_owner, || {
+                    let keys = catalog::canonical_keys(&view.key, &keys)?;
+                    let mut rows = Vec::new();
+                    for chunk in keys.chunks(RENDER_CHUNK) {
+                        rows.extend(catalog::render_rows(
+                            &view.view, &columns, &view.key, chunk,
+                        )?);
+                    }
+                    Ok(Some((plan, keys, rows)))
+                })
+            },
+        )?;
         let Some((plan, keys, rows)) = rendered else {
             return Err(Stop::Terminated);
         };
@@ -251,11 +261,12 @@ impl<'a> ViewStream<'a> {
                 Some(key) => (&plan.next_page_query, Some(key.as_slice())),
                 None => (&plan.first_page_query, None),
             };
-            let rows = in_transaction(self.live, "rendering the whole view", || {
-                security::as_table_owner(plan.table_owner, || {
-                    catalog::read_page(query, key, plan.page_rows, width)
-                })
-            })?;
+            let rows =
+                in_user_transaction(self.live, "rendering the whole view", RENDER_HINT, || {
+                    security::as_table_owner(plan.table_owner, || {
+                        catalog::read_page(query, key, plan.page_rows, width)
+                    })
+                })?;
             let Some(last) = rows.last() else {
                 return Ok(());
             };

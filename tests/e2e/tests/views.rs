@@ -1004,3 +1004,28 @@ fn renders_run_as_the_view_owner_and_mappings_as_the_task_owner_never_as_superus
         "the workers' copy and renders must run as the view's owner, mappings as the task's owner"
     );
 }
+
+#[test]
+fn a_mapping_that_fails_at_run_time_stops_the_task_with_its_error() {
+    let (cluster, meili) = shop();
+    cluster.psql("CREATE FUNCTION public.brand_filter() RETURNS boolean LANGUAGE sql AS 'SELECT true'");
+    let mut mappings = mappings();
+    mappings["brands"] = json!(
+        "SELECT p.id FROM public.products p WHERE p.brand_id = ANY($1::int[]) AND public.brand_filter()"
+    );
+    let (index, task) = start_view_task(&cluster, &meili, json!({ "mappings": mappings }));
+    converge(&cluster, &meili, &index);
+    cluster.psql("DROP FUNCTION public.brand_filter()");
+    cluster.psql("UPDATE brands SET name = 'Unseen' WHERE id = 2");
+    let status = cluster.wait_error(task, Duration::from_secs(60));
+    let error = status.get("last_error").cloned().unwrap_or_default();
+    assert!(
+        error.contains("brand_filter") && error.contains("meili_sync_snapshot"),
+        "{error}"
+    );
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM meili_sync_status WHERE state = 'error'"),
+        "1"
+    );
+    assert_no_crash(&cluster);
+}
