@@ -109,12 +109,16 @@ fn status_number(cluster: &Cluster, task: i64, column: &str) -> i64 {
 /// written since): the time the extension needed, without the cost of checking.
 fn wait_confirmed(cluster: &Cluster, task: i64) {
     let flushed = cluster.psql("SELECT pg_current_wal_insert_lsn()");
-    wait_for("the task to confirm every change", Duration::from_secs(3600), || {
-        (cluster.psql(&format!(
+    wait_for(
+        "the task to confirm every change",
+        Duration::from_secs(3600),
+        || {
+            (cluster.psql(&format!(
             "SELECT coalesce(confirmed_lsn::pg_lsn >= '{flushed}'::pg_lsn, false) FROM meili_sync_status WHERE task = {task}"
         )) == "t")
             .then_some(())
-    });
+        },
+    );
 }
 
 /// Waits until `meili_sync_verify` finds the index equal to the source.
@@ -318,13 +322,17 @@ pub fn hot_rows(ids: i64, rounds: i64) {
     cluster.psql_script(&script);
     let committed = started.elapsed().as_secs_f64();
     let last_version = rounds + 1;
-    wait_for("every row's last version", Duration::from_secs(3600), || {
-        meili
-            .all_documents(&index)
-            .iter()
-            .all(|document| document["version"].as_i64() == Some(last_version))
-            .then_some(())
-    });
+    wait_for(
+        "every row's last version",
+        Duration::from_secs(3600),
+        || {
+            meili
+                .all_documents(&index)
+                .iter()
+                .all(|document| document["version"].as_i64() == Some(last_version))
+                .then_some(())
+        },
+    );
     let seconds = started.elapsed().as_secs_f64();
     wait_equal(&cluster, task);
     let sent = status_number(&cluster, task, "documents_sent") - sent_before;

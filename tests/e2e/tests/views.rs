@@ -1008,7 +1008,9 @@ fn renders_run_as_the_view_owner_and_mappings_as_the_task_owner_never_as_superus
 #[test]
 fn a_mapping_that_fails_at_run_time_stops_the_task_with_its_error() {
     let (cluster, meili) = shop();
-    cluster.psql("CREATE FUNCTION public.brand_filter() RETURNS boolean LANGUAGE sql AS 'SELECT true'");
+    cluster.psql(
+        "CREATE FUNCTION public.brand_filter() RETURNS boolean LANGUAGE sql AS 'SELECT true'",
+    );
     let mut mappings = mappings();
     mappings["brands"] = json!(
         "SELECT p.id FROM public.products p WHERE p.brand_id = ANY($1::int[]) AND public.brand_filter()"
@@ -1028,4 +1030,44 @@ fn a_mapping_that_fails_at_run_time_stops_the_task_with_its_error() {
         "1"
     );
     assert_no_crash(&cluster);
+}
+
+#[test]
+fn writes_during_the_copy_reach_the_index() {
+    let (cluster, meili) = shop();
+    // More products, so that the copy takes many pages (batch_size 100) while writes go on.
+    cluster.psql_script(
+        "INSERT INTO products (id, name, brand_id, price)
+         SELECT i, 'Product ' || i, 1 + i % 10, i % 100 FROM generate_series(201, 5000) i;
+         INSERT INTO reviews SELECT 1000 + i, i, 1 + i % 5 FROM generate_series(201, 5000) i;",
+    );
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let index = std::thread::scope(|scope| {
+        let cluster = &cluster;
+        let stop = &stop;
+        let writer = scope.spawn(move || {
+            let mut next = xorshift(0x2545_F491_4F6C_DD1D);
+            let mut rounds = 0_u64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let (product, review) = (1 + next() % 5_000, 1 + next() % 5_000);
+                cluster.psql(&format!(
+                    "BEGIN; UPDATE products SET name = 'during the copy {rounds}' WHERE id = {product}; \
+                     UPDATE reviews SET stars = {} WHERE product_id = {review}; \
+                     DELETE FROM reviews WHERE id = {}; COMMIT;",
+                    1 + next() % 5,
+                    1000 + 1 + next() % 5_000
+                ));
+                rounds += 1;
+            }
+            rounds
+        });
+        let (index, task) = start_view_task(&cluster, &meili, json!({"batch_size": 100}));
+        cluster.wait_snapshot_done(task, CONVERGE);
+        std::thread::sleep(Duration::from_secs(1));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let rounds = writer.join().expect("the writer");
+        assert!(rounds > 10, "only {rounds} write transactions ran");
+        index
+    });
+    converge(&cluster, &meili, &index);
 }
