@@ -45,6 +45,12 @@ echo "== stream, 50,000 rows in 500-row transactions"
 run_load stream 50000 500
 echo "== latency, 200 one-row transactions at 10/s"
 run_load latency 200 10
+echo "== a view of products with brand, tags and reviews: backfill of 100,000, stream of 20,000"
+run_load view 100000 20000
+echo "== fan-out: 1,000 parents x 20 children, children updated in 500-row transactions"
+run_load fanout 1000 20 500
+echo "== hot rows: 1,000 rows updated 100 times each in a burst"
+run_load hotrow 1000 100
 echo "== 0 and 50 idle shared tasks beside one busy table, 200,000 rows"
 run_load tasks 0 200000 1
 run_load tasks 50 200000 1
