@@ -53,7 +53,9 @@ ALTER TABLE meili_sync.tasks SET (user_catalog_table = true);
 -- API keys live apart so that only privileged roles can read them.
 CREATE TABLE meili_sync.task_secrets (
     task_id bigint PRIMARY KEY REFERENCES meili_sync.tasks (id) ON DELETE CASCADE,
-    api_key text
+    api_key text,
+    -- A key that may only search: meili_search uses it instead of api_key when set.
+    search_api_key text
 );
 
 -- Documents Meilisearch refused on their own; they never stall the slot.

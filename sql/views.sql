@@ -160,3 +160,9 @@ BEGIN
 END
 $$;
 GRANT EXECUTE ON FUNCTION @extschema@.meili_sync_worker_state(), @extschema@.meili_sync_stats() TO pg_monitor;
+-- Searching through a task is for every role that may read the task's table (checked inside);
+-- searching any index at any URL stays with meili_sync_admin (a backend must not become a way to
+-- reach arbitrary hosts).
+GRANT EXECUTE ON FUNCTION @extschema@.meili_search(bigint, text, jsonb),
+                          @extschema@.meili_facets(bigint, text, text[], jsonb),
+                          @extschema@.meili_search_raw(bigint, jsonb) TO PUBLIC;

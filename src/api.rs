@@ -13,7 +13,7 @@ use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::meili::client::{Client, MeiliError};
 use crate::options::{validate_index_uid, Decoding, TaskOptions};
 use crate::worker::resync;
-use crate::{gucs, plan, security, shmem};
+use crate::{gucs, plan, search, security, shmem};
 
 static WAKE_PENDING: AtomicBool = AtomicBool::new(false);
 
@@ -354,6 +354,7 @@ fn start_task(
             index_uid,
             url: &url,
             api_key: api_key.as_deref(),
+            search_api_key: parsed.search_api_key.as_deref(),
             primary_key: &key,
             options: parsed.to_stored_json(),
             resync_of: None,
@@ -534,6 +535,200 @@ fn meili_sync_preview(
     SetOfIterator::new(result.or_raise())
 }
 
+/// The task to search through, for a caller that may read its table (or view): its client (the
+/// task's `search_api_key` when it has one, never then its `api_key`), index and id attribute.
+fn search_target(task: Option<i64>) -> Result<(Client, catalog::TaskRecord), SyncError> {
+    let task_id = required(task, "task", TASK_HINT)?;
+    let record = catalog::load_task_for_search(task_id)?.ok_or_else(|| {
+        SyncError::new(
+            ErrorKind::UndefinedTask,
+            format!("meili_sync task {task_id} does not exist"),
+        )
+        .hint("SELECT task FROM meili_sync_status lists the tasks (ask a meili_sync_admin member).")
+    })?;
+    require_select(&record)?;
+    let key = record
+        .search_api_key
+        .as_deref()
+        .or(record.api_key.as_deref());
+    let client = search::client(&record.url, key)?;
+    Ok((client, record))
+}
+
+fn search_options(options: Option<JsonB>) -> Result<serde_json::Value, SyncError> {
+    Ok(required(
+        options,
+        "options",
+        "Pass '{}', or Meilisearch search parameters such as '{\"limit\": 10}'.",
+    )?
+    .0)
+}
+
+type HitRows = TableIterator<
+    'static,
+    (
+        name!(id, Option<String>),
+        name!(key, Option<Vec<String>>),
+        name!(score, Option<f64>),
+        name!(document, JsonB),
+        name!(formatted, Option<JsonB>),
+    ),
+>;
+
+/// Searches and returns one row per hit, in Meilisearch's order.
+fn hit_rows(
+    client: &Client,
+    index_uid: &str,
+    key_columns: &[String],
+    query: Option<&str>,
+    options: serde_json::Value,
+) -> Result<HitRows, SyncError> {
+    let body = crate::meili::search::search_body(query, &options).map_err(|message| {
+        SyncError::new(ErrorKind::InvalidParameter, message)
+            .hint("For example '{\"limit\": 10, \"filter\": \"price > 10\"}'.")
+    })?;
+    let answer = search::run(client, index_uid, body)?;
+    let hits = crate::meili::search::hits(&answer, search::id_attribute(key_columns))
+        .map_err(|message| SyncError::new(ErrorKind::Meilisearch, message))?;
+    let key_count = key_columns.len().max(1);
+    Ok(TableIterator::new(hits.into_iter().map(move |hit| {
+        let key = hit
+            .id
+            .as_deref()
+            .and_then(|id| crate::encode::key_of_id(id, key_count));
+        (
+            hit.id,
+            key,
+            hit.score,
+            JsonB(hit.document),
+            hit.formatted.map(JsonB),
+        )
+    })))
+}
+
+/// Searches the index of a task: one row per hit with the document id, its key values (to join
+/// with the table: `key[1]` compares with a one-column key after a cast), the ranking score
+/// (with `"showRankingScore": true`), the document, and the highlighted document (with
+/// `attributesToHighlight`). Options are Meilisearch's search parameters as they are. Needs
+/// SELECT on the task's table.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_search(
+    task: Option<i64>,
+    query: Option<&str>,
+    options: default!(Option<JsonB>, "'{}'"),
+) -> HitRows {
+    let result = (|| {
+        let (client, record) = search_target(task)?;
+        hit_rows(
+            &client,
+            &record.index_uid,
+            &record.primary_key,
+            query,
+            search_options(options)?,
+        )
+    })();
+    result.or_raise()
+}
+
+/// Searches any index at any URL (one the extension does not sync): only for meili_sync_admin.
+/// `id_attribute` names the documents' id field for the `id` and `key` columns.
+#[pg_extern(name = "meili_search", volatile, parallel_unsafe)]
+fn meili_search_index(
+    url: Option<&str>,
+    index_uid: Option<&str>,
+    query: Option<&str>,
+    options: default!(Option<JsonB>, "'{}'"),
+    api_key: default!(Option<&str>, "NULL"),
+    id_attribute: default!(Option<&str>, "'id'"),
+) -> HitRows {
+    let result = (|| {
+        require_admin()?;
+        let url = required(
+            url,
+            "url",
+            "Pass the Meilisearch URL, for example 'http://127.0.0.1:7700'.",
+        )?;
+        crate::options::validate_url(url)?;
+        let index_uid = required(
+            index_uid,
+            "index_uid",
+            "Pass the uid of the index to search.",
+        )?;
+        validate_index_uid(index_uid)?;
+        let id_attribute = required(
+            id_attribute,
+            "id_attribute",
+            "Pass the documents' id field, for example 'id'.",
+        )?;
+        let client = search::client(url.trim_end_matches('/'), api_key)?;
+        hit_rows(
+            &client,
+            index_uid,
+            &[id_attribute.to_owned()],
+            query,
+            search_options(options)?,
+        )
+    })();
+    result.or_raise()
+}
+
+/// The facet distribution of a search of a task's index, one row per facet value. The facets
+/// must be filterable in the index (`settings`). Needs SELECT on the task's table.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_facets(
+    task: Option<i64>,
+    query: Option<&str>,
+    facets: Option<Vec<String>>,
+    options: default!(Option<JsonB>, "'{}'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(facet, String),
+        name!(value, String),
+        name!(count, i64),
+    ),
+> {
+    let result = (|| {
+        let (client, record) = search_target(task)?;
+        let facets = required(
+            facets,
+            "facets",
+            "Pass the facets to count, for example ARRAY['category'].",
+        )?;
+        let mut options = search_options(options)?;
+        if let Some(object) = options.as_object_mut() {
+            object.insert("facets".into(), serde_json::Value::from(facets));
+            object
+                .entry("limit")
+                .or_insert_with(|| serde_json::Value::from(0));
+        }
+        let body = crate::meili::search::search_body(query, &options)
+            .map_err(|message| SyncError::new(ErrorKind::InvalidParameter, message))?;
+        let answer = search::run(&client, &record.index_uid, body)?;
+        Ok(TableIterator::new(crate::meili::search::facet_counts(
+            &answer,
+        )))
+    })();
+    result.or_raise()
+}
+
+/// A search request passed through as it is (`POST /indexes/<uid>/search` with `body`), and
+/// Meilisearch's whole answer: for what the other functions do not cover. Needs SELECT on the
+/// task's table.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_search_raw(task: Option<i64>, body: Option<JsonB>) -> JsonB {
+    let result = (|| {
+        let (client, record) = search_target(task)?;
+        let body = required(
+            body,
+            "body",
+            "Pass a search request, for example '{\"q\": \"kettle\"}'.",
+        )?;
+        Ok(JsonB(search::run(&client, &record.index_uid, body.0)?))
+    })();
+    result.or_raise()
+}
+
 /// Stops a task's worker; its slot and progress are kept.
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_sync_stop(task: Option<i64>) -> bool {
@@ -634,14 +829,16 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
         }
         let parsed = TaskOptions::parse(&serde_json::Value::Object(merged))?;
         require_select(&record)?;
-        if (changes.contains_key("url") || changes.contains_key("api_key"))
+        if (changes.contains_key("url")
+            || changes.contains_key("api_key")
+            || changes.contains_key("search_api_key"))
             && !catalog::acts_as(record.owner)?
         {
             let owner = catalog::role_name(record.owner)?;
             return Err(SyncError::new(
                 ErrorKind::Privilege,
                 format!(
-                    "only the owner of task {} may change its url or api_key",
+                    "only the owner of task {} may change its url, api_key or search_api_key",
                     record.id
                 ),
             )
@@ -661,6 +858,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             record.id,
             &url,
             parsed.api_key.as_deref(),
+            parsed.search_api_key.as_deref(),
             parsed.to_stored_json(),
         )?;
         wake_launcher_at_commit();
@@ -765,6 +963,7 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
                 index_uid: &fresh_uid,
                 url: &record.url,
                 api_key: record.api_key.as_deref(),
+                search_api_key: record.search_api_key.as_deref(),
                 primary_key: &record.primary_key,
                 options: record.options.clone(),
                 resync_of: Some(record.id),

@@ -19,6 +19,7 @@ static MAX_RETAINED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static LAG_WARNING_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
 static MAX_TASKS: GucSetting<i32> = GucSetting::<i32>::new(64);
 static DECODER_MEMORY_MB: GucSetting<i32> = GucSetting::<i32>::new(256);
+static SEARCH_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5_000);
 
 pub fn init() {
     GucRegistry::define_string_guc(
@@ -82,6 +83,16 @@ pub fn init() {
         100,
         3_600_000,
         GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"meili_sync.search_timeout",
+        c"How long meili_search and the other search functions wait for Meilisearch's answer.",
+        c"A statement_timeout or a cancel ends the wait sooner.",
+        &SEARCH_TIMEOUT_MS,
+        1,
+        3_600_000,
+        GucContext::Userset,
         GucFlags::UNIT_MS,
     );
     GucRegistry::define_int_guc(
@@ -234,6 +245,11 @@ pub fn max_retained_wal_bytes() -> Option<i64> {
 }
 
 /// None when the warning is off (0).
+/// How long a search waits for Meilisearch (`meili_sync.search_timeout`).
+pub fn search_timeout() -> std::time::Duration {
+    std::time::Duration::from_millis(SEARCH_TIMEOUT_MS.get().max(1) as u64)
+}
+
 pub fn lag_warning() -> Option<std::time::Duration> {
     let millis = LAG_WARNING_MS.get();
     (millis > 0).then(|| std::time::Duration::from_millis(millis as u64))

@@ -12,6 +12,7 @@ mod decode;
 mod error;
 mod gucs;
 mod plan;
+mod search;
 mod security;
 mod shmem;
 mod verify;

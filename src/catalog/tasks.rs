@@ -68,6 +68,8 @@ pub struct TaskRecord {
     pub index_uid: String,
     pub url: String,
     pub api_key: Option<String>,
+    /// The key `meili_search` uses instead of `api_key` when set.
+    pub search_api_key: Option<String>,
     pub primary_key: Vec<String>,
     pub options: serde_json::Value,
     /// The role that created the task.
@@ -130,6 +132,7 @@ pub struct NewTask<'a> {
     pub index_uid: &'a str,
     pub url: &'a str,
     pub api_key: Option<&'a str>,
+    pub search_api_key: Option<&'a str>,
     pub primary_key: &'a [String],
     pub options: serde_json::Value,
     pub resync_of: Option<i64>,
@@ -173,11 +176,11 @@ fn insert_task_row(task: NewTask<'_>, published: &[String]) -> CatalogResult<i64
                     "INSERT into meili_sync.tasks returned no id",
                 )
             })?;
-        if let Some(key) = task.api_key {
+        if task.api_key.is_some() || task.search_api_key.is_some() {
             client.update(
-                "INSERT INTO meili_sync.task_secrets (task_id, api_key) VALUES ($1, $2)",
+                "INSERT INTO meili_sync.task_secrets (task_id, api_key, search_api_key) VALUES ($1, $2, $3)",
                 None,
-                &[id.into(), key.into()],
+                &[id.into(), task.api_key.into(), task.search_api_key.into()],
             )?;
         }
         if shared {
@@ -218,7 +221,8 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
                     t.options, t.state, t.snapshot_key, t.rows_copied, 'meili_sync.tasks'::regclass::oid,
                     t.resync_of, t.resync_phase, pg_catalog.pg_wal_lsn_diff(t.swap_lsn, '0/0')::bigint,
                     t.swap_created_at, t.owner::oid, t.generation, {SHARED_TASK_SQL},
-                    pg_catalog.pg_wal_lsn_diff(t.stream_position, '0/0')::bigint, {OWN_SLOT_SQL}
+                    pg_catalog.pg_wal_lsn_diff(t.stream_position, '0/0')::bigint, {OWN_SLOT_SQL},
+                    s.search_api_key
                FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id = t.id
               WHERE t.id = $1"),
             Some(1),
@@ -243,6 +247,7 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
             index_uid: row.get(4)?.unwrap_or_default(),
             url: row.get(5)?.unwrap_or_default(),
             api_key: row.get(6)?,
+            search_api_key: row.get(22)?,
             primary_key: names_from(row.get(7)?).unwrap_or_default(),
             options: row
                 .get::<JsonB>(8)?
@@ -264,6 +269,12 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
             stream_position: row.get::<i64>(20)?.map(|lsn| lsn as u64),
         }))
     })
+}
+
+/// A task as `meili_search` needs it (its URL and keys), read with the catalog owner's rights:
+/// the caller may be any role that can read the task's table, which is checked after.
+pub fn load_task_for_search(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
+    as_catalog_owner(|| load_task(task_id))
 }
 
 /// For the task-changing functions: the task's id, index and connection, or "no such task".
@@ -292,6 +303,7 @@ pub fn alter_task(
     task_id: i64,
     url: &str,
     api_key: Option<&str>,
+    search_api_key: Option<&str>,
     options: serde_json::Value,
 ) -> CatalogResult<()> {
     as_catalog_owner(|| {
@@ -305,6 +317,14 @@ pub fn alter_task(
                 client.update(
                     "INSERT INTO meili_sync.task_secrets (task_id, api_key) VALUES ($1, $2)
                  ON CONFLICT (task_id) DO UPDATE SET api_key = EXCLUDED.api_key",
+                    None,
+                    &[task_id.into(), key.into()],
+                )?;
+            }
+            if let Some(key) = search_api_key {
+                client.update(
+                    "INSERT INTO meili_sync.task_secrets (task_id, search_api_key) VALUES ($1, $2)
+                 ON CONFLICT (task_id) DO UPDATE SET search_api_key = EXCLUDED.search_api_key",
                     None,
                     &[task_id.into(), key.into()],
                 )?;

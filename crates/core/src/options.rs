@@ -53,6 +53,8 @@ impl Decoding {
 pub struct TaskOptions {
     pub url: Option<String>,
     pub api_key: Option<String>,
+    /// A key that may only search, for `meili_search` (never sent by the workers).
+    pub search_api_key: Option<String>,
     pub primary_key: Option<Vec<String>>,
     pub columns: Option<Vec<String>>,
     pub exclude_columns: Vec<String>,
@@ -81,6 +83,7 @@ impl Default for TaskOptions {
         TaskOptions {
             url: None,
             api_key: None,
+            search_api_key: None,
             primary_key: None,
             columns: None,
             exclude_columns: Vec::new(),
@@ -108,6 +111,7 @@ pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 95_000_000;
 const KNOWN_OPTIONS: &[&str] = &[
     "url",
     "api_key",
+    "search_api_key",
     "primary_key",
     "columns",
     "exclude_columns",
@@ -303,6 +307,7 @@ impl TaskOptions {
                     parsed.url = Some(url.trim_end_matches('/').to_owned());
                 }
                 "api_key" => parsed.api_key = Some(expect_string(name, value)?),
+                "search_api_key" => parsed.search_api_key = Some(expect_string(name, value)?),
                 "primary_key" => parsed.primary_key = Some(expect_names(name, value)?),
                 "columns" => parsed.columns = Some(expect_names(name, value)?),
                 "exclude_columns" => parsed.exclude_columns = expect_names(name, value)?,
@@ -398,7 +403,7 @@ impl TaskOptions {
         Ok(parsed)
     }
 
-    /// The options as stored in the catalog: everything but the URL and the key, which have columns of their own.
+    /// The options as stored in the catalog: everything but the URL and the keys, which have columns of their own.
     pub fn to_stored_json(&self) -> Value {
         let mut stored = Map::new();
         if let Some(primary_key) = &self.primary_key {

@@ -72,3 +72,44 @@ pub fn assert_no_crash(cluster: &cluster::Cluster) {
         );
     }
 }
+
+/// An ERROR as psql prints it with `VERBOSITY verbose`: `ERROR:  <SQLSTATE>: <message>`, then
+/// DETAIL and HINT lines.
+#[derive(Debug)]
+pub struct Refusal {
+    pub sqlstate: String,
+    /// The message and its DETAIL.
+    pub message: String,
+    pub hint: String,
+    pub stderr: String,
+}
+
+/// Runs `sql`, which must fail; returns the error's SQLSTATE, message and hint.
+pub fn refusal(cluster: &cluster::Cluster, sql: &str) -> Refusal {
+    let output = cluster
+        .psql_command()
+        .args(["-v", "VERBOSITY=verbose", "-c", sql])
+        .output()
+        .expect("run psql");
+    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+    assert!(
+        !output.status.success(),
+        "expected an error, but it ran: {sql}\n{}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    let field = |prefix: &str| {
+        stderr
+            .lines()
+            .find_map(|line| line.split_once(prefix).map(|(_, rest)| rest.to_owned()))
+    };
+    let error = field("ERROR:  ").unwrap_or_else(|| panic!("no ERROR for {sql}: {stderr}"));
+    let (sqlstate, message) = error
+        .split_once(": ")
+        .unwrap_or_else(|| panic!("no SQLSTATE in {error:?} (VERBOSITY verbose)"));
+    Refusal {
+        sqlstate: sqlstate.to_owned(),
+        message: format!("{message} {}", field("DETAIL:  ").unwrap_or_default()),
+        hint: field("HINT:  ").unwrap_or_default(),
+        stderr,
+    }
+}

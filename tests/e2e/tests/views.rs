@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::{Meili, Method};
-use pg_meili_sync_e2e::{assert_no_crash, products, wait_for, wait_index_matches_table};
+use pg_meili_sync_e2e::{
+    assert_no_crash, products, refusal, wait_for, wait_index_matches_table, Refusal,
+};
 use serde_json::{json, Value};
 
 const CONVERGE: Duration = Duration::from_secs(300);
@@ -153,47 +155,6 @@ fn xorshift(mut seed: u64) -> impl FnMut() -> u64 {
         seed ^= seed >> 7;
         seed ^= seed << 17;
         seed
-    }
-}
-
-/// An ERROR as psql prints it with `VERBOSITY verbose`: `ERROR:  <SQLSTATE>: <message>`, then
-/// DETAIL and HINT lines.
-#[derive(Debug)]
-struct Refusal {
-    sqlstate: String,
-    /// The message and its DETAIL.
-    message: String,
-    hint: String,
-    stderr: String,
-}
-
-/// Runs `sql`, which must fail; returns the error's SQLSTATE, message and hint.
-fn refusal(cluster: &Cluster, sql: &str) -> Refusal {
-    let output = cluster
-        .psql_command()
-        .args(["-v", "VERBOSITY=verbose", "-c", sql])
-        .output()
-        .expect("run psql");
-    let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
-    assert!(
-        !output.status.success(),
-        "expected an error, but it ran: {sql}\n{}",
-        String::from_utf8_lossy(&output.stdout)
-    );
-    let field = |prefix: &str| {
-        stderr
-            .lines()
-            .find_map(|line| line.split_once(prefix).map(|(_, rest)| rest.to_owned()))
-    };
-    let error = field("ERROR:  ").unwrap_or_else(|| panic!("no ERROR for {sql}: {stderr}"));
-    let (sqlstate, message) = error
-        .split_once(": ")
-        .unwrap_or_else(|| panic!("no SQLSTATE in {error:?} (VERBOSITY verbose)"));
-    Refusal {
-        sqlstate: sqlstate.to_owned(),
-        message: format!("{message} {}", field("DETAIL:  ").unwrap_or_default()),
-        hint: field("HINT:  ").unwrap_or_default(),
-        stderr,
     }
 }
 
@@ -1061,7 +1022,7 @@ fn writes_during_the_copy_reach_the_index() {
             }
             rounds
         });
-        let (index, task) = start_view_task(&cluster, &meili, json!({"batch_size": 100}));
+        let (index, task) = start_view_task(cluster, &meili, json!({"batch_size": 100}));
         cluster.wait_snapshot_done(task, CONVERGE);
         std::thread::sleep(Duration::from_secs(1));
         stop.store(true, std::sync::atomic::Ordering::Relaxed);

@@ -520,6 +520,13 @@ impl Client {
         document_page(&answer)
     }
 
+    /// `POST /indexes/{uid}/search` with `body` (Meilisearch's search parameters as they are);
+    /// the answer as Meilisearch wrote it.
+    pub fn search(&self, uid: &str, body: &Value) -> Result<Value, MeiliError> {
+        let payload = Payload::Json(body.to_string().into_bytes());
+        self.request(Method::POST, &index_path(uid, "/search"), &[], payload)
+    }
+
     /// `GET /indexes/{uid}/documents`: one page of documents and the total.
     #[cfg(test)]
     pub fn fetch_documents(

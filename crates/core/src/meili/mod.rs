@@ -4,4 +4,5 @@
 
 pub mod client;
 pub mod retry;
+pub mod search;
 pub mod writer;

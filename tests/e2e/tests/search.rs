@@ -1,0 +1,242 @@
+//! End to end: searching from SQL. Hits, scores and facets come from the Meilisearch the task
+//! fills and are checked against what the table says they must be; privileges are attacked (a
+//! role without SELECT, a wrong search key, row-level security); a search stuck on a server that
+//! never answers is cancelled by statement_timeout.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::time::{Duration, Instant};
+
+use pg_meili_sync_e2e::cluster::Cluster;
+use pg_meili_sync_e2e::meili::Meili;
+use pg_meili_sync_e2e::{assert_no_crash, products, refusal, wait_for};
+use serde_json::{json, Value};
+
+const CONVERGE: Duration = Duration::from_secs(300);
+const ROWS: i64 = 400;
+
+/// A cluster with `products` synced into an index where category and id filter and id sorts.
+fn searchable(extra: Value) -> (Cluster, Meili, String, i64) {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, ROWS));
+    let meili = Meili::from_env();
+    let index = meili.unique_index("search");
+    let mut options = json!({"settings": {
+        "filterableAttributes": ["category", "id"],
+        "sortableAttributes": ["id"],
+    }});
+    if let (Some(target), Some(source)) = (options.as_object_mut(), extra.as_object()) {
+        for (name, value) in source {
+            target.insert(name.clone(), value.clone());
+        }
+    }
+    let options = meili.options(options);
+    let task: i64 = cluster
+        .psql(&format!(
+            "SELECT meili_sync_start('products', '{index}', '{options}')"
+        ))
+        .parse()
+        .expect("task id");
+    cluster.wait_snapshot_done(task, CONVERGE);
+    wait_for("every row in the index", CONVERGE, || {
+        (meili.document_count(&index) == Some(ROWS as u64)).then_some(())
+    });
+    (cluster, meili, index, task)
+}
+
+fn lines(text: &str) -> Vec<String> {
+    text.lines().map(str::to_owned).collect()
+}
+
+#[test]
+fn hits_facets_and_raw_answers_match_the_table() {
+    let (cluster, _meili, _index, task) = searchable(json!({}));
+    // A filtered, sorted search: exactly the garden products under 50, in id order.
+    let found = cluster.psql(&format!(
+        "SELECT id FROM meili_search({task}, NULL, '{{\"filter\": \"category = garden AND id < 50\", \"sort\": [\"id:asc\"], \"limit\": 100}}')"
+    ));
+    let expected =
+        cluster.psql("SELECT id FROM products WHERE category = 'garden' AND id < 50 ORDER BY id");
+    assert_eq!(lines(&found), lines(&expected));
+    assert!(lines(&found).len() > 5);
+    // Joined back to the table through the key, with no string juggling beyond a cast.
+    let joined = cluster.psql(&format!(
+        "SELECT p.id || ':' || p.name || ':' || (s.document->>'name')
+           FROM meili_search({task}, NULL, '{{\"filter\": \"id = 42\"}}') s
+           JOIN products p ON p.id = s.key[1]::bigint"
+    ));
+    assert_eq!(joined, "42:Product 42:Product 42");
+    // Scores and highlights when asked for.
+    let scored = cluster.psql(&format!(
+        "SELECT (score IS NOT NULL AND score <= 1) || ',' || (formatted->>'name')
+           FROM meili_search({task}, 'Product', '{{\"filter\": \"id = 7\", \"showRankingScore\": true, \"attributesToHighlight\": [\"name\"]}}')"
+    ));
+    assert!(
+        scored.starts_with("true,") && scored.contains("<em>"),
+        "{scored}"
+    );
+    // Facets: the distribution of category equals the table's counts.
+    let facets = cluster.psql(&format!(
+        "SELECT facet || '=' || value || ':' || count FROM meili_facets({task}, NULL, ARRAY['category']) ORDER BY value"
+    ));
+    let counts = cluster.psql(
+        "SELECT 'category=' || category || ':' || count(*) FROM products GROUP BY category ORDER BY category",
+    );
+    assert_eq!(lines(&facets), lines(&counts));
+    // The raw answer, for what the functions do not cover.
+    let total = cluster.psql(&format!(
+        "SELECT meili_search_raw({task}, '{{\"q\": \"\", \"limit\": 1}}')->>'estimatedTotalHits'"
+    ));
+    assert_eq!(total, ROWS.to_string());
+    // Meilisearch's refusal comes back with its own message and code.
+    let refused = refusal(
+        &cluster,
+        &format!("SELECT * FROM meili_search({task}, 'x', '{{\"limit\": \"ten\"}}')"),
+    );
+    assert_eq!(refused.sqlstate, "22023", "{}", refused.stderr);
+    assert!(
+        refused.message.contains("invalid_search_limit"),
+        "{}",
+        refused.stderr
+    );
+    let refused = refusal(&cluster, "SELECT * FROM meili_search(NULL, 'x')");
+    assert_eq!(refused.sqlstate, "22004", "{}", refused.stderr);
+    let refused = refusal(&cluster, "SELECT * FROM meili_search(9999, 'x')");
+    assert_eq!(refused.sqlstate, "42704", "{}", refused.stderr);
+    assert_no_crash(&cluster);
+}
+
+#[test]
+fn search_needs_select_on_the_table_and_row_level_security_applies_to_the_join() {
+    let (cluster, _meili, _index, task) = searchable(json!({}));
+    cluster.psql_script(
+        "CREATE ROLE outsider;
+         CREATE ROLE shopper;
+         GRANT SELECT ON products TO shopper;
+         ALTER TABLE products ENABLE ROW LEVEL SECURITY;
+         CREATE POLICY in_stock_only ON products FOR SELECT TO shopper USING (in_stock);",
+    );
+    // Without SELECT on the table, its copies in the index are out of reach too.
+    for sql in [
+        format!("SET ROLE outsider; SELECT * FROM meili_search({task}, 'Product')"),
+        format!("SET ROLE outsider; SELECT * FROM meili_facets({task}, NULL, ARRAY['category'])"),
+        format!("SET ROLE outsider; SELECT meili_search_raw({task}, '{{}}')"),
+        "SET ROLE outsider; SELECT * FROM meili_search('http://127.0.0.1:1', 'x', 'q')".to_owned(),
+    ] {
+        let refused = refusal(&cluster, &sql);
+        assert_eq!(refused.sqlstate, "42501", "{sql}: {}", refused.stderr);
+    }
+    // With SELECT, search works; hits are the index's (no row-level security there), and joining
+    // back to the table applies the policies.
+    let hits = cluster.psql(&format!(
+        "SET ROLE shopper; SELECT count(*) FROM meili_search({task}, NULL, '{{\"limit\": 1000}}')"
+    ));
+    assert_eq!(hits, ROWS.to_string());
+    let joined = cluster.psql(&format!(
+        "SET ROLE shopper; SELECT count(*) FROM meili_search({task}, NULL, '{{\"limit\": 1000}}') s
+           JOIN products p ON p.id = s.key[1]::bigint"
+    ));
+    let visible = cluster.psql("SELECT count(*) FROM products WHERE in_stock");
+    assert_eq!(joined, visible);
+    assert_ne!(joined, ROWS.to_string(), "the policy hides some rows");
+}
+
+#[test]
+fn a_search_key_is_used_instead_of_the_admin_key() {
+    let meili = Meili::from_env();
+    if !meili.has_key() {
+        eprintln!("skipped: this Meilisearch has no master key, so every key is accepted");
+        return;
+    }
+    let (cluster, _meili, _index, task) =
+        searchable(json!({"search_api_key": "not-a-key-of-this-server"}));
+    let refused = refusal(
+        &cluster,
+        &format!("SELECT * FROM meili_search({task}, 'Product')"),
+    );
+    assert_eq!(refused.sqlstate, "42501", "{}", refused.stderr);
+    assert!(
+        refused.message.contains("Meilisearch"),
+        "{}",
+        refused.stderr
+    );
+    // The key never shows, in the error or anywhere a role could read it.
+    assert!(!refused.stderr.contains("not-a-key-of-this-server"));
+    // With the right key (the master key may search), searches work again.
+    let key = meili.key().unwrap_or_default().to_owned();
+    cluster.psql(&format!(
+        "SELECT meili_sync_alter({task}, '{{\"search_api_key\": \"{key}\"}}')"
+    ));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    let found = cluster.psql(&format!(
+        "SELECT id FROM meili_search({task}, NULL, '{{\"filter\": \"id = 9\"}}')"
+    ));
+    assert_eq!(found, "9");
+}
+
+#[test]
+fn statement_timeout_cancels_a_search_that_gets_no_answer() {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    // A server that accepts connections and never answers.
+    let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = silent.local_addr().expect("address").port();
+    let held = std::thread::spawn(move || {
+        let mut connections = Vec::new();
+        for stream in silent.incoming().take(2).flatten() {
+            let mut stream = stream;
+            let mut buffer = [0u8; 1024];
+            let _ = stream.set_read_timeout(Some(Duration::from_millis(100)));
+            let _ = stream.read(&mut buffer);
+            connections.push(stream);
+        }
+        std::thread::sleep(Duration::from_secs(20));
+        drop(connections);
+    });
+    let started = Instant::now();
+    let refused = refusal(
+        &cluster,
+        &format!(
+            "SET meili_sync.search_timeout = '60s'; SET statement_timeout = '500ms';
+             SELECT * FROM meili_search('http://127.0.0.1:{port}', 'silent', 'anything')"
+        ),
+    );
+    let took = started.elapsed();
+    assert_eq!(refused.sqlstate, "57014", "{}", refused.stderr);
+    assert!(took < Duration::from_secs(10), "the cancel took {took:?}");
+    // No backend is left waiting on the silent server, and the next search is cancelled the
+    // same way.
+    wait_for(
+        "no backend left in meili_search",
+        Duration::from_secs(10),
+        || {
+            (cluster.psql(
+                "SELECT count(*) FROM pg_stat_activity
+              WHERE query LIKE '%meili_search(%silent%' AND pid <> pg_backend_pid()",
+            ) == "0")
+                .then_some(())
+        },
+    );
+    let again = refusal(
+        &cluster,
+        &format!(
+            "SET statement_timeout = '300ms';
+             SELECT * FROM meili_search('http://127.0.0.1:{port}', 'silent', 'anything');"
+        ),
+    );
+    assert_eq!(again.sqlstate, "57014", "{}", again.stderr);
+    // search_timeout alone bounds the wait too, with a connection error.
+    let timed_out = refusal(
+        &cluster,
+        &format!(
+            "SET meili_sync.search_timeout = '300ms';
+             SELECT * FROM meili_search('http://127.0.0.1:{port}', 'silent', 'anything')"
+        ),
+    );
+    assert_eq!(timed_out.sqlstate, "08006", "{}", timed_out.stderr);
+    assert_eq!(cluster.psql("SELECT 1"), "1");
+    assert_no_crash(&cluster);
+    drop(held);
+}
