@@ -136,6 +136,17 @@ SELECT t.id AS task,
 REVOKE ALL ON @extschema@.pg_stat_meili_sync FROM PUBLIC;
 GRANT SELECT ON @extschema@.pg_stat_meili_sync TO pg_monitor, meili_sync_admin;
 
+-- Read-your-writes: true once Meilisearch confirmed, for the task, every change committed up to
+-- lsn (by default: everything this session committed), false after timeout.
+CREATE FUNCTION @extschema@.meili_sync_wait(task bigint,
+                                           lsn pg_catalog.pg_lsn DEFAULT pg_catalog.pg_current_wal_lsn(),
+                                           timeout interval DEFAULT '30 seconds')
+RETURNS boolean LANGUAGE sql VOLATILE
+AS $$
+    SELECT @extschema@.meili_sync_wait_at($1, pg_catalog.pg_wal_lsn_diff($2, '0/0')::bigint,
+                                          pg_catalog.date_part('epoch', $3) OPERATOR(pg_catalog.*) 1000)
+$$;
+
 -- Every function of the extension runs with a fixed search_path, so that no schema a user can
 -- write shadows an operator or function its SQL names, and none is executable by PUBLIC: the
 -- management functions are for meili_sync_admin (they check the caller again), the live state
@@ -165,4 +176,6 @@ GRANT EXECUTE ON FUNCTION @extschema@.meili_sync_worker_state(), @extschema@.mei
 -- reach arbitrary hosts).
 GRANT EXECUTE ON FUNCTION @extschema@.meili_search(bigint, text, jsonb),
                           @extschema@.meili_facets(bigint, text, text[], jsonb),
-                          @extschema@.meili_search_raw(bigint, jsonb) TO PUBLIC;
+                          @extschema@.meili_search_raw(bigint, jsonb),
+                          @extschema@.meili_sync_wait(bigint, pg_catalog.pg_lsn, interval),
+                          @extschema@.meili_sync_wait_at(bigint, bigint, double precision) TO PUBLIC;

@@ -729,6 +729,47 @@ fn meili_search_raw(task: Option<i64>, body: Option<JsonB>) -> JsonB {
     result.or_raise()
 }
 
+/// The engine of `meili_sync_wait` (which `sql/views.sql` defines with `pg_lsn` and `interval`
+/// arguments): true once the task confirmed every change committed up to `lsn` (a WAL position
+/// in bytes), false after `timeout_ms`. Needs SELECT on the task's table.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_wait_at(task: Option<i64>, lsn: Option<i64>, timeout_ms: Option<f64>) -> bool {
+    let result = (|| {
+        let task_id = required(task, "task", TASK_HINT)?;
+        let record = catalog::load_task_for_search(task_id)?.ok_or_else(|| {
+            SyncError::new(
+                ErrorKind::UndefinedTask,
+                format!("meili_sync task {task_id} does not exist"),
+            )
+            .hint("SELECT task FROM meili_sync_status lists the tasks (ask a meili_sync_admin member).")
+        })?;
+        require_select(&record)?;
+        let lsn = required(
+            lsn,
+            "lsn",
+            "Pass a WAL position, for example pg_current_wal_lsn().",
+        )?;
+        let timeout_ms = required(
+            timeout_ms,
+            "timeout",
+            "Pass how long to wait, for example '30 seconds'.",
+        )?;
+        if !(0.0..=86_400_000.0).contains(&timeout_ms) {
+            return Err(SyncError::new(
+                ErrorKind::InvalidParameter,
+                format!("timeout {timeout_ms} ms is out of range"),
+            )
+            .hint("Wait between 0 seconds and 1 day."));
+        }
+        Ok(shmem::wait_confirmed(
+            task_id,
+            u64::try_from(lsn).unwrap_or(0),
+            Duration::from_millis(timeout_ms as u64),
+        ))
+    })();
+    result.or_raise()
+}
+
 /// Stops a task's worker; its slot and progress are kept.
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_sync_stop(task: Option<i64>) -> bool {

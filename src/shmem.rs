@@ -201,10 +201,32 @@ impl LiveEntry {
     };
 }
 
+/// A backend in `meili_sync_wait`: which task's confirmation, up to where, and its latch.
+#[derive(Clone, Copy)]
+struct Waiter {
+    task_id: i64,
+    lsn: u64,
+    /// Address of the backend's PGPROC latch; 0 for a free place.
+    latch: usize,
+}
+
+impl Waiter {
+    const FREE: Waiter = Waiter {
+        task_id: 0,
+        lsn: 0,
+        latch: 0,
+    };
+}
+
+/// Backends that may wait in `meili_sync_wait` at once with a latch the workers set; more wait
+/// by looking every 10 ms.
+const WAITERS: usize = 128;
+
 #[derive(Clone, Copy)]
 pub struct SharedState {
     launcher_latch: usize,
     entries: [LiveEntry; crate::gucs::TASK_ENTRIES],
+    waiters: [Waiter; WAITERS],
 }
 
 impl Default for SharedState {
@@ -212,12 +234,13 @@ impl Default for SharedState {
         SharedState {
             launcher_latch: 0,
             entries: [LiveEntry::EMPTY; crate::gucs::TASK_ENTRIES],
+            waiters: [Waiter::FREE; WAITERS],
         }
     }
 }
 
-// SAFETY: plain old data; the one address it holds (the launcher's latch) points into shared
-// memory, which is mapped at the same address in every backend.
+// SAFETY: plain old data; the addresses it holds (the launcher's and waiting backends' latches)
+// point into shared memory, which is mapped at the same address in every backend.
 unsafe impl PGRXSharedMemory for SharedState {}
 
 // SAFETY: the name is unique to this extension.
@@ -289,6 +312,76 @@ pub struct TaskLive {
     pub last_confirmed_at: Option<pg_sys::TimestampTz>,
     pub last_error: Option<String>,
     pub last_error_at: Option<pg_sys::TimestampTz>,
+}
+
+/// Whether a worker has published a confirmation of the task at or past `lsn`.
+fn confirmed_past(task_id: i64, lsn: u64) -> bool {
+    STATE
+        .share()
+        .entries
+        .iter()
+        .any(|entry| entry.task_id == task_id && entry.confirmed_lsn >= lsn)
+}
+
+/// Frees a waiter's place when the wait ends, also when a cancel's ERROR unwinds through it.
+struct WaiterPlace(Option<usize>);
+
+impl Drop for WaiterPlace {
+    fn drop(&mut self) {
+        if let Some(index) = self.0 {
+            STATE.exclusive().waiters[index] = Waiter::FREE;
+        }
+    }
+}
+
+/// Sleeps on this backend's latch until a worker confirms the task at or past `lsn` (true) or
+/// `timeout` passes (false). The worker that publishes the confirmation sets the latch; a cancel
+/// or `statement_timeout` ends the wait with its ERROR.
+pub fn wait_confirmed(task_id: i64, lsn: u64, timeout: std::time::Duration) -> bool {
+    // SAFETY: MyProc is this backend's PGPROC, in shared memory at the same address everywhere.
+    let latch = unsafe { &raw mut (*pg_sys::MyProc).procLatch } as usize;
+    let _place = {
+        let mut state = STATE.exclusive();
+        let free = state.waiters.iter().position(|waiter| waiter.latch == 0);
+        if let Some(index) = free {
+            state.waiters[index] = Waiter {
+                task_id,
+                lsn,
+                latch,
+            };
+        }
+        WaiterPlace(free)
+    };
+    let look_every = if _place.0.is_some() {
+        timeout
+    } else {
+        std::time::Duration::from_millis(10)
+    };
+    let deadline = std::time::Instant::now() + timeout;
+    loop {
+        // SAFETY: resets this backend's own latch before looking, so that a confirmation
+        // published after the look sets it again and the wait below returns at once.
+        unsafe { pg_sys::ResetLatch(latch as *mut pg_sys::Latch) };
+        if confirmed_past(task_id, lsn) {
+            return true;
+        }
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        let nap = left.min(look_every).as_millis().clamp(1, i32::MAX as u128) as i64;
+        // SAFETY: waits on this backend's own latch with a timeout; WL_EXIT_ON_PM_DEATH ends the
+        // backend if the postmaster dies.
+        unsafe {
+            pg_sys::WaitLatch(
+                latch as *mut pg_sys::Latch,
+                (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+                nap,
+                pg_sys::PG_WAIT_EXTENSION,
+            )
+        };
+        pgrx::check_for_interrupts!();
+    }
 }
 
 /// Publishes the calling launcher's latch so SQL functions can wake it.
@@ -445,11 +538,23 @@ impl LiveStatus {
         confirmed: u64,
         oldest_unconfirmed: Option<i64>,
     ) {
-        self.update(|entry| {
-            entry.received_lsn = received;
-            entry.confirmed_lsn = confirmed;
-            entry.oldest_unconfirmed_at = oldest_unconfirmed.unwrap_or(0);
-        });
+        let mut state = STATE.exclusive();
+        let entry = &mut state.entries[self.index];
+        let advanced = confirmed > entry.confirmed_lsn;
+        entry.received_lsn = received;
+        entry.confirmed_lsn = confirmed;
+        entry.oldest_unconfirmed_at = oldest_unconfirmed.unwrap_or(0);
+        let task_id = entry.task_id;
+        if advanced {
+            for waiter in state.waiters.iter().filter(|waiter| {
+                waiter.latch != 0 && waiter.task_id == task_id && waiter.lsn <= confirmed
+            }) {
+                // SAFETY: the address is a waiting backend's PGPROC latch in shared memory, valid
+                // for the cluster's life; setting the latch of a backend that stopped waiting
+                // is harmless.
+                unsafe { pg_sys::SetLatch(waiter.latch as *mut pg_sys::Latch) };
+            }
+        }
     }
 
     /// The checkpoint moved: Meilisearch confirmed everything up to it.

@@ -10,10 +10,12 @@
 //!   cargo run --release -p pg_meili_sync_load -- view [products] [new_products]
 //!   cargo run --release -p pg_meili_sync_load -- fanout [parents] [children_per_parent] [rows_per_transaction]
 //!   cargo run --release -p pg_meili_sync_load -- hotrow [ids] [rounds]
+//!   cargo run --release -p pg_meili_sync_load -- search [rows] [seconds per query] [clients]
 //!
 //! Set LOAD_VERIFY=1 to also check that the index holds exactly the table's rows afterwards.
 
 mod decoders;
+mod search;
 mod views;
 
 use std::time::{Duration, Instant};
@@ -646,9 +648,10 @@ fn main() {
         "view" => views::view(arg(0, 100_000), arg(1, 20_000)),
         "fanout" => views::fanout(arg(0, 1000), arg(1, 20), arg(2, 500)),
         "hotrow" => views::hot_rows(arg(0, 1000), arg(1, 100)),
+        "search" => search::search(arg(0, 200_000), arg(1, 10) as u64, arg(2, 10) as usize),
         other => {
             eprintln!(
-                "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout or hotrow"
+                "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout, hotrow or search"
             );
             std::process::exit(2);
         }

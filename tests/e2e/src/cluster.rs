@@ -184,6 +184,18 @@ impl Cluster {
         std::fs::read_to_string(self.log_path()).unwrap_or_default()
     }
 
+    /// A client program of the server's (pgbench, say) connected to database `postgres` over the
+    /// cluster's socket, run as the `postgres` user when the tests run as root; extra arguments
+    /// go after these.
+    pub fn client_command(&self, program: &str) -> Command {
+        let mut command = self.command(&self.bin_dir.join(program));
+        command
+            .args(["-h", path_str(&self.socket_dir), "-p"])
+            .arg(self.port.to_string())
+            .args(["-U", "postgres"]);
+        command
+    }
+
     /// psql connected to database `postgres`, unaligned and tuples-only, stopping at the first error.
     pub fn psql_command(&self) -> Command {
         let mut command = self.command(&self.bin_dir.join("psql"));

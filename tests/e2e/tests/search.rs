@@ -52,7 +52,7 @@ fn lines(text: &str) -> Vec<String> {
 
 #[test]
 fn hits_facets_and_raw_answers_match_the_table() {
-    let (cluster, _meili, _index, task) = searchable(json!({}));
+    let (cluster, meili, _index, task) = searchable(json!({}));
     // A filtered, sorted search: exactly the garden products under 50, in id order.
     let found = cluster.psql(&format!(
         "SELECT id FROM meili_search({task}, NULL, '{{\"filter\": \"category = garden AND id < 50\", \"sort\": [\"id:asc\"], \"limit\": 100}}')"
@@ -73,10 +73,17 @@ fn hits_facets_and_raw_answers_match_the_table() {
         "SELECT (score IS NOT NULL AND score <= 1) || ',' || (formatted->>'name')
            FROM meili_search({task}, 'Product', '{{\"filter\": \"id = 7\", \"showRankingScore\": true, \"attributesToHighlight\": [\"name\"]}}')"
     ));
-    assert!(
-        scored.starts_with("true,") && scored.contains("<em>"),
+    let (score_ok, highlighted) = scored.split_once(',').unwrap_or_default();
+    assert_eq!(score_ok, "true", "{scored}");
+    assert_eq!(
+        highlighted.replace("<em>", "").replace("</em>", ""),
+        "Product 7",
         "{scored}"
     );
+    if meili.test_server().is_none() {
+        // The test server returns _formatted without highlighting; a real Meilisearch marks it.
+        assert!(highlighted.contains("<em>"), "{scored}");
+    }
     // Facets: the distribution of category equals the table's counts.
     let facets = cluster.psql(&format!(
         "SELECT facet || '=' || value || ':' || count FROM meili_facets({task}, NULL, ARRAY['category']) ORDER BY value"
@@ -239,4 +246,62 @@ fn statement_timeout_cancels_a_search_that_gets_no_answer() {
     assert_eq!(cluster.psql("SELECT 1"), "1");
     assert_no_crash(&cluster);
     drop(held);
+}
+
+#[test]
+fn an_insert_is_searchable_once_meili_sync_wait_returns() {
+    let (cluster, _meili, _index, task) = searchable(json!({}));
+    for n in 1..=20 {
+        let id = 10_000 + n;
+        cluster.psql(&products::insert_sql(id, id));
+        assert_eq!(
+            cluster.psql(&format!("SELECT meili_sync_wait({task})")),
+            "t",
+            "the wait for row {id} timed out"
+        );
+        assert_eq!(
+            cluster.psql(&format!(
+                "SELECT count(*) FROM meili_search({task}, NULL, '{{\"filter\": \"id = {id}\"}}')"
+            )),
+            "1",
+            "row {id} is not searchable after meili_sync_wait returned"
+        );
+    }
+    // A paused task confirms nothing: the wait ends at its timeout with false.
+    cluster.psql(&format!("SELECT meili_sync_pause({task})"));
+    wait_for("the worker to stop", CONVERGE, || {
+        (cluster.status(task).get("state").map(String::as_str) == Some("paused")).then_some(())
+    });
+    cluster.psql(&products::insert_sql(20_001, 20_001));
+    let started = Instant::now();
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT meili_sync_wait({task}, timeout => '300 milliseconds')"
+        )),
+        "f"
+    );
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_millis(300) && took < Duration::from_secs(5),
+        "{took:?}"
+    );
+    // Resumed, it confirms the row and the wait returns true.
+    cluster.psql(&format!("SELECT meili_sync_resume({task})"));
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT meili_sync_wait({task}, timeout => '60 seconds')"
+        )),
+        "t"
+    );
+    for (sql, sqlstate) in [
+        ("SELECT meili_sync_wait(NULL)", "22004"),
+        ("SELECT meili_sync_wait(9999)", "42704"),
+        (
+            &*format!("SELECT meili_sync_wait({task}, timeout => '-1 second')"),
+            "22023",
+        ),
+    ] {
+        let refused = refusal(&cluster, sql);
+        assert_eq!(refused.sqlstate, sqlstate, "{sql}: {}", refused.stderr);
+    }
 }

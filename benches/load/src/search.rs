@@ -1,0 +1,209 @@
+//! The `search` mode: searching through SQL (`meili_search`, driven by pgbench) against searching
+//! Meilisearch directly over HTTP (the same bodies, from threads of this command with kept-alive
+//! connections), with the same concurrency for the same time, in one run; then the latency of
+//! `meili_sync_wait` from an INSERT's COMMIT to its return.
+
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use pg_meili_sync_core::meili::client::Client;
+use pg_meili_sync_e2e::cluster::Cluster;
+use pg_meili_sync_e2e::meili::Meili;
+use pg_meili_sync_e2e::{products, wait_for};
+use serde_json::json;
+
+/// The query mix of an autocomplete benchmark, over the `products` data set.
+const QUERIES: [(&str, &str); 5] = [
+    ("one letter", "p"),
+    ("a word that matches", "kitchen"),
+    ("a word that matches nothing", "zzyzxq"),
+    ("two words, the second a prefix", "product 12"),
+    ("two words that match nothing", "zzyzxq qwvutz"),
+];
+
+/// Requests per second and latencies (ms, sorted) of one side.
+struct Side {
+    per_second: f64,
+    latencies: Vec<f64>,
+}
+
+impl Side {
+    fn percentile(&self, p: f64) -> f64 {
+        if self.latencies.is_empty() {
+            return f64::NAN;
+        }
+        let index = ((self.latencies.len() - 1) as f64 * p).round() as usize;
+        self.latencies[index]
+    }
+}
+
+/// `clients` threads searching straight over HTTP for `seconds`.
+fn direct(meili: &Meili, index: &str, query: &str, clients: usize, seconds: u64) -> Side {
+    let client = Client::new(&meili.url, meili.key(), Duration::from_secs(30)).expect("client");
+    let stop = AtomicBool::new(false);
+    let body = json!({"q": query, "limit": 10});
+    let mut latencies = Vec::new();
+    let started = Instant::now();
+    std::thread::scope(|scope| {
+        let workers: Vec<_> = (0..clients)
+            .map(|_| {
+                let client = client.with_own_connections();
+                let (stop, body) = (&stop, &body);
+                scope.spawn(move || {
+                    let mut mine = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        let sent = Instant::now();
+                        client.search(index, body).expect("a direct search");
+                        mine.push(sent.elapsed().as_secs_f64() * 1000.0);
+                    }
+                    mine
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_secs(seconds));
+        stop.store(true, Ordering::Relaxed);
+        for worker in workers {
+            latencies.extend(worker.join().expect("a search thread"));
+        }
+    });
+    let elapsed = started.elapsed().as_secs_f64();
+    latencies.sort_by(f64::total_cmp);
+    Side {
+        per_second: latencies.len() as f64 / elapsed,
+        latencies,
+    }
+}
+
+/// Runs a pgbench script and returns its transactions per second and latencies from its
+/// per-transaction log.
+fn pgbench(cluster: &Cluster, script: &str, args: &[&str]) -> Side {
+    let dir = std::env::temp_dir().join(format!("pg_meili_sync_pgbench_{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("pgbench directory");
+    let _ = std::process::Command::new("chmod")
+        .arg("777")
+        .arg(&dir)
+        .status();
+    let file = dir.join("script.sql");
+    std::fs::write(&file, script).expect("pgbench script");
+    let prefix = dir.join("log");
+    let output = cluster
+        .client_command("pgbench")
+        .args(["-n", "-l", "--log-prefix"])
+        .arg(&prefix)
+        .arg("-f")
+        .arg(&file)
+        .args(args)
+        .arg("postgres")
+        .output()
+        .expect("run pgbench");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "pgbench failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let per_second = stdout
+        .lines()
+        .find_map(|line| line.strip_prefix("tps = "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|tps| tps.parse().ok())
+        .unwrap_or(0.0);
+    let latencies = read_logs(&dir);
+    let _ = std::fs::remove_dir_all(&dir);
+    Side {
+        per_second,
+        latencies,
+    }
+}
+
+/// pgbench's per-transaction logs: the third field is the latency in microseconds.
+fn read_logs(dir: &Path) -> Vec<f64> {
+    let mut latencies: Vec<f64> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with("log"))
+        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+        .flat_map(|text| {
+            text.lines()
+                .filter_map(|line| line.split_whitespace().nth(2)?.parse::<f64>().ok())
+                .map(|micros| micros / 1000.0)
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    latencies.sort_by(f64::total_cmp);
+    latencies
+}
+
+pub fn search(rows: i64, seconds: u64, clients: usize) {
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&["max_connections = 100"]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, rows));
+    let index = meili.unique_index("search_load");
+    let options = meili.options(json!({}));
+    let task: i64 = cluster
+        .psql(&format!(
+            "SELECT meili_sync_start('products', '{index}', '{options}')"
+        ))
+        .parse()
+        .expect("task id");
+    cluster.wait_snapshot_done(task, Duration::from_secs(3600));
+    wait_for("every row in the index", Duration::from_secs(3600), || {
+        (meili.document_count(&index) == Some(rows as u64)).then_some(())
+    });
+    meili.wait_idle(&index, Duration::from_secs(3600));
+    let target = if meili.test_server().is_some() {
+        "test server".to_owned()
+    } else {
+        meili.url.clone()
+    };
+    println!(
+        "search into {target}: {rows} products, {clients} clients, {seconds} s per query and side, limit 10"
+    );
+    println!("| query | direct req/s | SQL req/s | SQL/direct | direct p50 / p99 ms | SQL p50 / p99 ms | added p50 / p99 ms |");
+    println!("|---|---|---|---|---|---|---|");
+    let clients_arg = clients.to_string();
+    let threads_arg = clients.min(2).to_string();
+    let seconds_arg = seconds.to_string();
+    for (what, query) in QUERIES {
+        let http = direct(&meili, &index, query, clients, seconds);
+        let script =
+            format!("SELECT count(*) FROM meili_search({task}, '{query}', '{{\"limit\": 10}}');\n");
+        let sql = pgbench(
+            &cluster,
+            &script,
+            &["-c", &clients_arg, "-j", &threads_arg, "-T", &seconds_arg],
+        );
+        println!(
+            "| {what} (`{query}`) | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:+.2} / {:+.2} |",
+            http.per_second,
+            sql.per_second,
+            sql.per_second / http.per_second,
+            http.percentile(0.5),
+            http.percentile(0.99),
+            sql.percentile(0.5),
+            sql.percentile(0.99),
+            sql.percentile(0.5) - http.percentile(0.5),
+            sql.percentile(0.99) - http.percentile(0.99),
+        );
+    }
+    // Read-your-writes: an INSERT (its own transaction), then meili_sync_wait, one client.
+    let script = format!(
+        "\\set id random(100000000, 900000000)\n\
+         INSERT INTO products (id, name) VALUES (:id, 'waited ' || :id) ON CONFLICT DO NOTHING;\n\
+         SELECT meili_sync_wait({task});\n"
+    );
+    let waits = pgbench(&cluster, &script, &["-c", "1", "-t", "200"]);
+    println!(
+        "meili_sync_wait   INSERT's COMMIT → searchable, 200 one-row transactions one after another: p50 {:.1} ms, p99 {:.1} ms (pgbench transaction latency: the INSERT and the wait)",
+        waits.percentile(0.5),
+        waits.percentile(0.99)
+    );
+    if meili.test_server().is_none() {
+        meili.delete_index(&index);
+    }
+}
