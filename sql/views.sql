@@ -150,7 +150,8 @@ $$;
 -- Every function of the extension runs with a fixed search_path, so that no schema a user can
 -- write shadows an operator or function its SQL names, and none is executable by PUBLIC: the
 -- management functions are for meili_sync_admin (they check the caller again), the live state
--- behind the views for the roles that read those views.
+-- behind the views for the roles that read those views. The search functions and the wait are
+-- granted to PUBLIC after this (they check SELECT on the task's table inside).
 DO $$
 DECLARE
     function_oid pg_catalog.regprocedure;

@@ -116,7 +116,8 @@ RESET ROLE;
 SELECT task, state, last_error FROM meili_sync_status WHERE task = :payroll_task;
 SELECT meili_sync_drop(:payroll_task);
 
--- No function of the extension is executable by PUBLIC, and each runs with a fixed search_path.
+-- Only the search functions and meili_sync_wait are executable by PUBLIC (each checks SELECT on
+-- the task's table inside), and every function runs with a fixed search_path.
 SET ROLE regress_reader;
 SELECT count(*) FROM meili_sync_worker_state();
 \echo SQLSTATE :LAST_ERROR_SQLSTATE

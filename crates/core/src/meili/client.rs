@@ -907,6 +907,39 @@ mod tests {
         }
 
         #[test]
+        fn search_finds_hits_and_meilisearch_refuses_bad_parameters() {
+            let (_server, client) = start();
+            succeeded(&client, client.create_index("books", "id"));
+            let body =
+                b"{\"id\": 1, \"title\": \"copper kettle\"}\n{\"id\": 2, \"title\": \"tea pot\"}\n";
+            succeeded(
+                &client,
+                client.send_batch("books", "id", Operation::Replace, body, false),
+            );
+            let answer = client
+                .search("books", &json!({"q": "kettle"}))
+                .expect("an answer");
+            let ids: Vec<&Value> = answer["hits"]
+                .as_array()
+                .expect("hits")
+                .iter()
+                .map(|hit| &hit["id"])
+                .collect();
+            assert_eq!(ids, vec![&json!(1)]);
+            match client.search("books", &json!({"q": "x", "limit": "ten"})) {
+                Err(MeiliError::Http {
+                    status: 400,
+                    body: Some(body),
+                }) => assert_eq!(body.code, "invalid_search_limit"),
+                other => panic!("{other:?}"),
+            }
+            assert!(matches!(
+                client.search("missing", &json!({})),
+                Err(MeiliError::Http { status: 404, .. })
+            ));
+        }
+
+        #[test]
         fn every_batch_operation() {
             let (server, client) = start();
             let ndjson =

@@ -208,6 +208,42 @@ mod tests {
     }
 
     #[test]
+    fn the_search_thread_answers_and_an_interrupted_wait_leaves_it_usable() {
+        use std::net::TcpListener;
+        // A server that accepts and never answers: the wait must end when told to.
+        let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
+        let url = format!("http://{}", silent.local_addr().expect("address"));
+        let stuck = Client::new(&url, None, Duration::from_secs(2)).expect("client");
+        let mut thread = SearchThread::start().expect("thread");
+        let started = std::time::Instant::now();
+        let mut looks = 0;
+        let waited = thread
+            .search(&stuck, "any", serde_json::json!({}), || {
+                looks += 1;
+                looks > 10
+            })
+            .expect("the thread runs");
+        assert!(matches!(waited, Waited::Interrupted));
+        assert!(started.elapsed() < Duration::from_secs(1));
+        // The next search gets its own answer, not the stuck one's late failure.
+        let server = meili_test_server::TestServer::start(None).expect("test server");
+        let client = Client::new(&server.url(), None, Duration::from_secs(10)).expect("client");
+        let uid = client.create_index("books", "id").expect("enqueued");
+        client
+            .wait_task(uid, Duration::from_secs(10))
+            .expect("created");
+        match thread
+            .search(&client, "books", serde_json::json!({"q": ""}), || false)
+            .expect("the thread runs")
+        {
+            Waited::Answer(Ok(answer)) => assert_eq!(answer["hits"], serde_json::json!([])),
+            Waited::Answer(Err(error)) => panic!("{error}"),
+            Waited::Interrupted => panic!("not interrupted"),
+        }
+        drop(silent);
+    }
+
+    #[test]
     fn facet_distribution_becomes_rows() {
         let answer = json!({"facetDistribution": {"category": {"garden": 3, "kitchen": 5}, "color": {"red": 1}}});
         let rows = facet_counts(&answer);
