@@ -616,7 +616,16 @@ fn meili_search(
     task: Option<i64>,
     query: Option<&str>,
     options: default!(Option<JsonB>, "'{}'"),
-) -> HitRows {
+) -> TableIterator<
+    'static,
+    (
+        name!(id, Option<String>),
+        name!(key, Option<Vec<String>>),
+        name!(score, Option<f64>),
+        name!(document, JsonB),
+        name!(formatted, Option<JsonB>),
+    ),
+> {
     let result = (|| {
         let (client, record) = search_target(task)?;
         hit_rows(
@@ -640,7 +649,16 @@ fn meili_search_index(
     options: default!(Option<JsonB>, "'{}'"),
     api_key: default!(Option<&str>, "NULL"),
     id_attribute: default!(Option<&str>, "'id'"),
-) -> HitRows {
+) -> TableIterator<
+    'static,
+    (
+        name!(id, Option<String>),
+        name!(key, Option<Vec<String>>),
+        name!(score, Option<f64>),
+        name!(document, JsonB),
+        name!(formatted, Option<JsonB>),
+    ),
+> {
     let result = (|| {
         require_admin()?;
         let url = required(

@@ -59,9 +59,12 @@ pub fn current_role_is_admin() -> CatalogResult<bool> {
 /// Runs catalog writes as the catalog's owner: `meili_sync_admin` may only read the catalog, so
 /// that every task comes through a function that checked its caller.
 fn as_catalog_owner<T>(work: impl FnOnce() -> CatalogResult<T>) -> CatalogResult<T> {
+    // By name in the system catalogs, not by a regclass cast: that would need USAGE on the
+    // schema, which roles that may only search (see `load_task_for_search`) do not have.
     let owner = select_one::<pg_sys::Oid>(
         "SELECT c.relowner FROM pg_catalog.pg_class c
-          WHERE c.oid = 'meili_sync.tasks'::pg_catalog.regclass",
+           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+          WHERE n.nspname OPERATOR(pg_catalog.=) 'meili_sync' AND c.relname OPERATOR(pg_catalog.=) 'tasks'",
         &[],
     )?
     .ok_or_else(|| SyncError::new(ErrorKind::Internal, "meili_sync.tasks has no owner"))?;
