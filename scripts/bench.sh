@@ -51,6 +51,8 @@ echo "== fan-out: 1,000 parents x 20 children, children updated in 500-row trans
 run_load fanout 1000 20 500
 echo "== hot rows: 1,000 rows updated 100 times each in a burst"
 run_load hotrow 1000 100
+echo "== search: through SQL (pgbench -c 10) against straight HTTP (10 threads), 200,000 products, 10 s per query"
+run_load search 200000 10 10
 echo "== 0 and 50 idle shared tasks beside one busy table, 200,000 rows"
 run_load tasks 0 200000 1
 run_load tasks 50 200000 1
