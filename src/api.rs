@@ -535,9 +535,9 @@ fn meili_sync_preview(
     SetOfIterator::new(result.or_raise())
 }
 
-/// The task to search through, for a caller that may read its table (or view): its client (the
-/// task's `search_api_key` when it has one, never then its `api_key`), index and id attribute.
-fn search_target(task: Option<i64>) -> Result<(Client, catalog::TaskRecord), SyncError> {
+/// A task for any role that may read its table or view (`42501` otherwise): the search functions
+/// and `meili_sync_wait` are granted to PUBLIC.
+fn readable_task(task: Option<i64>) -> Result<catalog::TaskRecord, SyncError> {
     let task_id = required(task, "task", TASK_HINT)?;
     let record = catalog::load_task_for_search(task_id)?.ok_or_else(|| {
         SyncError::new(
@@ -547,6 +547,13 @@ fn search_target(task: Option<i64>) -> Result<(Client, catalog::TaskRecord), Syn
         .hint("SELECT task FROM meili_sync_status lists the tasks (ask a meili_sync_admin member).")
     })?;
     require_select(&record)?;
+    Ok(record)
+}
+
+/// The task to search through, for a caller that may read its table (or view): its client (the
+/// task's `search_api_key` when it has one, never then its `api_key`), index and id attribute.
+fn search_target(task: Option<i64>) -> Result<(Client, catalog::TaskRecord), SyncError> {
+    let record = readable_task(task)?;
     let key = record
         .search_api_key
         .as_deref()
@@ -611,6 +618,8 @@ fn hit_rows(
 /// (with `"showRankingScore": true`), the document, and the highlighted document (with
 /// `attributesToHighlight`). Options are Meilisearch's search parameters as they are. Needs
 /// SELECT on the task's table.
+// pgrx must see the row type in the signature itself (an alias does not resolve in its SQL).
+#[allow(clippy::type_complexity)]
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_search(
     task: Option<i64>,
@@ -640,7 +649,9 @@ fn meili_search(
 }
 
 /// Searches any index at any URL (one the extension does not sync): only for meili_sync_admin.
-/// `id_attribute` names the documents' id field for the `id` and `key` columns.
+/// `id_attribute` names the documents' id field for the `id` and `key` columns. (The result type
+/// is spelled out again, not named by an alias: pgrx reads it from the signature to write SQL.)
+#[allow(clippy::type_complexity)]
 #[pg_extern(name = "meili_search", volatile, parallel_unsafe)]
 fn meili_search_index(
     url: Option<&str>,
@@ -753,15 +764,7 @@ fn meili_search_raw(task: Option<i64>, body: Option<JsonB>) -> JsonB {
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_sync_wait_at(task: Option<i64>, lsn: Option<i64>, timeout_ms: Option<f64>) -> bool {
     let result = (|| {
-        let task_id = required(task, "task", TASK_HINT)?;
-        let record = catalog::load_task_for_search(task_id)?.ok_or_else(|| {
-            SyncError::new(
-                ErrorKind::UndefinedTask,
-                format!("meili_sync task {task_id} does not exist"),
-            )
-            .hint("SELECT task FROM meili_sync_status lists the tasks (ask a meili_sync_admin member).")
-        })?;
-        require_select(&record)?;
+        let record = readable_task(task)?;
         let lsn = required(
             lsn,
             "lsn",
@@ -780,7 +783,7 @@ fn meili_sync_wait_at(task: Option<i64>, lsn: Option<i64>, timeout_ms: Option<f6
             .hint("Wait between 0 seconds and 1 day."));
         }
         Ok(shmem::wait_confirmed(
-            task_id,
+            record.id,
             u64::try_from(lsn).unwrap_or(0),
             Duration::from_millis(timeout_ms as u64),
         ))

@@ -314,6 +314,16 @@ pub struct TaskLive {
     pub last_error_at: Option<pg_sys::TimestampTz>,
 }
 
+/// Whether a backend waits in `meili_sync_wait` for the task (so that its position is worth
+/// publishing at once).
+pub fn has_waiters(task_id: i64) -> bool {
+    STATE
+        .share()
+        .waiters
+        .iter()
+        .any(|waiter| waiter.latch != 0 && waiter.task_id == task_id)
+}
+
 /// Whether a worker has published a confirmation of the task at or past `lsn`.
 fn confirmed_past(task_id: i64, lsn: u64) -> bool {
     STATE

@@ -64,8 +64,9 @@ struct Pipeline {
     /// write WAL that moves them again.
     checkpointed: u64,
     stored: u64,
-    /// When the status view was last given this task's progress.
+    /// When the status view was last given this task's progress, and the position it was given.
     published: Instant,
+    published_position: u64,
     /// Receives changes. A task whose Meilisearch stalls leaves the stream (its pipeline stays to
     /// finish what it sent) and joins again once its dispatcher is idle.
     attached: bool,
@@ -257,6 +258,7 @@ impl SharedDecoder {
             checkpointed: position,
             stored: position,
             published: Instant::now(),
+            published_position: position,
             attached: false,
         })
     }
@@ -516,8 +518,11 @@ impl SharedDecoder {
                     }
                 }
                 if pipeline.streamer.is_quiet() {
-                    // Only the shown read position would move: at most once a second.
-                    if pipeline.published.elapsed() < QUIET_PUBLISH_INTERVAL {
+                    // Only the shown read position would move: at most once a second, unless a
+                    // backend waits in meili_sync_wait for the task's position to move.
+                    let awaited = pipeline.position != pipeline.published_position
+                        && shmem::has_waiters(*task_id);
+                    if !awaited && pipeline.published.elapsed() < QUIET_PUBLISH_INTERVAL {
                         continue;
                     }
                 } else {
@@ -529,6 +534,7 @@ impl SharedDecoder {
                     pipeline.position,
                 );
                 pipeline.published = Instant::now();
+                pipeline.published_position = pipeline.position;
             }
             for (task_id, message) in gone {
                 if let Some(pipeline) = self.remove(task_id) {
