@@ -147,6 +147,18 @@ AS $$
                                           pg_catalog.date_part('epoch', $3) OPERATOR(pg_catalog.*) 1000)
 $$;
 
+-- Every backend keeps the tasks it searched through (catalog::search_targets); these triggers
+-- invalidate those copies, at commit, when a task's table, index, URL, key columns or keys change.
+-- ENABLE ALWAYS: they fire under session_replication_role = replica too (a restore, a replica).
+CREATE TRIGGER search_targets AFTER UPDATE OF source, index_uid, url, primary_key OR DELETE OR TRUNCATE
+    ON meili_sync.tasks FOR EACH STATEMENT
+    EXECUTE FUNCTION @extschema@.meili_sync_invalidate_search_targets();
+CREATE TRIGGER search_targets AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE
+    ON meili_sync.task_secrets FOR EACH STATEMENT
+    EXECUTE FUNCTION @extschema@.meili_sync_invalidate_search_targets();
+ALTER TABLE meili_sync.tasks ENABLE ALWAYS TRIGGER search_targets;
+ALTER TABLE meili_sync.task_secrets ENABLE ALWAYS TRIGGER search_targets;
+
 -- Every function of the extension runs with a fixed search_path, so that no schema a user can
 -- write shadows an operator or function its SQL names, and none is executable by PUBLIC: the
 -- management functions are for meili_sync_admin (they check the caller again), the live state

@@ -1,5 +1,6 @@
 //! The SQL functions: validate, write the catalog, and wake the launcher at COMMIT.
 
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
@@ -48,8 +49,12 @@ fn require_select(record: &catalog::TaskRecord) -> Result<(), SyncError> {
     if catalog::may_select(security::current_role(), record.relid)? {
         return Ok(());
     }
+    Err(select_denied(record)?)
+}
+
+fn select_denied(record: &catalog::TaskRecord) -> Result<SyncError, SyncError> {
     let role = catalog::role_name(security::current_role())?;
-    Err(SyncError::new(
+    Ok(SyncError::new(
         ErrorKind::Privilege,
         format!("permission denied for table {}", record.relation),
     )
@@ -536,30 +541,33 @@ fn meili_sync_preview(
 }
 
 /// A task for any role that may read its table or view (`42501` otherwise): the search functions
-/// and `meili_sync_wait` are granted to PUBLIC.
-fn readable_task(task: Option<i64>) -> Result<catalog::TaskRecord, SyncError> {
+/// and `meili_sync_wait` are granted to PUBLIC. The task comes from the backend's cache and the
+/// privilege is checked on every call, both without SPI.
+fn readable_target(task: Option<i64>) -> Result<Rc<catalog::SearchTarget>, SyncError> {
     let task_id = required(task, "task", TASK_HINT)?;
-    let record = catalog::load_task_for_search(task_id)?.ok_or_else(|| {
+    let no_task = || {
         SyncError::new(
             ErrorKind::UndefinedTask,
             format!("meili_sync task {task_id} does not exist"),
         )
         .hint("SELECT task FROM meili_sync_status lists the tasks (ask a meili_sync_admin member).")
-    })?;
-    require_select(&record)?;
-    Ok(record)
+    };
+    let target = catalog::search_target(task_id)?.ok_or_else(no_task)?;
+    if catalog::current_role_may_select(target.relid) {
+        return Ok(target);
+    }
+    // The refusal names the table and role, which takes the catalog.
+    let record = catalog::load_task_for_search(task_id)?.ok_or_else(no_task)?;
+    Err(select_denied(&record)?)
 }
 
-/// The task to search through, for a caller that may read its table (or view): its client (the
-/// task's `search_api_key` when it has one, never then its `api_key`), index and id attribute.
-fn search_target(task: Option<i64>) -> Result<(Client, catalog::TaskRecord), SyncError> {
-    let record = readable_task(task)?;
-    let key = record
-        .search_api_key
-        .as_deref()
-        .or(record.api_key.as_deref());
-    let client = search::client(&record.url, key)?;
-    Ok((client, record))
+/// The task to search through, for a caller that may read its table (or view), and the
+/// backend's client for its URL and key (its `search_api_key` when it has one, never then its
+/// `api_key`).
+fn search_target(task: Option<i64>) -> Result<(Client, Rc<catalog::SearchTarget>), SyncError> {
+    let target = readable_target(task)?;
+    let client = search::client(&target.url, target.api_key.as_deref())?;
+    Ok((client, target))
 }
 
 fn search_options(options: Option<JsonB>) -> Result<serde_json::Value, SyncError> {
@@ -636,11 +644,11 @@ fn meili_search(
     ),
 > {
     let result = (|| {
-        let (client, record) = search_target(task)?;
+        let (client, target) = search_target(task)?;
         hit_rows(
             &client,
-            &record.index_uid,
-            &record.primary_key,
+            &target.index_uid,
+            &target.primary_key,
             query,
             search_options(options)?,
         )
@@ -718,7 +726,7 @@ fn meili_facets(
     ),
 > {
     let result = (|| {
-        let (client, record) = search_target(task)?;
+        let (client, target) = search_target(task)?;
         let facets = required(
             facets,
             "facets",
@@ -733,7 +741,7 @@ fn meili_facets(
         }
         let body = crate::meili::search::search_body(query, &options)
             .map_err(|message| SyncError::new(ErrorKind::InvalidParameter, message))?;
-        let answer = search::run(&client, &record.index_uid, body)?;
+        let answer = search::run(&client, &target.index_uid, body)?;
         Ok(TableIterator::new(crate::meili::search::facet_counts(
             &answer,
         )))
@@ -747,13 +755,13 @@ fn meili_facets(
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_search_raw(task: Option<i64>, body: Option<JsonB>) -> JsonB {
     let result = (|| {
-        let (client, record) = search_target(task)?;
+        let (client, target) = search_target(task)?;
         let body = required(
             body,
             "body",
             "Pass a search request, for example '{\"q\": \"kettle\"}'.",
         )?;
-        Ok(JsonB(search::run(&client, &record.index_uid, body.0)?))
+        Ok(JsonB(search::run(&client, &target.index_uid, body.0)?))
     })();
     result.or_raise()
 }
@@ -764,7 +772,7 @@ fn meili_search_raw(task: Option<i64>, body: Option<JsonB>) -> JsonB {
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_sync_wait_at(task: Option<i64>, lsn: Option<i64>, timeout_ms: Option<f64>) -> bool {
     let result = (|| {
-        let record = readable_task(task)?;
+        let target = readable_target(task)?;
         let lsn = required(
             lsn,
             "lsn",
@@ -783,7 +791,7 @@ fn meili_sync_wait_at(task: Option<i64>, lsn: Option<i64>, timeout_ms: Option<f6
             .hint("Wait between 0 seconds and 1 day."));
         }
         Ok(shmem::wait_confirmed(
-            record.id,
+            target.task_id,
             u64::try_from(lsn).unwrap_or(0),
             Duration::from_millis(timeout_ms as u64),
         ))
@@ -1306,4 +1314,17 @@ fn meili_sync_worker_state() -> TableIterator<
                 .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),
         )
     }))
+}
+
+/// The triggers on `meili_sync.tasks` and `meili_sync.task_secrets` that keep every backend's
+/// cache of search targets true: a change to a task's URL, index, key columns, table or keys
+/// invalidates them at commit.
+#[pg_trigger]
+fn meili_sync_invalidate_search_targets<'a>(
+    trigger: &'a PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, std::convert::Infallible> {
+    if let Ok(table) = trigger.relation() {
+        catalog::invalidate_search_targets(table.oid());
+    }
+    Ok(None)
 }

@@ -6,6 +6,7 @@
 
 mod dead_letters;
 mod replication;
+mod search_targets;
 mod shared;
 mod source;
 mod tasks;
@@ -13,6 +14,7 @@ mod view;
 
 pub use dead_letters::*;
 pub use replication::*;
+pub use search_targets::*;
 pub use shared::*;
 pub use source::*;
 pub use tasks::*;

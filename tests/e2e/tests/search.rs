@@ -183,6 +183,75 @@ fn a_search_key_is_used_instead_of_the_admin_key() {
     assert_eq!(found, "9");
 }
 
+/// A backend keeps the tasks it searched through: a change committed by another backend (through
+/// the functions, or straight into the catalog) must reach it before its next search.
+#[test]
+fn a_backend_searches_a_task_as_another_backend_changed_it() {
+    let meili = Meili::from_env();
+    let (cluster, _meili, _index, task) = if meili.has_key() {
+        searchable(json!({"search_api_key": "not-a-key-of-this-server"}))
+    } else {
+        searchable(json!({}))
+    };
+    cluster.psql("CREATE EXTENSION dblink");
+    let other = format!(
+        "host={} port={} dbname=postgres user=postgres",
+        cluster.socket_dir.display(),
+        cluster.port
+    );
+    // Each script is one backend: the wait reads the task (and caches it), then another backend
+    // commits a change, then the same backend searches.
+    let in_one_backend = |change: &str, search: &str| {
+        format!(
+            "SELECT meili_sync_wait({task}, '0/0', '0 seconds');
+             SELECT dblink_exec('{other}', $change${change}$change$);
+             {search}"
+        )
+    };
+    let search_id_9 =
+        format!("SELECT id FROM meili_search({task}, NULL, '{{\"filter\": \"id = 9\"}}')");
+    if meili.has_key() {
+        let refused = refusal(&cluster, &search_id_9);
+        assert_eq!(refused.sqlstate, "42501", "{}", refused.stderr);
+        let key = meili.key().unwrap_or_default().to_owned();
+        let found = cluster.psql(&in_one_backend(
+            &format!(
+                "DO $$ BEGIN PERFORM meili_sync_alter({task}, '{{\"search_api_key\": \"{key}\"}}'); END $$"
+            ),
+            &search_id_9,
+        ));
+        assert_eq!(
+            found.lines().last(),
+            Some("9"),
+            "the new search key is used at once"
+        );
+    }
+    // Straight into the catalog, by a superuser: the triggers see it too.
+    let refused = refusal(
+        &cluster,
+        &in_one_backend(
+            &format!("UPDATE meili_sync.tasks SET url = 'http://127.0.0.1:1' WHERE id = {task}"),
+            &search_id_9,
+        ),
+    );
+    assert_eq!(refused.sqlstate, "08006", "{}", refused.stderr);
+    assert!(
+        refused.message.contains("127.0.0.1:1"),
+        "{}",
+        refused.stderr
+    );
+    // A dropped task is not searched through any more.
+    let refused = refusal(
+        &cluster,
+        &in_one_backend(
+            &format!("DO $$ BEGIN PERFORM meili_sync_drop({task}); END $$"),
+            &search_id_9,
+        ),
+    );
+    assert_eq!(refused.sqlstate, "42704", "{}", refused.stderr);
+    assert_no_crash(&cluster);
+}
+
 #[test]
 fn statement_timeout_cancels_a_search_that_gets_no_answer() {
     let cluster = Cluster::start(&[]);

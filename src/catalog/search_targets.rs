@@ -1,0 +1,145 @@
+//! What a search through a task needs (its URL, key, index and key columns), kept per backend so
+//! that a search runs no SPI: reading the task took most of a cheap search's time.
+//!
+//! An entry is good until the catalog says otherwise. Triggers on `meili_sync.tasks` (the
+//! columns a search uses) and on `meili_sync.task_secrets` send a relcache invalidation for the
+//! table at commit (`invalidate_search_targets`); every backend's callback then moves an epoch,
+//! and entries of an older epoch are read again. The privilege check is not cached: it is made on
+//! every call, against the current role.
+
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
+use std::rc::Rc;
+
+use pgrx::prelude::*;
+
+use super::{as_catalog_owner, select_one, CatalogResult};
+
+/// A task as a search sees it.
+#[derive(Debug)]
+pub struct SearchTarget {
+    pub task_id: i64,
+    /// The table or view whose SELECT privilege a search needs.
+    pub relid: pg_sys::Oid,
+    pub url: String,
+    pub index_uid: String,
+    /// The task's `search_api_key` when it has one, else its `api_key`.
+    pub api_key: Option<String>,
+    pub primary_key: Vec<String>,
+}
+
+thread_local! {
+    /// Moved by every invalidation of a watched table (or of the whole relcache).
+    static EPOCH: Cell<u64> = const { Cell::new(0) };
+    /// `meili_sync.tasks` and `meili_sync.task_secrets`, once known; 0 before.
+    static WATCHED: Cell<[u32; 2]> = const { Cell::new([0, 0]) };
+    static REGISTERED: Cell<bool> = const { Cell::new(false) };
+    static TARGETS: RefCell<(u64, HashMap<i64, Rc<SearchTarget>>)> =
+        RefCell::new((0, HashMap::new()));
+}
+
+/// The task `task_id` for a search, from the backend's cache or read as the catalog owner;
+/// `None` if there is no such task.
+pub fn search_target(task_id: i64) -> CatalogResult<Option<Rc<SearchTarget>>> {
+    watch_catalog()?;
+    // SAFETY: processes the invalidations other backends committed, so that a task altered
+    // before this statement began is read again (the callback below only moves the epoch).
+    unsafe { pg_sys::AcceptInvalidationMessages() };
+    let epoch = EPOCH.with(Cell::get);
+    let cached = TARGETS.with(|targets| {
+        let mut targets = targets.borrow_mut();
+        if targets.0 != epoch {
+            *targets = (epoch, HashMap::new());
+        }
+        targets.1.get(&task_id).cloned()
+    });
+    if cached.is_some() {
+        return Ok(cached);
+    }
+    let Some(record) = super::load_task_for_search(task_id)? else {
+        return Ok(None);
+    };
+    let target = Rc::new(SearchTarget {
+        task_id: record.id,
+        relid: record.relid,
+        url: record.url,
+        index_uid: record.index_uid,
+        api_key: record.search_api_key.or(record.api_key),
+        primary_key: record.primary_key,
+    });
+    // Kept under the epoch read before the task was: an invalidation that arrived while it was
+    // read (locks process them) leaves this entry stale, to be read again next time.
+    TARGETS.with(|targets| {
+        let mut targets = targets.borrow_mut();
+        if targets.0 == epoch {
+            targets.1.insert(task_id, Rc::clone(&target));
+        }
+    });
+    Ok(Some(target))
+}
+
+/// Registers the backend's relcache callback the first time, with the OIDs of the two tables.
+fn watch_catalog() -> CatalogResult<()> {
+    if REGISTERED.with(Cell::get) {
+        return Ok(());
+    }
+    let tables = as_catalog_owner(|| {
+        Ok((
+            select_one::<pg_sys::Oid>(
+                "SELECT 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid",
+                &[],
+            )?,
+            select_one::<pg_sys::Oid>(
+                "SELECT 'meili_sync.task_secrets'::pg_catalog.regclass::pg_catalog.oid",
+                &[],
+            )?,
+        ))
+    })?;
+    let (Some(tasks), Some(secrets)) = tables else {
+        return Ok(());
+    };
+    WATCHED.with(|watched| watched.set([tasks.to_u32(), secrets.to_u32()]));
+    // SAFETY: registers a callback that only moves a counter (it cannot fail or raise); the
+    // backend keeps it for its life, and REGISTERED makes this happen once of the ten the
+    // relcache allows.
+    unsafe {
+        pg_sys::CacheRegisterRelcacheCallback(
+            Some(on_relcache_invalidation),
+            pg_sys::Datum::from(0),
+        )
+    };
+    REGISTERED.with(|registered| registered.set(true));
+    Ok(())
+}
+
+#[pg_guard]
+unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
+    let watched = WATCHED.with(Cell::get);
+    if relid == pg_sys::InvalidOid || watched.contains(&relid.to_u32()) {
+        EPOCH.with(|epoch| epoch.set(epoch.get().wrapping_add(1)));
+    }
+}
+
+/// Sends, at commit, an invalidation of `relid` (a watched table) to every backend: the body of
+/// the triggers that keep the cache true.
+pub fn invalidate_search_targets(relid: pg_sys::Oid) {
+    // SAFETY: queues a relcache invalidation of an existing relation (the trigger's own table)
+    // in the current transaction; Postgres sends it at commit and drops it on abort.
+    unsafe { pg_sys::CacheInvalidateRelcacheByRelid(relid) };
+}
+
+/// Whether the current role may SELECT from `relid` (false if it is gone), without SPI.
+pub fn current_role_may_select(relid: pg_sys::Oid) -> bool {
+    let mut missing = false;
+    // SAFETY: a privilege check through the syscache for the current user; with `is_missing`
+    // given, a relation that is gone sets it instead of raising an ERROR.
+    let result = unsafe {
+        pg_sys::pg_class_aclcheck_ext(
+            relid,
+            pg_sys::GetUserId(),
+            pg_sys::ACL_SELECT as pg_sys::AclMode,
+            &mut missing,
+        )
+    };
+    !missing && result == pg_sys::AclResult::ACLCHECK_OK
+}
