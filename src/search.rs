@@ -1,10 +1,12 @@
-//! Searching from SQL, in a backend: one kept-alive client per URL and key, and one search thread
-//! per backend that makes the requests, so that the backend's own thread keeps checking for a
-//! cancel or a `statement_timeout` while Meilisearch answers. Meilisearch's refusals become
-//! ERRORs with its message and code.
+//! Searching from SQL, in a backend: one kept-alive client per URL and key, whose requests the
+//! backend makes on its own thread and whose socket waits are latch waits, so that a cancel or a
+//! `statement_timeout` ends a search at once (as postgres_fdw waits for its server). Meilisearch's
+//! refusals become ERRORs with its message and code.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
+use std::os::fd::RawFd;
+use std::sync::Arc;
 use std::time::Duration;
 
 use pgrx::prelude::*;
@@ -14,7 +16,7 @@ use crate::encode::COMPOSITE_KEY_ATTRIBUTE;
 use crate::error::{ErrorKind, SyncError};
 use crate::gucs;
 use crate::meili::client::{Client, MeiliError};
-use crate::meili::search::{SearchThread, Waited};
+use crate::meili::waiting_tcp::{Interest, SocketWait, Waited};
 
 /// What a client is made for: its URL, key and timeout.
 type ClientKey = (String, Option<String>, Duration);
@@ -22,7 +24,6 @@ type ClientKey = (String, Option<String>, Duration);
 thread_local! {
     /// Clients by URL, key and timeout: each keeps its connections alive between searches.
     static CLIENTS: RefCell<HashMap<ClientKey, Client>> = RefCell::new(HashMap::new());
-    static THREAD: RefCell<Option<SearchThread>> = const { RefCell::new(None) };
 }
 
 /// The attribute an index's documents carry their id in, for a task's key columns.
@@ -41,58 +42,67 @@ pub fn client(url: &str, api_key: Option<&str>) -> Result<Client, SyncError> {
         if let Some(client) = clients.borrow().get(&cache_key) {
             return Ok(client.clone());
         }
-        let client = Client::new(url, api_key, timeout).map_err(|error| {
-            SyncError::new(ErrorKind::InvalidParameter, error.to_string())
-                .hint("Pass a Meilisearch URL such as http://127.0.0.1:7700.")
-        })?;
+        let client = Client::with_socket_wait(url, api_key, timeout, Arc::new(LatchWait)).map_err(
+            |error| {
+                SyncError::new(ErrorKind::InvalidParameter, error.to_string())
+                    .hint("Pass a Meilisearch URL such as http://127.0.0.1:7700.")
+            },
+        )?;
         clients.borrow_mut().insert(cache_key, client.clone());
         Ok(client)
     })
 }
 
-/// Runs one search on the backend's search thread, starting it the first time. While it waits,
-/// the backend checks for interrupts: a cancel or `statement_timeout` raises its ERROR here.
+/// Runs one search. A cancel or `statement_timeout` raises its ERROR from inside the wait.
 pub fn run(client: &Client, index_uid: &str, body: Value) -> Result<Value, SyncError> {
-    THREAD.with(|thread| {
-        let mut thread = thread.borrow_mut();
-        if thread.is_none() {
-            *thread = Some(start_thread()?);
-        }
-        let Some(searcher) = thread.as_mut() else {
-            return Err(SyncError::new(ErrorKind::Internal, "no search thread"));
-        };
-        let waited = searcher.search(client, index_uid, body, || {
-            pgrx::check_for_interrupts!();
-            false
-        });
-        match waited {
-            Ok(Waited::Answer(answer)) => answer.map_err(|error| meili_refusal(&error)),
-            Ok(Waited::Interrupted) => Err(SyncError::new(
-                ErrorKind::Internal,
-                "the search was interrupted",
-            )),
-            Err(message) => {
-                *thread = None;
-                Err(SyncError::new(ErrorKind::Internal, message))
-            }
-        }
-    })
+    client
+        .search(index_uid, &body)
+        .map_err(|error| meili_refusal(&error))
 }
 
-fn start_thread() -> Result<SearchThread, SyncError> {
-    // SAFETY: blocks every signal on this (the backend's) thread for the moment of the spawn, so
-    // that the new thread inherits a mask with all of them blocked and no Postgres signal handler
-    // ever runs on it; signals arriving meanwhile stay pending.
-    unsafe { pg_sys::BackgroundWorkerBlockSignals() };
-    let started = SearchThread::start();
-    // SAFETY: restores the mask a backend runs with (UnBlockSig, as PostgresMain sets it).
-    unsafe { pg_sys::BackgroundWorkerUnblockSignals() };
-    started.map_err(|error| {
-        SyncError::new(
-            ErrorKind::Internal,
-            format!("cannot start the search thread: {error}"),
-        )
-    })
+/// The backend's socket wait: its latch, which the cancel and timeout signal handlers set, and
+/// the socket. Only the backend's main thread makes requests (the clients are thread-local).
+struct LatchWait;
+
+impl SocketWait for LatchWait {
+    fn wait(&self, fd: RawFd, interest: Interest, timeout: Option<Duration>) -> Waited {
+        pgrx::check_for_interrupts!();
+        let socket = match interest {
+            Interest::Read => pg_sys::WL_SOCKET_READABLE,
+            Interest::Write => pg_sys::WL_SOCKET_WRITEABLE,
+        };
+        let mut events = pg_sys::WL_LATCH_SET | pg_sys::WL_EXIT_ON_PM_DEATH | socket;
+        let timeout_ms = match timeout {
+            Some(left) => {
+                events |= pg_sys::WL_TIMEOUT;
+                // At least a millisecond: a wait of 0 would spin until the deadline.
+                left.as_millis().clamp(1, i64::from(i32::MAX) as u128) as std::ffi::c_long
+            }
+            None => -1,
+        };
+        // SAFETY: waits on this backend's own latch and an open socket of this thread's client;
+        // WL_EXIT_ON_PM_DEATH ends the process if the postmaster dies.
+        let happened = unsafe {
+            pg_sys::WaitLatchOrSocket(
+                pg_sys::MyLatch,
+                events as i32,
+                fd,
+                timeout_ms,
+                pg_sys::PG_WAIT_EXTENSION,
+            )
+        };
+        if happened & pg_sys::WL_LATCH_SET as i32 != 0 {
+            // SAFETY: resets this backend's own latch before the interrupts it announced are
+            // looked at, as every latch loop does.
+            unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
+            pgrx::check_for_interrupts!();
+        }
+        if happened & pg_sys::WL_TIMEOUT as i32 != 0 && happened & socket as i32 == 0 {
+            Waited::TimedOut
+        } else {
+            Waited::Ready
+        }
+    }
 }
 
 /// Meilisearch's refusal as an ERROR with its message and code, and a SQLSTATE that fits:

@@ -174,8 +174,10 @@ pub fn search(rows: i64, seconds: u64, clients: usize) {
             "EXPLAIN (COSTS OFF) SELECT p.name, s.score FROM meili_search({task}, 'kettle', '{{\"limit\": 20}}') s JOIN products p ON p.id = s.key[1]::bigint"
         ))
     );
-    println!("| query | direct req/s | SQL req/s | SQL/direct | direct p50 / p99 ms | SQL p50 / p99 ms | added p50 / p99 ms |");
-    println!("|---|---|---|---|---|---|---|");
+    // Prepared statements (pgbench -M prepared), as drivers use them, and the simple protocol,
+    // which parses and plans every call.
+    println!("| query | direct req/s | SQL req/s, prepared | SQL/direct | SQL req/s, simple | SQL/direct | direct p50 / p99 ms | SQL p50 / p99 ms, prepared | added p50 / p99 ms |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     let clients_arg = clients.to_string();
     let threads_arg = clients.min(2).to_string();
     let seconds_arg = seconds.to_string();
@@ -183,22 +185,37 @@ pub fn search(rows: i64, seconds: u64, clients: usize) {
         let http = direct(&meili, &index, query, clients, seconds);
         let script =
             format!("SELECT count(*) FROM meili_search({task}, '{query}', '{{\"limit\": 10}}');\n");
-        let sql = pgbench(
-            &cluster,
-            &script,
-            &["-c", &clients_arg, "-j", &threads_arg, "-T", &seconds_arg],
-        );
+        let run_sql = |protocol: &str| {
+            pgbench(
+                &cluster,
+                &script,
+                &[
+                    "-M",
+                    protocol,
+                    "-c",
+                    &clients_arg,
+                    "-j",
+                    &threads_arg,
+                    "-T",
+                    &seconds_arg,
+                ],
+            )
+        };
+        let prepared = run_sql("prepared");
+        let simple = run_sql("simple");
         println!(
-            "| {what} (`{query}`) | {:.0} | {:.0} | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:+.2} / {:+.2} |",
+            "| {what} (`{query}`) | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.2} / {:.2} | {:.2} / {:.2} | {:+.2} / {:+.2} |",
             http.per_second,
-            sql.per_second,
-            sql.per_second / http.per_second,
+            prepared.per_second,
+            prepared.per_second / http.per_second,
+            simple.per_second,
+            simple.per_second / http.per_second,
             http.percentile(0.5),
             http.percentile(0.99),
-            sql.percentile(0.5),
-            sql.percentile(0.99),
-            sql.percentile(0.5) - http.percentile(0.5),
-            sql.percentile(0.99) - http.percentile(0.99),
+            prepared.percentile(0.5),
+            prepared.percentile(0.99),
+            prepared.percentile(0.5) - http.percentile(0.5),
+            prepared.percentile(0.99) - http.percentile(0.99),
         );
     }
     // Read-your-writes: an INSERT (its own transaction), then meili_sync_wait, one client.

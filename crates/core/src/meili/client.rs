@@ -5,6 +5,7 @@
 //! message, `Debug` output or log line built here contains it.
 
 use std::fmt;
+use std::sync::Arc;
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -13,9 +14,12 @@ use std::net::ToSocketAddrs;
 use serde_json::{json, Value};
 use ureq::http::{Method, Request, Uri};
 use ureq::unversioned::resolver::{DefaultResolver, ResolvedSocketAddrs, Resolver};
-use ureq::unversioned::transport::{DefaultConnector, NextTimeout};
+use ureq::unversioned::transport::{
+    ConnectProxyConnector, Connector, DefaultConnector, NextTimeout, RustlsConnector,
+};
 use ureq::Agent;
 
+use super::waiting_tcp::{SocketWait, WaitingTcpConnector};
 use crate::batch::Operation;
 
 /// Responses larger than this are refused (a page of documents is the
@@ -278,6 +282,26 @@ impl Client {
             base_url: url.trim_end_matches('/').to_string(),
             authorization,
             timeout,
+        })
+    }
+
+    /// A client whose requests wait for their socket through `wait`, on the thread that makes
+    /// them (see [`waiting_tcp`](super::waiting_tcp)): a backend's searches, which a cancel must
+    /// be able to end. Its connections are its own.
+    pub fn with_socket_wait(
+        url: &str,
+        api_key: Option<&str>,
+        timeout: Duration,
+        wait: Arc<dyn SocketWait>,
+    ) -> Result<Client, MeiliError> {
+        let client = Client::new(url, api_key, timeout)?;
+        let connector =
+            ().chain(ConnectProxyConnector::default())
+                .chain(WaitingTcpConnector::new(wait))
+                .chain(RustlsConnector::default());
+        Ok(Client {
+            agent: Agent::with_parts(agent_config(timeout), connector, CallingThreadResolver),
+            ..client
         })
     }
 
@@ -618,13 +642,20 @@ impl Client {
     }
 }
 
-fn new_agent(timeout: Duration) -> Agent {
-    let config = Agent::config_builder()
+fn agent_config(timeout: Duration) -> ureq::config::Config {
+    Agent::config_builder()
         .http_status_as_error(false)
         .timeout_global(Some(timeout))
         .max_idle_age(MAX_IDLE_AGE)
-        .build();
-    Agent::with_parts(config, DefaultConnector::default(), CallingThreadResolver)
+        .build()
+}
+
+fn new_agent(timeout: Duration) -> Agent {
+    Agent::with_parts(
+        agent_config(timeout),
+        DefaultConnector::default(),
+        CallingThreadResolver,
+    )
 }
 
 /// Resolves host names on the thread that makes the request. ureq's default resolver starts a

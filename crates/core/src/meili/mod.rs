@@ -5,4 +5,5 @@
 pub mod client;
 pub mod retry;
 pub mod search;
+pub mod waiting_tcp;
 pub mod writer;

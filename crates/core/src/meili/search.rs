@@ -1,13 +1,8 @@
-//! Searching from SQL: the request body from a query and options, an answer's hits and facet
-//! distribution as rows, and [`SearchThread`], which runs requests off a backend's main thread so
-//! that the backend can notice a cancel while Meilisearch answers.
-
-use std::sync::mpsc::{channel, Receiver, RecvTimeoutError, Sender};
-use std::time::Duration;
+//! Searching from SQL: the request body from a query and options, and an answer's hits and facet
+//! distribution as rows. (A backend makes the request itself, through
+//! [`waiting_tcp`](super::waiting_tcp).)
 
 use serde_json::{Map, Value};
-
-use super::client::{Client, MeiliError};
 
 /// The search body: Meilisearch's own parameters from `options` (a JSON object, passed as is),
 /// with `q` from `query` unless the options set it.
@@ -83,87 +78,6 @@ pub fn facet_counts(answer: &Value) -> Vec<(String, String, i64)> {
     rows
 }
 
-/// One request for the search thread.
-struct Job {
-    seq: u64,
-    client: Client,
-    uid: String,
-    body: Value,
-}
-
-/// A thread that runs search requests one at a time, for a thread that must stay free to notice
-/// a cancel (a backend's main thread). The caller starts it with every signal blocked, as for
-/// any thread in a Postgres process. It ends when the `SearchThread` is dropped.
-pub struct SearchThread {
-    jobs: Sender<Job>,
-    answers: Receiver<(u64, Result<Value, MeiliError>)>,
-    next_seq: u64,
-}
-
-/// How waiting for an answer ended.
-pub enum Waited {
-    Answer(Result<Value, MeiliError>),
-    /// `interrupted` said to stop: the answer, when it comes, is dropped.
-    Interrupted,
-}
-
-impl SearchThread {
-    pub fn start() -> std::io::Result<SearchThread> {
-        let (jobs, job_receiver) = channel::<Job>();
-        let (answer_sender, answers) = channel();
-        std::thread::Builder::new()
-            .name("pg_meili_sync search".into())
-            .spawn(move || {
-                for job in job_receiver {
-                    let answer = job.client.search(&job.uid, &job.body);
-                    if answer_sender.send((job.seq, answer)).is_err() {
-                        return;
-                    }
-                }
-            })?;
-        Ok(SearchThread {
-            jobs,
-            answers,
-            next_seq: 0,
-        })
-    }
-
-    /// Runs one search, calling `interrupted` every few milliseconds while it waits; answers of
-    /// earlier, interrupted searches are skipped. Err if the thread is gone.
-    pub fn search(
-        &mut self,
-        client: &Client,
-        uid: &str,
-        body: Value,
-        mut interrupted: impl FnMut() -> bool,
-    ) -> Result<Waited, String> {
-        self.next_seq += 1;
-        let seq = self.next_seq;
-        self.jobs
-            .send(Job {
-                seq,
-                client: client.clone(),
-                uid: uid.to_owned(),
-                body,
-            })
-            .map_err(|_| "the search thread has stopped".to_owned())?;
-        loop {
-            match self.answers.recv_timeout(Duration::from_millis(2)) {
-                Ok((answered, answer)) if answered == seq => return Ok(Waited::Answer(answer)),
-                Ok(_) => continue,
-                Err(RecvTimeoutError::Timeout) => {
-                    if interrupted() {
-                        return Ok(Waited::Interrupted);
-                    }
-                }
-                Err(RecvTimeoutError::Disconnected) => {
-                    return Err("the search thread has stopped".to_owned())
-                }
-            }
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -205,42 +119,6 @@ mod tests {
         assert_eq!(rows[1].score, None);
         assert_eq!(rows[2].id, None);
         assert!(hits(&json!({"message": "x"}), "id").is_err());
-    }
-
-    #[test]
-    fn the_search_thread_answers_and_an_interrupted_wait_leaves_it_usable() {
-        use std::net::TcpListener;
-        // A server that accepts and never answers: the wait must end when told to.
-        let silent = TcpListener::bind("127.0.0.1:0").expect("bind");
-        let url = format!("http://{}", silent.local_addr().expect("address"));
-        let stuck = Client::new(&url, None, Duration::from_secs(2)).expect("client");
-        let mut thread = SearchThread::start().expect("thread");
-        let started = std::time::Instant::now();
-        let mut looks = 0;
-        let waited = thread
-            .search(&stuck, "any", serde_json::json!({}), || {
-                looks += 1;
-                looks > 10
-            })
-            .expect("the thread runs");
-        assert!(matches!(waited, Waited::Interrupted));
-        assert!(started.elapsed() < Duration::from_secs(1));
-        // The next search gets its own answer, not the stuck one's late failure.
-        let server = meili_test_server::TestServer::start(None).expect("test server");
-        let client = Client::new(&server.url(), None, Duration::from_secs(10)).expect("client");
-        let uid = client.create_index("books", "id").expect("enqueued");
-        client
-            .wait_task(uid, Duration::from_secs(10))
-            .expect("created");
-        match thread
-            .search(&client, "books", serde_json::json!({"q": ""}), || false)
-            .expect("the thread runs")
-        {
-            Waited::Answer(Ok(answer)) => assert_eq!(answer["hits"], serde_json::json!([])),
-            Waited::Answer(Err(error)) => panic!("{error}"),
-            Waited::Interrupted => panic!("not interrupted"),
-        }
-        drop(silent);
     }
 
     #[test]
