@@ -132,6 +132,15 @@ pub fn extension_installed() -> CatalogResult<bool> {
     .unwrap_or(false))
 }
 
+/// This install of the extension: its catalog table's OID, which is in the names of its slots
+/// and publications (a DROP and CREATE EXTENSION makes a new one).
+pub fn install_id() -> CatalogResult<Option<pg_sys::Oid>> {
+    select_one::<pg_sys::Oid>(
+        "SELECT 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid",
+        &[],
+    )
+}
+
 /// The SQL expression of a task's slot and publication name (see [`object_name`]), for queries
 /// over `meili_sync.tasks`.
 const OBJECT_NAME_SQL: &str =

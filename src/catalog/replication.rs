@@ -75,11 +75,14 @@ pub fn create_slot(name: &str) -> CatalogResult<()> {
 
 /// What names the extension's slots and publications (`meili_sync_<install>_<task>`).
 const OBJECT_NAME_PATTERN: &str = "'^meili_sync_[0-9]+_[0-9]+$'";
+/// The shared decoding pass's slot and publication, of any install of the extension.
+const SHARED_NAME_PATTERN: &str = "'^meili_sync_[0-9]+_shared$'";
 /// Also the shared decoding pass's slot and publication.
 const ANY_OBJECT_NAME_PATTERN: &str = "'^meili_sync_[0-9]+_([0-9]+|shared)$'";
 
 /// Slots and publications this extension created in this database whose task is gone (dropped,
-/// or from an earlier install of the extension) and which nobody holds: (kind, name).
+/// or from an earlier install of the extension) and which nobody holds, and the shared pass's of
+/// an earlier install (DROP and CREATE EXTENSION within one launcher round): (kind, name).
 pub fn orphans() -> CatalogResult<Vec<(String, String)>> {
     slots_and_publications(&format!(
         "SELECT 'slot', s.slot_name::text FROM pg_catalog.pg_replication_slots s
@@ -97,7 +100,16 @@ pub fn orphans() -> CatalogResult<Vec<(String, String)>> {
          UNION ALL
          SELECT 'publication', p.pubname::text FROM pg_catalog.pg_publication p
           WHERE p.pubname::text OPERATOR(pg_catalog.=) {SHARED_NAME_SQL}
-            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {SHARED_TASK_SQL})"
+            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {SHARED_TASK_SQL})
+         UNION ALL
+         SELECT 'slot', s.slot_name::text FROM pg_catalog.pg_replication_slots s
+          WHERE s.database OPERATOR(pg_catalog.=) pg_catalog.current_database() AND NOT s.active
+            AND s.slot_name::text OPERATOR(pg_catalog.~) {SHARED_NAME_PATTERN}
+            AND s.slot_name::text OPERATOR(pg_catalog.<>) {SHARED_NAME_SQL}
+         UNION ALL
+         SELECT 'publication', p.pubname::text FROM pg_catalog.pg_publication p
+          WHERE p.pubname::text OPERATOR(pg_catalog.~) {SHARED_NAME_PATTERN}
+            AND p.pubname::text OPERATOR(pg_catalog.<>) {SHARED_NAME_SQL}"
     ))
 }
 

@@ -244,13 +244,15 @@ pub fn stream_position(task_id: i64) -> CatalogResult<Option<u64>> {
     .map(|lsn| lsn as u64))
 }
 
-/// Records where each task's index is complete; positions never move backwards.
+/// Records where each task's index is complete; positions never move backwards, and only a task
+/// that has one moves: a position forgotten with its lost slot stays forgotten, and a task of a
+/// new install (ids start again at 1) gets its first from its own decoder, never from this one.
 pub fn store_positions(positions: &[(i64, u64)]) -> CatalogResult<()> {
     for &(task_id, position) in positions {
         Spi::run_with_args(
             "UPDATE meili_sync.tasks SET stream_position = GREATEST(stream_position,
                     '0/0'::pg_catalog.pg_lsn OPERATOR(pg_catalog.+) $2::pg_catalog.numeric)
-              WHERE id OPERATOR(pg_catalog.=) $1",
+              WHERE id OPERATOR(pg_catalog.=) $1 AND stream_position IS NOT NULL",
             &[task_id.into(), (position as i64).into()],
         )?;
     }

@@ -79,6 +79,9 @@ struct Launcher {
     running: HashMap<i64, Running>,
     backoff: HashMap<i64, Backoff>,
     database: String,
+    /// The install whose tasks the workers run. Task ids start again at 1 in a new one, so after
+    /// a DROP and CREATE EXTENSION within one round every worker of the old install is stopped.
+    install: Option<pg_sys::Oid>,
 }
 
 impl Launcher {
@@ -198,10 +201,19 @@ impl Launcher {
             mut tasks,
             orphans,
             installed,
+            install,
         }) = read_catalog()
         else {
             return false;
         };
+        if install.is_some() && self.install.is_some() && install != self.install {
+            log!("pg_meili_sync: the extension was created again; stopping the workers of its earlier install");
+            self.reconcile(&[]);
+            self.backoff.clear();
+        }
+        if install.is_some() {
+            self.install = install;
+        }
         if tasks.iter().any(|task| task.shared) {
             // The shared decoder runs while any task shares the decoding pass: it gives new tasks
             // their position, streams the streaming ones, and holds the slot for the others.
@@ -465,6 +477,7 @@ struct CatalogRead {
     tasks: Vec<TaskSummary>,
     orphans: Vec<Orphan>,
     installed: bool,
+    install: Option<pg_sys::Oid>,
 }
 
 fn read_catalog() -> Option<CatalogRead> {
@@ -476,6 +489,7 @@ fn read_catalog() -> Option<CatalogRead> {
                 tasks: Vec::new(),
                 orphans: catalog::leftovers_without_extension().ok()?,
                 installed: false,
+                install: None,
             });
         }
         // A task held for the swap of a resync whose helper was dropped, stopped or failed
@@ -489,6 +503,7 @@ fn read_catalog() -> Option<CatalogRead> {
             tasks: catalog::list_tasks().ok()?,
             orphans: catalog::orphans().ok()?,
             installed: true,
+            install: catalog::install_id().ok()?,
         })
     })
 }
@@ -507,6 +522,7 @@ pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
         running: HashMap::new(),
         backoff: HashMap::new(),
         database,
+        install: None,
     };
     launcher.adopt_running_workers();
     let mut guard = WalGuard::default();

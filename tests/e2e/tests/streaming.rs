@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::{products, wait_for, wait_index_matches_table};
+use pg_meili_sync_e2e::{assert_no_crash, products, wait_for, wait_index_matches_table};
 use serde_json::json;
 
 const CONVERGE: Duration = Duration::from_secs(300);
@@ -443,6 +443,47 @@ fn drop_extension_leaves_nothing_running_and_nothing_retaining_wal() {
     assert_eq!(cluster.psql("SELECT count(*) FROM meili_sync_status"), "0");
     let (index, _) = start_copied_task(&cluster, &meili, json!({}));
     converge(&cluster, &meili, &index);
+}
+
+/// DROP and CREATE EXTENSION in one transaction, within one launcher round: task ids start again
+/// at 1 in the new install. The old install's workers stop, its slots and publications go (no WAL
+/// kept for them), and a new task streams, also after a restart.
+#[test]
+fn drop_and_create_extension_at_once_leaves_nothing_of_the_old_install() {
+    let (cluster, meili, _index, old_task) = streaming_task(200, json!({}));
+    let old_install = cluster.psql("SELECT 'meili_sync.tasks'::regclass::oid");
+    cluster.psql("DROP EXTENSION pg_meili_sync CASCADE; CREATE EXTENSION pg_meili_sync");
+    let install = cluster.psql("SELECT 'meili_sync.tasks'::regclass::oid");
+    assert_ne!(install, old_install);
+    let (index, task) = start_copied_task(&cluster, &meili, json!({}));
+    assert_eq!(
+        task, old_task,
+        "the new install numbers its tasks from 1 again"
+    );
+    cluster.psql(&products::insert_sql(201, 300));
+    converge(&cluster, &meili, &index);
+    let of_old_install = format!(
+        "SELECT coalesce(string_agg(name, ','), '') FROM (
+            SELECT slot_name::text AS name FROM pg_replication_slots
+            UNION ALL SELECT pubname::text FROM pg_publication) o
+          WHERE name LIKE 'meili\\_sync\\_{old_install}\\_%'"
+    );
+    wait_for(
+        "no slot or publication of the old install",
+        CONVERGE,
+        || cluster.psql(&of_old_install).is_empty().then_some(()),
+    );
+    cluster.pg_ctl_stop("fast");
+    cluster.pg_ctl_start();
+    cluster.psql(&products::insert_sql(301, 400));
+    converge(&cluster, &meili, &index);
+    let status = cluster.status(task);
+    assert_eq!(
+        status.get("state").map(String::as_str),
+        Some("streaming"),
+        "{status:?}"
+    );
+    assert_no_crash(&cluster);
 }
 
 /// Terminates the launcher and waits for the postmaster to start a new one; returns its pid.
