@@ -218,6 +218,30 @@ pub fn search(rows: i64, seconds: u64, clients: usize) {
             prepared.percentile(0.99) - http.percentile(0.99),
         );
     }
+    // One client on each side: what a search through SQL adds to one call, without the queueing
+    // of ten clients on the machine's cores.
+    println!("one client, {seconds} s per query and side:");
+    println!("| query | direct p50 / p99 ms | SQL p50 / p99 ms, prepared | added p50 / p99 ms |");
+    println!("|---|---|---|---|");
+    for (what, query) in QUERIES {
+        let http = direct(&meili, &index, query, 1, seconds);
+        let script =
+            format!("SELECT count(*) FROM meili_search({task}, '{query}', '{{\"limit\": 10}}');\n");
+        let sql = pgbench(
+            &cluster,
+            &script,
+            &["-M", "prepared", "-c", "1", "-T", &seconds_arg],
+        );
+        println!(
+            "| {what} (`{query}`) | {:.2} / {:.2} | {:.2} / {:.2} | {:+.2} / {:+.2} |",
+            http.percentile(0.5),
+            http.percentile(0.99),
+            sql.percentile(0.5),
+            sql.percentile(0.99),
+            sql.percentile(0.5) - http.percentile(0.5),
+            sql.percentile(0.99) - http.percentile(0.99),
+        );
+    }
     // Read-your-writes: an INSERT (its own transaction), then meili_sync_wait, one client.
     let script = format!(
         "\\set id random(100000000, 900000000)\n\
