@@ -122,23 +122,27 @@ struct SharedDecoder {
 impl SharedDecoder {
     /// Publishes exactly the shared tasks' tables, gives new tasks their position, and says
     /// which streaming tasks should join (and makes those that should not leave).
-    fn refresh(&mut self, session: &DecodingSession) -> Result<Vec<SharedTask>, Stop> {
-        self.last_refresh = Some(Instant::now());
-        // After a DROP and CREATE EXTENSION the catalog is another install's, whose task ids
-        // start again at 1: this decoder must not give them positions in its slot.
-        let Some(tasks) = in_transaction(self.live, "reading the shared tasks", || {
+    /// The shared tasks. After a DROP and CREATE EXTENSION the catalog is another install's,
+    /// whose task ids start again at 1: this decoder exits rather than serve them from its slot.
+    fn read_tasks(&self) -> Result<Vec<SharedTask>, Stop> {
+        let tasks = in_transaction(self.live, "reading the shared tasks", || {
             if catalog::shared_name()? != self.name {
                 return Ok(None);
             }
             catalog::shared_tasks().map(Some)
-        })?
-        else {
+        })?;
+        tasks.ok_or_else(|| {
             log!(
                 "pg_meili_sync: the extension was created again; the shared decoder of \"{}\" exits",
                 self.name
             );
-            return Err(Stop::Terminated);
-        };
+            Stop::Terminated
+        })
+    }
+
+    fn refresh(&mut self, session: &DecodingSession) -> Result<Vec<SharedTask>, Stop> {
+        self.last_refresh = Some(Instant::now());
+        let tasks = self.read_tasks()?;
         let mut relids: Vec<pg_sys::Oid> = tasks.iter().map(|task| task.relid).collect();
         relids.sort_unstable_by_key(|relid| relid.to_u32());
         relids.dedup();
@@ -584,21 +588,7 @@ impl SharedDecoder {
     /// The publication exists before the slot, and holds the shared tables before any task gets
     /// a position: a slot must never decode WAL written before its publication existed.
     fn refresh_publication(&mut self) -> Result<(), Stop> {
-        // After a DROP and CREATE EXTENSION the catalog is another install's, whose task ids
-        // start again at 1: this decoder must not give them positions in its slot.
-        let Some(tasks) = in_transaction(self.live, "reading the shared tasks", || {
-            if catalog::shared_name()? != self.name {
-                return Ok(None);
-            }
-            catalog::shared_tasks().map(Some)
-        })?
-        else {
-            log!(
-                "pg_meili_sync: the extension was created again; the shared decoder of \"{}\" exits",
-                self.name
-            );
-            return Err(Stop::Terminated);
-        };
+        let tasks = self.read_tasks()?;
         let mut relids: Vec<pg_sys::Oid> = tasks.iter().map(|task| task.relid).collect();
         relids.sort_unstable_by_key(|relid| relid.to_u32());
         relids.dedup();
