@@ -31,8 +31,9 @@ pub struct SearchTarget {
 thread_local! {
     /// Moved by every invalidation of a watched table (or of the whole relcache).
     static EPOCH: Cell<u64> = const { Cell::new(0) };
-    /// `meili_sync.tasks` and `meili_sync.task_secrets`, once known; 0 before.
+    /// `meili_sync.tasks` and `meili_sync.task_secrets`, as of epoch `WATCHED_AT`; 0 before.
     static WATCHED: Cell<[u32; 2]> = const { Cell::new([0, 0]) };
+    static WATCHED_AT: Cell<Option<u64>> = const { Cell::new(None) };
     static REGISTERED: Cell<bool> = const { Cell::new(false) };
     static TARGETS: RefCell<(u64, HashMap<i64, Rc<SearchTarget>>)> =
         RefCell::new((0, HashMap::new()));
@@ -41,10 +42,10 @@ thread_local! {
 /// The task `task_id` for a search, from the backend's cache or read as the catalog owner;
 /// `None` if there is no such task.
 pub fn search_target(task_id: i64) -> CatalogResult<Option<Rc<SearchTarget>>> {
-    watch_catalog()?;
     // SAFETY: processes the invalidations other backends committed, so that a task altered
     // before this statement began is read again (the callback below only moves the epoch).
     unsafe { pg_sys::AcceptInvalidationMessages() };
+    watch_catalog()?;
     let epoch = EPOCH.with(Cell::get);
     let cached = TARGETS.with(|targets| {
         let mut targets = targets.borrow_mut();
@@ -78,9 +79,12 @@ pub fn search_target(task_id: i64) -> CatalogResult<Option<Rc<SearchTarget>>> {
     Ok(Some(target))
 }
 
-/// Registers the backend's relcache callback the first time, with the OIDs of the two tables.
+/// Registers the backend's relcache callback the first time, and learns the two tables' OIDs
+/// again after every invalidation: a DROP and CREATE EXTENSION makes new tables, whose
+/// invalidations the old OIDs would miss.
 fn watch_catalog() -> CatalogResult<()> {
-    if REGISTERED.with(Cell::get) {
+    let epoch = EPOCH.with(Cell::get);
+    if WATCHED_AT.with(Cell::get) == Some(epoch) {
         return Ok(());
     }
     let tables = as_catalog_owner(|| {
@@ -99,16 +103,23 @@ fn watch_catalog() -> CatalogResult<()> {
         return Ok(());
     };
     WATCHED.with(|watched| watched.set([tasks.to_u32(), secrets.to_u32()]));
-    // SAFETY: registers a callback that only moves a counter (it cannot fail or raise); the
-    // backend keeps it for its life, and REGISTERED makes this happen once of the ten the
-    // relcache allows.
-    unsafe {
-        pg_sys::CacheRegisterRelcacheCallback(
-            Some(on_relcache_invalidation),
-            pg_sys::Datum::from(0),
-        )
-    };
-    REGISTERED.with(|registered| registered.set(true));
+    // An invalidation of the new tables taken while the old OIDs were watched went unseen:
+    // everything cached is read again.
+    let epoch = epoch.wrapping_add(1);
+    EPOCH.with(|current| current.set(epoch));
+    WATCHED_AT.with(|at| at.set(Some(epoch)));
+    if !REGISTERED.with(Cell::get) {
+        // SAFETY: registers a callback that only moves a counter (it cannot fail or raise); the
+        // backend keeps it for its life, and REGISTERED makes this happen once of the ten the
+        // relcache allows.
+        unsafe {
+            pg_sys::CacheRegisterRelcacheCallback(
+                Some(on_relcache_invalidation),
+                pg_sys::Datum::from(0),
+            )
+        };
+        REGISTERED.with(|registered| registered.set(true));
+    }
     Ok(())
 }
 

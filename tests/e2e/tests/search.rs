@@ -252,6 +252,42 @@ fn a_backend_searches_a_task_as_another_backend_changed_it() {
     assert_no_crash(&cluster);
 }
 
+/// After DROP and CREATE EXTENSION a backend follows the new catalog tables as it followed the
+/// old ones: a change to the new install's task 1 reaches its next search.
+#[test]
+fn a_backend_follows_the_catalog_of_an_extension_created_again() {
+    let (cluster, meili, _index, task) = searchable(json!({}));
+    assert_eq!(task, 1);
+    cluster.psql("CREATE EXTENSION dblink");
+    let other = format!(
+        "host={} port={} dbname=postgres user=postgres",
+        cluster.socket_dir.display(),
+        cluster.port
+    );
+    let index = meili.unique_index("search_again");
+    let options = meili.options(json!({}));
+    let refused = refusal(
+        &cluster,
+        &format!(
+            "SELECT meili_sync_wait(1, '0/0', '0 seconds');
+             COMMIT; -- (the DROP waits for this transaction's lock on the catalog)
+             SELECT dblink_exec('{other}', $c$DROP EXTENSION pg_meili_sync CASCADE;
+                 CREATE EXTENSION pg_meili_sync;
+                 DO $$ BEGIN PERFORM meili_sync_start('products', '{index}', '{options}'); END $$$c$);
+             SELECT meili_sync_wait(1, '0/0', '0 seconds');
+             SELECT dblink_exec('{other}', $c$UPDATE meili_sync.tasks SET url = 'http://127.0.0.1:1' WHERE id = 1$c$);
+             SELECT * FROM meili_search(1, 'anything')"
+        ),
+    );
+    assert_eq!(refused.sqlstate, "08006", "{}", refused.stderr);
+    assert!(
+        refused.message.contains("127.0.0.1:1"),
+        "{}",
+        refused.stderr
+    );
+    assert_no_crash(&cluster);
+}
+
 #[test]
 fn statement_timeout_cancels_a_search_that_gets_no_answer() {
     let cluster = Cluster::start(&[]);
