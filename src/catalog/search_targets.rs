@@ -89,10 +89,7 @@ fn watch_catalog() -> CatalogResult<()> {
     }
     let tables = as_catalog_owner(|| {
         Ok((
-            select_one::<pg_sys::Oid>(
-                "SELECT 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid",
-                &[],
-            )?,
+            super::install_id()?,
             select_one::<pg_sys::Oid>(
                 "SELECT 'meili_sync.task_secrets'::pg_catalog.regclass::pg_catalog.oid",
                 &[],

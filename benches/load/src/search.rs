@@ -22,6 +22,11 @@ const QUERIES: [(&str, &str); 5] = [
     ("two words that match nothing", "zzyzxq qwvutz"),
 ];
 
+/// The pgbench script of one search through SQL.
+fn search_script(task: i64, query: &str) -> String {
+    format!("SELECT count(*) FROM meili_search({task}, '{query}', '{{\"limit\": 10}}');\n")
+}
+
 /// Requests per second and latencies (ms, sorted) of one side.
 struct Side {
     per_second: f64,
@@ -183,8 +188,7 @@ pub fn search(rows: i64, seconds: u64, clients: usize) {
     let seconds_arg = seconds.to_string();
     for (what, query) in QUERIES {
         let http = direct(&meili, &index, query, clients, seconds);
-        let script =
-            format!("SELECT count(*) FROM meili_search({task}, '{query}', '{{\"limit\": 10}}');\n");
+        let script = search_script(task, query);
         let run_sql = |protocol: &str| {
             pgbench(
                 &cluster,
@@ -225,8 +229,7 @@ pub fn search(rows: i64, seconds: u64, clients: usize) {
     println!("|---|---|---|---|");
     for (what, query) in QUERIES {
         let http = direct(&meili, &index, query, 1, seconds);
-        let script =
-            format!("SELECT count(*) FROM meili_search({task}, '{query}', '{{\"limit\": 10}}');\n");
+        let script = search_script(task, query);
         let sql = pgbench(
             &cluster,
             &script,
