@@ -1,6 +1,20 @@
 -- Catalog of pg_meili_sync: tasks, their keys (privileged), and the admin role. Only the
 -- extension's functions write it (they check the caller's privileges first); meili_sync_admin
 -- reads it.
+
+-- Logical decoding hands us values in the server encoding, and Meilisearch takes UTF-8 only: one
+-- non-ASCII value of another encoding would stop the stream of every task. Refused up front.
+DO $$
+BEGIN
+    IF pg_catalog.getdatabaseencoding() OPERATOR(pg_catalog.<>) 'UTF8' THEN
+        RAISE EXCEPTION 'pg_meili_sync needs a UTF8 database; database "%" has encoding %',
+                pg_catalog.current_database(), pg_catalog.getdatabaseencoding()
+            USING ERRCODE = 'feature_not_supported',
+                  HINT = 'Create the extension in a database made with ENCODING ''UTF8'' (CREATE DATABASE ... TEMPLATE template0 ENCODING ''UTF8''), and sync from there.';
+    END IF;
+END
+$$;
+
 DO $$
 BEGIN
     CREATE ROLE meili_sync_admin NOLOGIN;

@@ -60,7 +60,9 @@ SELECT t.id AS task,
        -- table see it.
        CASE WHEN (CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error ELSE w.last_error END) IS NULL
                  THEN NULL
-            WHEN pg_catalog.has_table_privilege(t.source, 'SELECT')
+            -- Once the table is dropped (has_table_privilege is then NULL), admins see why.
+            WHEN coalesce(pg_catalog.has_table_privilege(t.source, 'SELECT'),
+                          pg_catalog.pg_has_role('meili_sync_admin', 'MEMBER'))
                  THEN CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error ELSE w.last_error END
             ELSE 'hidden: reading this task''s errors needs SELECT on ' || t.source::text
        END AS last_error,
@@ -91,6 +93,15 @@ SELECT t.id AS task,
 
 REVOKE ALL ON @extschema@.meili_sync_status FROM PUBLIC;
 GRANT SELECT ON @extschema@.meili_sync_status TO pg_monitor, meili_sync_admin;
+
+-- Backends waiting in meili_sync_wait with a place in shared memory (128 places; more wait by
+-- polling). A backend's place is freed when its wait ends, also when it is terminated.
+CREATE VIEW @extschema@.meili_sync_waits AS
+SELECT w.pid, w.task, w.wait_for_lsn::pg_catalog.pg_lsn AS wait_for_lsn
+  FROM @extschema@.meili_sync_waiting() w;
+
+REVOKE ALL ON @extschema@.meili_sync_waits FROM PUBLIC;
+GRANT SELECT ON @extschema@.meili_sync_waits TO pg_monitor, meili_sync_admin;
 
 -- Dead letters hold document contents: readable by superusers and meili_sync_admin only.
 CREATE VIEW @extschema@.meili_sync_dead_letters AS
@@ -183,7 +194,8 @@ BEGIN
     END LOOP;
 END
 $$;
-GRANT EXECUTE ON FUNCTION @extschema@.meili_sync_worker_state(), @extschema@.meili_sync_stats() TO pg_monitor;
+GRANT EXECUTE ON FUNCTION @extschema@.meili_sync_worker_state(), @extschema@.meili_sync_stats(),
+                          @extschema@.meili_sync_waiting() TO pg_monitor;
 -- Searching through a task is for every role that may read the task's table (checked inside);
 -- searching any index at any URL stays with meili_sync_admin (a backend must not become a way to
 -- reach arbitrary hosts).

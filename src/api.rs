@@ -511,7 +511,10 @@ fn meili_sync_preview(
         catalog::set_output_formats(true)?;
         let plan = plan::source_plan(source.oid(), &key, &parsed)?;
         let width = plan.shape.columns().len();
-        let rows = security::as_table_owner(caller, || {
+        // Read as a task reads: as the table's (or view's) owner under
+        // SECURITY_RESTRICTED_OPERATION, never as the caller, who may be a superuser and whose
+        // SELECT was checked above.
+        let rows = security::as_table_owner(plan.table_owner, || {
             catalog::read_page(&plan.first_page_query, None, limit as usize, width)
         })?;
         let mut documents = Vec::with_capacity(rows.len());
@@ -556,9 +559,20 @@ fn readable_target(task: Option<i64>) -> Result<Rc<catalog::SearchTarget>, SyncE
     if catalog::current_role_may_select(target.relid) {
         return Ok(target);
     }
-    // The refusal names the table and role, which takes the catalog.
-    let record = catalog::load_task_for_search(task_id)?.ok_or_else(no_task)?;
-    Err(select_denied(&record)?)
+    // Admins may read the catalog anyway: their refusal names the table and role. Any other role
+    // learns nothing of a table it may not read.
+    if catalog::current_role_is_admin()? {
+        let record = catalog::load_task_for_search(task_id)?.ok_or_else(no_task)?;
+        return Err(select_denied(&record)?);
+    }
+    Err(SyncError::new(
+        ErrorKind::Privilege,
+        format!("permission denied for meili_sync task {task_id}"),
+    )
+    .detail("Searching through a task, or waiting for it, needs SELECT on the table or view it syncs.")
+    .hint(format!(
+        "Ask a meili_sync_admin member which table task {task_id} syncs, and that table's owner for SELECT on it."
+    )))
 }
 
 /// The task to search through, for a caller that may read its table (or view), and the
@@ -1029,7 +1043,9 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
         let helper = catalog::insert_task(
             NewTask {
                 relid: record.relid,
-                owner: security::current_role(),
+                // The helper acts for the task it rebuilds: its reads, mapping queries and the
+                // worker's privilege checks are that task owner's, never the caller's.
+                owner: record.owner,
                 index_uid: &fresh_uid,
                 url: &record.url,
                 api_key: record.api_key.as_deref(),
@@ -1289,7 +1305,9 @@ fn meili_sync_worker_state() -> TableIterator<
     TableIterator::new(tasks.into_iter().map(|live| {
         (
             live.task_id,
-            live.pid,
+            // A process that died without detaching (a crash) serves nothing: the view then
+            // shows the task as starting or restarting, never as streaming.
+            live.pid.filter(|pid| shmem::backend_alive(*pid)),
             live.phase.map(|phase| phase.as_str().to_owned()),
             live.rows_copied,
             live.docs_confirmed,
@@ -1314,6 +1332,29 @@ fn meili_sync_worker_state() -> TableIterator<
                 .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),
         )
     }))
+}
+
+/// The backends waiting in `meili_sync_wait` with a place in shared memory (behind the view
+/// `meili_sync_waits`).
+#[pg_extern(volatile, parallel_safe)]
+fn meili_sync_waiting() -> TableIterator<
+    'static,
+    (
+        name!(pid, i32),
+        name!(task, i64),
+        name!(wait_for_lsn, String),
+    ),
+> {
+    let waiting = if crate::preloaded() {
+        shmem::waiting_backends()
+    } else {
+        Vec::new()
+    };
+    TableIterator::new(
+        waiting
+            .into_iter()
+            .map(|(pid, task, lsn)| (pid, task, catalog::format_lsn(lsn))),
+    )
 }
 
 /// The triggers on `meili_sync.tasks` and `meili_sync.task_secrets` that keep every backend's

@@ -37,6 +37,14 @@ pub fn preloaded() -> bool {
 
 #[pg_guard]
 pub extern "C-unwind" fn _PG_init() {
+    // pgrx captures a Rust backtrace for every error that crosses our frames and shows it in the
+    // ERROR's DETAIL whenever RUST_BACKTRACE is set in the server's environment: not what a user
+    // should read. RUST_LIB_BACKTRACE=1 in that environment still turns them on for debugging.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // Still single-threaded: the postmaster loading its preloaded libraries, or a backend
+        // loading this one (threads start only later, in workers).
+        std::env::set_var("RUST_LIB_BACKTRACE", "0");
+    }
     gucs::init();
     // SAFETY: reading a postmaster-set global during library load.
     if !unsafe { pg_sys::process_shared_preload_libraries_in_progress } {

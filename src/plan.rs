@@ -188,6 +188,39 @@ impl ViewPlan {
             .map(|(_, routes)| routes.table.clone())
             .collect()
     }
+
+    /// Refuses to go on when the view reads a table this plan does not follow (a `CREATE OR
+    /// REPLACE VIEW` since the plan was made): its changes never reached the task, so the index
+    /// may be stale, and only a new copy (which publishes the table first) brings it back.
+    pub fn check_follows_every_table(
+        &self,
+        view: pg_sys::Oid,
+        task_id: i64,
+    ) -> Result<(), SyncError> {
+        let unfollowed: Vec<String> = catalog::base_tables(view)?
+            .into_iter()
+            .filter(|table| !self.tables.iter().any(|(relid, _)| *relid == table.relid))
+            .map(|table| table.qualified_name)
+            .collect();
+        if unfollowed.is_empty() {
+            return Ok(());
+        }
+        Err(unfollowed_tables(&self.view, &unfollowed, task_id))
+    }
+}
+
+/// The error of a view task whose view now reads tables its publication does not hold.
+pub fn unfollowed_tables(view: &str, tables: &[String], task_id: i64) -> SyncError {
+    SyncError::new(
+        ErrorKind::Prerequisite,
+        format!(
+            "view {view} now reads {}, which this task did not follow (the view was replaced), so the index may miss their changes",
+            tables.join(", ")
+        ),
+    )
+    .hint(format!(
+        "Run SELECT meili_sync_snapshot({task_id}): the task then follows every table the view reads and copies the view again."
+    ))
 }
 
 const MAPPING_SHAPE: &str = "{\"mappings\": {\"<table>\": \"SELECT <document key> FROM ... WHERE <column> = ANY($1::<key type>[])\"}}";
@@ -232,6 +265,29 @@ fn check_mapping(
     .execute()
 }
 
+/// Refuses a view whose rows depend on who reads it. A view task renders each document once, as
+/// the view's owner, and every searcher gets the same hits: a `security_invoker` view (its base
+/// tables read with the reader's rights) or one that filters by `current_user` would give every
+/// searcher the rows the owner sees.
+fn refuse_rows_by_who_asks(relid: pg_sys::Oid, view: &str) -> Result<(), SyncError> {
+    const HINT: &str = "A view task renders each document once, as the view's owner, and every role that may search the task gets the same documents. Sync a view whose rows are the same for every reader (a view without security_invoker, filtering by data rather than by the role), and grant SELECT on it only to roles that may see all of them.";
+    if catalog::is_security_invoker(relid)? {
+        return Err(SyncError::new(
+            ErrorKind::UnsupportedType,
+            format!("view {view} cannot be synced: it is security_invoker, so its rows depend on who reads it"),
+        )
+        .hint(HINT));
+    }
+    if let Some(what) = catalog::role_dependence(relid)? {
+        return Err(SyncError::new(
+            ErrorKind::UnsupportedType,
+            format!("view {view} cannot be synced: its rows depend on who reads it ({what})"),
+        )
+        .hint(HINT));
+    }
+    Ok(())
+}
+
 /// Checks that a view can be followed and plans how: its key (`key`, required), what its query
 /// does, and every table it reads, each mapped by identity (the root table, whose column the key
 /// is), by a foreign key to the root, or by a mapping of the `mappings` option. Mapping queries
@@ -269,6 +325,7 @@ pub fn view_plan(
         typed_key.push((name.clone(), column.type_name.clone()));
     }
     let query = catalog::view_query(relid, view, key)?;
+    refuse_rows_by_who_asks(relid, view)?;
     let tables = catalog::base_tables(relid)?;
     if let Some(table) = tables.iter().find(|table| table.relkind != "r") {
         return Err(SyncError::new(
@@ -311,6 +368,17 @@ pub fn view_plan(
             )
             .hint(format!("Map only tables the view reads: {}.", listed())));
         };
+        // A mapping gets the changed keys of its table, so its author must be allowed to read
+        // that table, whether or not the mapping's SQL reads it.
+        if !catalog::may_select(task_owner, relid)? {
+            let table = catalog::relation_info(relid)?.qualified_name;
+            let role = catalog::role_name(task_owner)?;
+            return Err(SyncError::new(
+                ErrorKind::Privilege,
+                format!("permission denied for table {table}: role {role} may not read it, so it may not map its changes (option \"mappings\")"),
+            )
+            .hint(format!("A mapping receives the changed rows' keys of its table: GRANT SELECT ON {table} TO {role}, or remove the mapping.")));
+        }
         mapped.push((relid, sql.clone()));
     }
     let mut planned = Vec::new();

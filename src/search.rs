@@ -53,11 +53,23 @@ pub fn client(url: &str, api_key: Option<&str>) -> Result<Client, SyncError> {
     })
 }
 
-/// Runs one search. A cancel or `statement_timeout` raises its ERROR from inside the wait.
+/// Runs one search. A cancel or `statement_timeout` ends the wait, the request ends with the
+/// connection dropped, and the cancel's own ERROR is raised here, outside the HTTP client, so no
+/// error unwinds through it.
 pub fn run(client: &Client, index_uid: &str, body: Value) -> Result<Value, SyncError> {
-    client
-        .search(index_uid, &body)
-        .map_err(|error| meili_refusal(&error))
+    let answer = client.search(index_uid, &body);
+    pgrx::check_for_interrupts!();
+    answer.map_err(|error| meili_refusal(&error))
+}
+
+/// Whether a cancel, `statement_timeout` or termination waits to be raised: the wait then ends
+/// the request instead of raising inside the HTTP client.
+fn cancel_pending() -> bool {
+    // SAFETY: reads flags the signal handlers set, on the backend's main thread.
+    unsafe {
+        pg_sys::InterruptPending != 0
+            && (pg_sys::QueryCancelPending != 0 || pg_sys::ProcDiePending != 0)
+    }
 }
 
 /// The backend's socket wait: its latch, which the cancel and timeout signal handlers set, and
@@ -66,7 +78,9 @@ struct LatchWait;
 
 impl SocketWait for LatchWait {
     fn wait(&self, fd: RawFd, interest: Interest, timeout: Option<Duration>) -> Waited {
-        pgrx::check_for_interrupts!();
+        if cancel_pending() {
+            return Waited::Interrupted;
+        }
         let socket = match interest {
             Interest::Read => pg_sys::WL_SOCKET_READABLE,
             Interest::Write => pg_sys::WL_SOCKET_WRITEABLE,
@@ -95,7 +109,9 @@ impl SocketWait for LatchWait {
             // SAFETY: resets this backend's own latch before the interrupts it announced are
             // looked at, as every latch loop does.
             unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
-            pgrx::check_for_interrupts!();
+            if cancel_pending() {
+                return Waited::Interrupted;
+            }
         }
         if happened & pg_sys::WL_TIMEOUT as i32 != 0 && happened & socket as i32 == 0 {
             Waited::TimedOut

@@ -21,19 +21,35 @@ pub const SAFE_SEARCH_PATH: &str = "pg_catalog, pg_temp";
 /// Pins `search_path` for the rest of this process, over anything `ALTER DATABASE` or
 /// `ALTER ROLE` set. Called by workers right after connecting.
 pub fn pin_search_path() {
+    set_safe_search_path(
+        pg_sys::GucContext::PGC_SUSET,
+        pg_sys::GucSource::PGC_S_OVERRIDE,
+        pg_sys::GucAction::GUC_ACTION_SET,
+    );
+}
+
+/// Sets `search_path` to [`SAFE_SEARCH_PATH`] at `source` with `action`.
+fn set_safe_search_path(
+    context: pg_sys::GucContext::Type,
+    source: pg_sys::GucSource::Type,
+    action: pg_sys::GucAction::Type,
+) {
     let (Ok(name), Ok(value)) = (CString::new("search_path"), CString::new(SAFE_SEARCH_PATH))
     else {
         return;
     };
-    // SAFETY: called from a worker's main thread; SetConfigOption copies both strings, and
-    // PGC_S_OVERRIDE outranks every configuration source (it raises an ERROR on a bad value,
-    // which this constant is not).
+    // SAFETY: main thread, inside a transaction or a worker's setup; set_config_option copies
+    // both strings, and raises an ERROR only on a bad value, which this constant is not.
     unsafe {
-        pg_sys::SetConfigOption(
+        pg_sys::set_config_option(
             name.as_ptr(),
             value.as_ptr(),
-            pg_sys::GucContext::PGC_SUSET,
-            pg_sys::GucSource::PGC_S_OVERRIDE,
+            context,
+            source,
+            action,
+            true,
+            0,
+            false,
         );
     }
 }
@@ -44,20 +60,33 @@ pub fn current_role() -> pg_sys::Oid {
     unsafe { pg_sys::GetUserId() }
 }
 
-/// Restores the saved identity when dropped, also while an ERROR unwinds (the transaction's
-/// abort would restore it too; this keeps a caught error from running on as someone else).
+/// Undoes an identity switch when dropped, also while an ERROR unwinds: first every setting
+/// changed since the switch (at any source, `set_config(…, false)` included), then the identity.
+/// The transaction's abort would do both too; this keeps a caught error, or a normal return,
+/// from running on with what the other role's code set.
 struct RestoreIdentity {
     user: pg_sys::Oid,
     context: i32,
+    guc_nest_level: i32,
 }
 
 impl Drop for RestoreIdentity {
     fn drop(&mut self) {
-        // SAFETY: puts back the user id and security context saved just before the switch.
-        unsafe { pg_sys::SetUserIdAndSecContext(self.user, self.context) };
+        // SAFETY: `guc_nest_level` is the level `NewGUCNestLevel` opened in `run_as`, in this
+        // transaction (no caller spans a commit with the switch); rolling it back (false) restores
+        // the values saved at it and above, as REFRESH MATERIALIZED VIEW does. Then the user id
+        // and security context saved just before the switch go back.
+        unsafe {
+            pg_sys::AtEOXact_GUC(false, self.guc_nest_level);
+            pg_sys::SetUserIdAndSecContext(self.user, self.context);
+        }
     }
 }
 
+/// Switches to `role` for `work`, as PostgreSQL's own VACUUM, ANALYZE, CREATE INDEX and REFRESH
+/// MATERIALIZED VIEW do: the identity and security context change, a new GUC nest level opens so
+/// that nothing the other role's code sets survives the switch back, and `search_path` is
+/// restricted to [`SAFE_SEARCH_PATH`] inside it (`RestrictSearchPath` of PostgreSQL 17).
 fn run_as<T>(role: pg_sys::Oid, restricted: bool, work: impl FnOnce() -> T) -> T {
     let mut user = pg_sys::InvalidOid;
     let mut context = 0;
@@ -67,10 +96,18 @@ fn run_as<T>(role: pg_sys::Oid, restricted: bool, work: impl FnOnce() -> T) -> T
     if restricted {
         flags |= pg_sys::SECURITY_RESTRICTED_OPERATION as i32;
     }
-    let _restore = RestoreIdentity { user, context };
-    // SAFETY: a local identity change, undone by `_restore` on every way out of this function;
-    // `role` is a role OID read from the catalog in this transaction.
-    unsafe { pg_sys::SetUserIdAndSecContext(role, flags) };
+    // SAFETY: a local identity change and a new GUC nest level, both undone by `_restore` on
+    // every way out of this function; `role` is a role OID read from the catalog in this
+    // transaction.
+    let _restore = unsafe {
+        pg_sys::SetUserIdAndSecContext(role, flags);
+        RestoreIdentity {
+            user,
+            context,
+            guc_nest_level: pg_sys::NewGUCNestLevel(),
+        }
+    };
+    restrict_search_path();
     work()
 }
 
@@ -85,4 +122,15 @@ pub fn as_table_owner<T>(owner: pg_sys::Oid, work: impl FnOnce() -> T) -> T {
 /// itself. The caller's privileges must have been checked before.
 pub fn as_catalog_owner<T>(owner: pg_sys::Oid, work: impl FnOnce() -> T) -> T {
     run_as(owner, false, work)
+}
+
+/// Sets `search_path` to [`SAFE_SEARCH_PATH`] at the current GUC nest level, saved so that the
+/// level's roll-back restores the value before it: PGC_S_SESSION outranks every other source, as
+/// in PostgreSQL 17's `RestrictSearchPath`.
+fn restrict_search_path() {
+    set_safe_search_path(
+        pg_sys::GucContext::PGC_USERSET,
+        pg_sys::GucSource::PGC_S_SESSION,
+        pg_sys::GucAction::GUC_ACTION_SAVE,
+    );
 }

@@ -208,6 +208,7 @@ struct Waiter {
     lsn: u64,
     /// Address of the backend's PGPROC latch; 0 for a free place.
     latch: usize,
+    pid: i32,
 }
 
 impl Waiter {
@@ -215,7 +216,19 @@ impl Waiter {
         task_id: 0,
         lsn: 0,
         latch: 0,
+        pid: 0,
     };
+}
+
+/// The backends waiting in `meili_sync_wait` with a place: (pid, task, position waited for).
+pub fn waiting_backends() -> Vec<(i32, i64, u64)> {
+    STATE
+        .share()
+        .waiters
+        .iter()
+        .filter(|waiter| waiter.latch != 0)
+        .map(|waiter| (waiter.pid, waiter.task_id, waiter.lsn))
+        .collect()
 }
 
 /// Backends that may wait in `meili_sync_wait` at once with a latch the workers set; more wait
@@ -344,12 +357,44 @@ impl Drop for WaiterPlace {
     }
 }
 
+/// Frees every place this backend holds when it exits. `pg_terminate_backend` ends a backend
+/// with a FATAL that does not unwind Rust frames, so `WaiterPlace` alone would leave its place
+/// taken for good.
+#[pg_guard]
+unsafe extern "C-unwind" fn free_waiter_places_at_exit(_code: i32, _arg: pg_sys::Datum) {
+    // SAFETY: MyProc stays valid through before_shmem_exit callbacks.
+    let latch = unsafe { &raw mut (*pg_sys::MyProc).procLatch } as usize;
+    let mut state = STATE.exclusive();
+    for waiter in state
+        .waiters
+        .iter_mut()
+        .filter(|waiter| waiter.latch == latch)
+    {
+        *waiter = Waiter::FREE;
+    }
+}
+
+/// Registers [`free_waiter_places_at_exit`] once per backend, before its first wait.
+fn free_waiter_places_at_exit_once() {
+    thread_local! {
+        static REGISTERED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+    if REGISTERED.get() {
+        return;
+    }
+    // SAFETY: main thread of a backend; the callback runs at process exit, before shared
+    // memory detaches, and only takes the extension's own lock (held nowhere a FATAL can come).
+    unsafe { pg_sys::before_shmem_exit(Some(free_waiter_places_at_exit), pg_sys::Datum::from(0)) };
+    REGISTERED.set(true);
+}
+
 /// Sleeps on this backend's latch until a worker confirms the task at or past `lsn` (true) or
 /// `timeout` passes (false). The worker that publishes the confirmation sets the latch; a cancel
 /// or `statement_timeout` ends the wait with its ERROR.
 pub fn wait_confirmed(task_id: i64, lsn: u64, timeout: std::time::Duration) -> bool {
     // SAFETY: MyProc is this backend's PGPROC, in shared memory at the same address everywhere.
     let latch = unsafe { &raw mut (*pg_sys::MyProc).procLatch } as usize;
+    free_waiter_places_at_exit_once();
     let _place = {
         let mut state = STATE.exclusive();
         let free = state.waiters.iter().position(|waiter| waiter.latch == 0);
@@ -358,6 +403,8 @@ pub fn wait_confirmed(task_id: i64, lsn: u64, timeout: std::time::Duration) -> b
                 task_id,
                 lsn,
                 latch,
+                // SAFETY: this backend's own pid.
+                pid: unsafe { pg_sys::MyProcPid },
             };
         }
         WaiterPlace(free)

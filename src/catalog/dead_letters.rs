@@ -52,7 +52,7 @@ pub fn dead_letter_ids(task_id: i64, only: Option<&[String]>) -> CatalogResult<V
     Spi::connect(|client| {
         let rows = client.select(
             "SELECT document_id FROM meili_sync.dead_letters
-              WHERE task_id = $1 AND document_id IS NOT NULL AND ($2::text[] IS NULL OR document_id = ANY ($2))
+              WHERE task_id OPERATOR(pg_catalog.=) $1 AND document_id IS NOT NULL AND ($2::text[] IS NULL OR document_id OPERATOR(pg_catalog.=) ANY ($2))
               ORDER BY id",
             None,
             &[task_id.into(), only.map(<[String]>::to_vec).into()],
@@ -72,7 +72,7 @@ pub fn delete_dead_letters(task_id: i64, only: Option<&[String]>) -> CatalogResu
         Spi::connect_mut(|client| {
             let table = client.update(
             "WITH gone AS (DELETE FROM meili_sync.dead_letters
-                            WHERE task_id = $1 AND ($2::text[] IS NULL OR document_id = ANY ($2)) RETURNING 1)
+                            WHERE task_id OPERATOR(pg_catalog.=) $1 AND ($2::text[] IS NULL OR document_id OPERATOR(pg_catalog.=) ANY ($2)) RETURNING 1)
              SELECT pg_catalog.count(*) FROM gone",
             None,
             &[task_id.into(), only.map(<[String]>::to_vec).into()],

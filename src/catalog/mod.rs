@@ -51,7 +51,7 @@ fn names_from(value: Option<Vec<Option<String>>>) -> Option<Vec<String>> {
 
 pub fn current_role_is_admin() -> CatalogResult<bool> {
     Ok(select_one::<bool>(
-        "SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname = current_user)
+        "SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) current_user)
              OR pg_catalog.pg_has_role(current_user, 'meili_sync_admin', 'MEMBER')",
         &[],
     )?
@@ -76,8 +76,8 @@ fn as_catalog_owner<T>(work: impl FnOnce() -> CatalogResult<T>) -> CatalogResult
 /// Whether `role` may SELECT from the table (false if the role no longer exists).
 pub fn may_select(role: pg_sys::Oid, relid: pg_sys::Oid) -> CatalogResult<bool> {
     Ok(select_one::<bool>(
-        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = $1)
-                      AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid = $2)
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) $1)
+                      AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) $2)
                      THEN pg_catalog.has_table_privilege($1, $2, 'SELECT') ELSE false END",
         &[role.into(), relid.into()],
     )?
@@ -87,9 +87,9 @@ pub fn may_select(role: pg_sys::Oid, relid: pg_sys::Oid) -> CatalogResult<bool> 
 /// Whether the current role has the rights of `role` (is it, a member of it, or a superuser).
 pub fn acts_as(role: pg_sys::Oid) -> CatalogResult<bool> {
     Ok(select_one::<bool>(
-        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid = $1)
+        "SELECT CASE WHEN EXISTS (SELECT 1 FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) $1)
                      THEN pg_catalog.pg_has_role($1, 'USAGE')
-                     ELSE (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname = current_user) END",
+                     ELSE (SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.rolname OPERATOR(pg_catalog.=) current_user) END",
         &[role.into()],
     )?
     .unwrap_or(false))
@@ -98,7 +98,7 @@ pub fn acts_as(role: pg_sys::Oid) -> CatalogResult<bool> {
 /// A role's name, or its OID in brackets once it is gone.
 pub fn role_name(role: pg_sys::Oid) -> CatalogResult<String> {
     Ok(select_one::<String>(
-        "SELECT coalesce((SELECT r.rolname::text FROM pg_catalog.pg_roles r WHERE r.oid = $1),
+        "SELECT coalesce((SELECT r.rolname::text FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) $1),
                          pg_catalog.format('(dropped role %s)', $1))",
         &[role.into()],
     )?
@@ -126,7 +126,7 @@ pub fn format_lsn(lsn: u64) -> String {
 
 pub fn extension_installed() -> CatalogResult<bool> {
     Ok(select_one::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname = 'pg_meili_sync')",
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_extension WHERE extname OPERATOR(pg_catalog.=) 'pg_meili_sync')",
         &[],
     )?
     .unwrap_or(false))

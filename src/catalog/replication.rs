@@ -19,7 +19,7 @@ pub struct SlotHealth {
 /// The slot's `wal_status` (`lost` once `max_slot_wal_keep_size` invalidated it); None if missing.
 pub fn slot_wal_status(name: &str) -> CatalogResult<Option<String>> {
     select_one::<String>(
-        "SELECT coalesce(wal_status, 'unknown') FROM pg_catalog.pg_replication_slots WHERE slot_name = $1",
+        "SELECT coalesce(wal_status, 'unknown') FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1",
         &[name.into()],
     )
 }
@@ -32,7 +32,7 @@ pub fn slot_health() -> CatalogResult<Vec<SlotHealth>> {
                 "SELECT t.id, s.slot_name::text, coalesce(s.wal_status, 'unknown'),
                         pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), s.restart_lsn)::bigint
                    FROM meili_sync.tasks t
-                   JOIN pg_catalog.pg_replication_slots s ON s.slot_name = {OBJECT_NAME_SQL}
+                   JOIN pg_catalog.pg_replication_slots s ON s.slot_name OPERATOR(pg_catalog.=) {OBJECT_NAME_SQL}
                  UNION ALL
                  -- The shared slot, named after the shared task that holds it back the most.
                  SELECT (SELECT t.id FROM meili_sync.tasks t WHERE {SHARED_TASK_SQL}
@@ -88,11 +88,11 @@ pub fn orphans() -> CatalogResult<Vec<(String, String)>> {
         "SELECT 'slot', s.slot_name::text FROM pg_catalog.pg_replication_slots s
           WHERE s.database OPERATOR(pg_catalog.=) pg_catalog.current_database() AND NOT s.active
             AND s.slot_name::text OPERATOR(pg_catalog.~) {OBJECT_NAME_PATTERN}
-            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = s.slot_name)
+            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} OPERATOR(pg_catalog.=) s.slot_name)
          UNION ALL
          SELECT 'publication', p.pubname::text FROM pg_catalog.pg_publication p
           WHERE p.pubname::text OPERATOR(pg_catalog.~) {OBJECT_NAME_PATTERN}
-            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} = p.pubname)
+            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {OBJECT_NAME_SQL} OPERATOR(pg_catalog.=) p.pubname)
          UNION ALL
          SELECT 'slot', s.slot_name::text FROM pg_catalog.pg_replication_slots s
           WHERE s.slot_name::text OPERATOR(pg_catalog.=) {SHARED_NAME_SQL} AND NOT s.active

@@ -88,7 +88,32 @@ pub fn publish_exactly(name: &str, relids: &[pg_sys::Oid]) -> CatalogResult<()> 
             quote_identifier(name)
         ))?;
     }
-    let published: Vec<pg_sys::Oid> = Spi::connect(|client| {
+    let published = published_tables(name)?;
+    for relid in relids.iter().filter(|relid| !published.contains(relid)) {
+        // A table dropped since the tasks were read is skipped: its task fails on its own.
+        let Some(table) = qualified_name(*relid)? else {
+            continue;
+        };
+        Spi::run(&format!(
+            "ALTER PUBLICATION {} ADD TABLE ONLY {table}",
+            quote_identifier(name),
+        ))?;
+    }
+    for relid in published.iter().filter(|relid| !relids.contains(relid)) {
+        let Some(table) = qualified_name(*relid)? else {
+            continue;
+        };
+        Spi::run(&format!(
+            "ALTER PUBLICATION {} DROP TABLE ONLY {table}",
+            quote_identifier(name),
+        ))?;
+    }
+    Ok(())
+}
+
+/// The tables a publication holds.
+pub fn published_tables(name: &str) -> CatalogResult<Vec<pg_sys::Oid>> {
+    Spi::connect(|client| {
         let rows = client.select(
             "SELECT r.prrelid FROM pg_catalog.pg_publication_rel r
                JOIN pg_catalog.pg_publication p ON p.oid OPERATOR(pg_catalog.=) r.prpubid
@@ -102,32 +127,28 @@ pub fn publish_exactly(name: &str, relids: &[pg_sys::Oid]) -> CatalogResult<()> 
                 relids.push(relid);
             }
         }
-        Ok::<_, pgrx::spi::SpiError>(relids)
-    })?;
-    for relid in relids.iter().filter(|relid| !published.contains(relid)) {
-        Spi::run(&format!(
-            "ALTER PUBLICATION {} ADD TABLE ONLY {}",
-            quote_identifier(name),
-            qualified_name(*relid)?
-        ))?;
-    }
-    for relid in published.iter().filter(|relid| !relids.contains(relid)) {
-        Spi::run(&format!(
-            "ALTER PUBLICATION {} DROP TABLE ONLY {}",
-            quote_identifier(name),
-            qualified_name(*relid)?
-        ))?;
-    }
+        Ok(relids)
+    })
+}
+
+/// Makes a task's own publication hold exactly `tables` (schema-qualified names).
+pub fn set_published_tables(name: &str, tables: &[String]) -> CatalogResult<()> {
+    Spi::run(&format!(
+        "ALTER PUBLICATION {} SET TABLE ONLY {}",
+        quote_identifier(name),
+        tables.join(", ONLY ")
+    ))?;
     Ok(())
 }
 
-/// `regclass` output under the workers' search path: schema-qualified and quoted.
-fn qualified_name(relid: pg_sys::Oid) -> CatalogResult<String> {
-    Ok(select_one::<String>(
-        "SELECT $1::pg_catalog.regclass::pg_catalog.text",
+/// A table's schema-qualified, quoted name; None once it is dropped.
+fn qualified_name(relid: pg_sys::Oid) -> CatalogResult<Option<String>> {
+    select_one::<String>(
+        "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname)
+           FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+          WHERE c.oid OPERATOR(pg_catalog.=) $1",
         &[relid.into()],
-    )?
-    .unwrap_or_default())
+    )
 }
 
 /// Gives a position to every shared task that needs one, and returns their ids:

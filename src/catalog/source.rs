@@ -40,8 +40,8 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
         let mut header = client.select(
             "SELECT c.relkind::text, c.relpersistence::text, c.relreplident::text,
                     pg_catalog.format('%I.%I', n.nspname, c.relname), c.relowner
-               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace
-              WHERE c.oid = $1",
+               FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+              WHERE c.oid OPERATOR(pg_catalog.=) $1",
             Some(1),
             &[relid.into()],
         )?;
@@ -60,9 +60,9 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
         let mut columns = Vec::new();
         let rows = client.select(
             "SELECT a.attname::text, a.atttypid, pg_catalog.format_type(a.atttypid, a.atttypmod),
-                    a.attnotnull, a.attgenerated <> ''
+                    a.attnotnull, a.attgenerated OPERATOR(pg_catalog.<>) ''
                FROM pg_catalog.pg_attribute a
-              WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped
+              WHERE a.attrelid OPERATOR(pg_catalog.=) $1 AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
               ORDER BY a.attnum",
             None,
             &[relid.into()],
@@ -84,10 +84,10 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
             "SELECT i.indisprimary, i.indisreplident,
                     ARRAY(SELECT a.attname::text
                             FROM pg_catalog.unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
-                            JOIN pg_catalog.pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+                            JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid AND a.attnum OPERATOR(pg_catalog.=) k.attnum
                            ORDER BY k.ord)
                FROM pg_catalog.pg_index i
-              WHERE i.indrelid = $1 AND i.indisunique AND i.indisvalid AND i.indpred IS NULL
+              WHERE i.indrelid OPERATOR(pg_catalog.=) $1 AND i.indisunique AND i.indisvalid AND i.indpred IS NULL
                 AND i.indexprs IS NULL AND i.indimmediate",
             None,
             &[relid.into()],
@@ -436,6 +436,8 @@ pub fn page_queries(from: &str, columns: &[String], key: &[(String, String)]) ->
             .collect::<Vec<_>>()
             .join(", ")
     };
+    // The comparisons stay unqualified: the key's type may be one whose operators live outside
+    // pg_catalog. These queries run as the table's owner, with search_path restricted.
     let head = format!("SELECT {} FROM {from}", select.join(", "));
     let order = format!("ORDER BY {key_names}");
     let width = key.len();

@@ -113,7 +113,7 @@ pub struct TaskSummary {
 pub fn index_owner_task(url: &str, index_uid: &str) -> CatalogResult<Option<(i64, String)>> {
     Spi::connect(|client| {
         let mut rows = client.select(
-            "SELECT t.id, t.source::text FROM meili_sync.tasks t WHERE t.url = $1 AND t.index_uid = $2",
+            "SELECT t.id, t.source::text FROM meili_sync.tasks t WHERE t.url OPERATOR(pg_catalog.=) $1 AND t.index_uid OPERATOR(pg_catalog.=) $2",
             Some(1),
             &[url.into(), index_uid.into()],
         )?;
@@ -223,8 +223,8 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
                     t.swap_created_at, t.owner::oid, t.generation, {SHARED_TASK_SQL},
                     pg_catalog.pg_wal_lsn_diff(t.stream_position, '0/0')::bigint, {OWN_SLOT_SQL},
                     s.search_api_key
-               FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id = t.id
-              WHERE t.id = $1"),
+               FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id OPERATOR(pg_catalog.=) t.id
+              WHERE t.id OPERATOR(pg_catalog.=) $1"),
             Some(1),
             &[task_id.into()],
         )?;
@@ -291,7 +291,7 @@ pub fn require_task(task_id: i64) -> CatalogResult<TaskRecord> {
 pub fn set_state(task_id: i64, state: TaskState) -> CatalogResult<()> {
     as_catalog_owner(|| {
         Spi::run_with_args(
-            "UPDATE meili_sync.tasks SET state = $2, generation = generation + 1 WHERE id = $1",
+            "UPDATE meili_sync.tasks SET state = $2, generation = generation + 1 WHERE id OPERATOR(pg_catalog.=) $1",
             &[task_id.into(), state.as_str().into()],
         )?;
         Ok(())
@@ -309,7 +309,7 @@ pub fn alter_task(
     as_catalog_owner(|| {
         Spi::connect_mut(|client| {
             client.update(
-            "UPDATE meili_sync.tasks SET url = $2, options = $3, generation = generation + 1 WHERE id = $1",
+            "UPDATE meili_sync.tasks SET url = $2, options = $3, generation = generation + 1 WHERE id OPERATOR(pg_catalog.=) $1",
             None,
             &[task_id.into(), url.trim_end_matches('/').into(), JsonB(options).into()],
         )?;
@@ -340,7 +340,7 @@ pub fn resume(task_id: i64) -> CatalogResult<()> {
             "UPDATE meili_sync.tasks
             SET state = CASE WHEN snapshot_finished_at IS NULL THEN 'snapshot' ELSE 'streaming' END,
                 generation = generation + 1, last_error = NULL, last_error_at = NULL
-          WHERE id = $1",
+          WHERE id OPERATOR(pg_catalog.=) $1",
             &[task_id.into()],
         )?)
     })
@@ -353,7 +353,7 @@ pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
             SET state = 'snapshot', generation = generation + 1, snapshot_key = NULL, rows_copied = 0,
                 stream_position = NULL,
                 snapshot_started_at = NULL, snapshot_finished_at = NULL, last_error = NULL, last_error_at = NULL
-          WHERE id = $1",
+          WHERE id OPERATOR(pg_catalog.=) $1",
         &[task_id.into()],
     )?)
     })
@@ -374,7 +374,7 @@ pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
                 )?;
             }
             client.update(
-                "DELETE FROM meili_sync.tasks WHERE id = $1",
+                "DELETE FROM meili_sync.tasks WHERE id OPERATOR(pg_catalog.=) $1",
                 None,
                 &[task.id.into()],
             )?;
@@ -386,7 +386,7 @@ pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
 /// The copy begins (a resumed copy keeps its first start).
 pub fn mark_snapshot_started(task_id: i64) -> CatalogResult<()> {
     Spi::run_with_args(
-        "UPDATE meili_sync.tasks SET snapshot_started_at = coalesce(snapshot_started_at, pg_catalog.now()) WHERE id = $1",
+        "UPDATE meili_sync.tasks SET snapshot_started_at = coalesce(snapshot_started_at, pg_catalog.now()) WHERE id OPERATOR(pg_catalog.=) $1",
         &[task_id.into()],
     )?;
     Ok(())
@@ -396,7 +396,7 @@ pub fn save_snapshot_progress(task_id: i64, key: &[String], rows_copied: i64) ->
     Spi::run_with_args(
         "UPDATE meili_sync.tasks
             SET snapshot_key = $2, rows_copied = $3, snapshot_started_at = coalesce(snapshot_started_at, pg_catalog.now())
-          WHERE id = $1",
+          WHERE id OPERATOR(pg_catalog.=) $1",
         &[task_id.into(), key.to_vec().into(), rows_copied.into()],
     )?;
     Ok(())
@@ -407,7 +407,7 @@ pub fn finish_snapshot(task_id: i64, rows_copied: i64) -> CatalogResult<()> {
         "UPDATE meili_sync.tasks
             SET state = 'streaming', rows_copied = $2, snapshot_started_at = coalesce(snapshot_started_at, pg_catalog.now()),
                 snapshot_finished_at = pg_catalog.now()
-          WHERE id = $1 AND state = 'snapshot'",
+          WHERE id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) 'snapshot'",
         &[task_id.into(), rows_copied.into()],
     )?;
     Ok(())
@@ -415,7 +415,7 @@ pub fn finish_snapshot(task_id: i64, rows_copied: i64) -> CatalogResult<()> {
 
 pub fn set_error_state(task_id: i64, message: &str) -> CatalogResult<()> {
     Spi::run_with_args(
-        "UPDATE meili_sync.tasks SET state = 'error', last_error = $2, last_error_at = pg_catalog.now() WHERE id = $1",
+        "UPDATE meili_sync.tasks SET state = 'error', last_error = $2, last_error_at = pg_catalog.now() WHERE id OPERATOR(pg_catalog.=) $1",
         &[task_id.into(), message.into()],
     )?;
     Ok(())
@@ -428,7 +428,7 @@ pub fn task_count() -> CatalogResult<i64> {
 /// The resync helper of a task, if one is running.
 pub fn resync_helper(task_id: i64) -> CatalogResult<Option<i64>> {
     select_one::<i64>(
-        "SELECT id FROM meili_sync.tasks WHERE resync_of = $1",
+        "SELECT id FROM meili_sync.tasks WHERE resync_of OPERATOR(pg_catalog.=) $1",
         &[task_id.into()],
     )
 }
@@ -452,8 +452,8 @@ pub fn held_task(task_id: i64) -> CatalogResult<Option<HeldTask>> {
                         pg_catalog.pg_wal_lsn_diff(coalesce(t.stream_position, s.confirmed_flush_lsn), '0/0')::bigint,
                         {SHARED_TASK_SQL}
                    FROM meili_sync.tasks t
-                   LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name = {OBJECT_NAME_SQL}
-                  WHERE t.id = $1"
+                   LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name OPERATOR(pg_catalog.=) {OBJECT_NAME_SQL}
+                  WHERE t.id OPERATOR(pg_catalog.=) $1"
             ),
             Some(1),
             &[task_id.into()],
@@ -474,7 +474,7 @@ pub fn held_task(task_id: i64) -> CatalogResult<Option<HeldTask>> {
 pub fn hold_for_swap(task_id: i64) -> CatalogResult<()> {
     Spi::run_with_args(
         "UPDATE meili_sync.tasks SET state = 'swapping', generation = generation + 1
-          WHERE id = $1 AND state = 'streaming'",
+          WHERE id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) 'streaming'",
         &[task_id.into()],
     )?;
     Ok(())
@@ -490,7 +490,7 @@ pub fn record_swap(
         "UPDATE meili_sync.tasks
             SET resync_phase = CASE WHEN $2::text IS NULL THEN NULL ELSE 'swapping' END,
                 swap_lsn = $2::text::pg_lsn, swap_created_at = $3
-          WHERE id = $1",
+          WHERE id OPERATOR(pg_catalog.=) $1",
         &[
             helper_id.into(),
             lsn.map(format_lsn).into(),
@@ -508,25 +508,25 @@ pub fn finish_swap(helper_id: i64, task: &TaskRecord, lsn: u64) -> CatalogResult
         // The shared slot serves other tasks too: only the task's own position moves.
         Spi::run_with_args(
             "UPDATE meili_sync.tasks SET stream_position = GREATEST(stream_position, $2::text::pg_catalog.pg_lsn)
-              WHERE id = $1",
+              WHERE id OPERATOR(pg_catalog.=) $1",
             &[task.id.into(), position.into()],
         )?;
     } else {
         select_one::<String>(
             "SELECT pg_catalog.pg_replication_slot_advance(slot_name, $2::text::pg_lsn)::text
                FROM pg_catalog.pg_replication_slots
-              WHERE slot_name = $1 AND confirmed_flush_lsn < $2::text::pg_lsn",
+              WHERE slot_name OPERATOR(pg_catalog.=) $1 AND confirmed_flush_lsn OPERATOR(pg_catalog.<) $2::text::pg_lsn",
             &[task.slot_name.as_str().into(), position.into()],
         )?;
     }
     let task_id = task.id;
     Spi::run_with_args(
         "UPDATE meili_sync.tasks SET state = 'streaming', generation = generation + 1
-          WHERE id = $1 AND state = 'swapping'",
+          WHERE id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) 'swapping'",
         &[task_id.into()],
     )?;
     Spi::run_with_args(
-        "UPDATE meili_sync.tasks SET resync_phase = 'swapped' WHERE id = $1",
+        "UPDATE meili_sync.tasks SET resync_phase = 'swapped' WHERE id OPERATOR(pg_catalog.=) $1",
         &[helper_id.into()],
     )?;
     Ok(())
@@ -535,12 +535,20 @@ pub fn finish_swap(helper_id: i64, task: &TaskRecord, lsn: u64) -> CatalogResult
 /// Tasks held for a swap whose helper is gone or no longer running (dropped, stopped, failed)
 /// stream on; returns their ids.
 pub fn release_held_tasks() -> CatalogResult<Vec<i64>> {
-    const ORPHANED: &str = "m.state = 'swapping'
-        AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks r
-                         WHERE r.resync_of = m.id AND r.state IN ('snapshot', 'streaming'))";
-    // Read-only first: the launcher asks every round and must not burn an xid each time.
+    update_tasks_where(
+        "m",
+        "m.state OPERATOR(pg_catalog.=) 'swapping'
+            AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks r
+                             WHERE r.resync_of OPERATOR(pg_catalog.=) m.id AND r.state OPERATOR(pg_catalog.=) ANY ('{snapshot,streaming}'::pg_catalog.text[]))",
+        "state = 'streaming', generation = generation + 1",
+    )
+}
+
+/// `UPDATE meili_sync.tasks <alias> SET <set> WHERE <condition>`, returning the ids. Asks
+/// read-only first: the launcher asks every round and must not burn an xid each time.
+fn update_tasks_where(alias: &str, condition: &str, set: &str) -> CatalogResult<Vec<i64>> {
     let any = select_one::<bool>(
-        &format!("SELECT EXISTS (SELECT 1 FROM meili_sync.tasks m WHERE {ORPHANED})"),
+        &format!("SELECT EXISTS (SELECT 1 FROM meili_sync.tasks {alias} WHERE {condition})"),
         &[],
     )?;
     if any != Some(true) {
@@ -549,8 +557,7 @@ pub fn release_held_tasks() -> CatalogResult<Vec<i64>> {
     Spi::connect_mut(|client| {
         let rows = client.update(
             &format!(
-                "UPDATE meili_sync.tasks m SET state = 'streaming', generation = generation + 1
-                  WHERE {ORPHANED} RETURNING m.id"
+                "UPDATE meili_sync.tasks {alias} SET {set} WHERE {condition} RETURNING {alias}.id"
             ),
             None,
             &[],
@@ -559,11 +566,26 @@ pub fn release_held_tasks() -> CatalogResult<Vec<i64>> {
     })
 }
 
+/// Stops, in state `error`, every task whose table or view was dropped (a `regclass` column does
+/// not depend on what it names), with a `last_error` that says so; returns their ids. The
+/// launcher asks every round, and the shared decoder before it publishes, so a dropped table
+/// fails its own task, never the shared pass.
+pub fn fail_tasks_of_dropped_sources() -> CatalogResult<Vec<i64>> {
+    update_tasks_where(
+        "t",
+        "t.state OPERATOR(pg_catalog.<>) 'error'
+            AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+                             WHERE c.oid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid)",
+        "state = 'error', last_error_at = pg_catalog.now(),
+         last_error = pg_catalog.format('the table or view this task synced (OID %s) was dropped, so nothing reaches index \"%s\" any more; run SELECT meili_sync_drop(%s) to remove the task, with drop_index => true to delete the index too', t.source::pg_catalog.oid, t.index_uid, t.id)",
+    )
+}
+
 pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
     Spi::connect(|client| {
         let rows = client.select(
             &format!(
-                "SELECT t.id, t.state IN ('snapshot', 'streaming')
+                "SELECT t.id, t.state OPERATOR(pg_catalog.=) ANY ('{{snapshot,streaming}}'::pg_catalog.text[])
                         AND NOT ({SHARED_TASK_SQL} AND t.state OPERATOR(pg_catalog.=) 'streaming' AND NOT {OWN_SLOT_SQL}),
                         t.generation, {SHARED_TASK_SQL}
                    FROM meili_sync.tasks t ORDER BY t.id"
@@ -590,7 +612,7 @@ pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
 /// Starts the copy over (the slot it relied on was replaced).
 pub fn restart_copy(task_id: i64) -> CatalogResult<()> {
     Spi::run_with_args(
-        "UPDATE meili_sync.tasks SET snapshot_key = NULL, rows_copied = 0 WHERE id = $1",
+        "UPDATE meili_sync.tasks SET snapshot_key = NULL, rows_copied = 0 WHERE id OPERATOR(pg_catalog.=) $1",
         &[task_id.into()],
     )?;
     Ok(())

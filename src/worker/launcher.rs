@@ -499,6 +499,9 @@ fn read_catalog() -> Option<CatalogRead> {
                 "pg_meili_sync task {task_id}: its resync ended without a swap; streaming resumes"
             );
         }
+        for task_id in catalog::fail_tasks_of_dropped_sources().unwrap_or_default() {
+            warning!("pg_meili_sync task {task_id} stopped: its table or view was dropped");
+        }
         Some(CatalogRead {
             tasks: catalog::list_tasks().ok()?,
             orphans: catalog::orphans().ok()?,

@@ -194,6 +194,7 @@ impl<'a> ViewStream<'a> {
                 // Planned again for each render, so that the view's columns follow CREATE OR
                 // REPLACE VIEW; a view that lost its key column stops the task.
                 let plan = plan::source_plan(task.relid, &task.primary_key, options)?;
+                view.check_follows_every_table(task.relid, task.id)?;
                 let columns: Vec<String> = plan
                     .shape
                     .columns()

@@ -129,6 +129,10 @@ impl SharedDecoder {
             if catalog::shared_name()? != self.name {
                 return Ok(None);
             }
+            // A task whose table was dropped fails alone; the others are published on.
+            for task_id in catalog::fail_tasks_of_dropped_sources()? {
+                warning!("pg_meili_sync task {task_id} stopped: its table or view was dropped");
+            }
             catalog::shared_tasks().map(Some)
         })?;
         tasks.ok_or_else(|| {

@@ -12,7 +12,7 @@ use crate::error::{ErrorKind, SyncError};
 use crate::meili::client::Client;
 use crate::meili::retry::Backoff;
 use crate::options::TaskOptions;
-use crate::plan::{build_plan, view_plan, ColumnRules, SnapshotPlan, ViewPlan};
+use crate::plan::{build_plan, unfollowed_tables, view_plan, ColumnRules, SnapshotPlan, ViewPlan};
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
     await_meili_task, in_transaction, open_dispatcher, permanent, retry_pause, with_retry,
@@ -124,6 +124,37 @@ fn ensure_slot(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
     Ok(())
 }
 
+/// A view task's publication must hold every table its view reads now. One that lacks a table
+/// (the view was replaced) is brought up to date before a copy, which then holds what the
+/// publication missed; a task past its copy stops instead, asking for one.
+fn follow_every_table(task: &TaskRecord, view: &ViewPlan, live: LiveStatus) -> Result<(), Stop> {
+    let published = in_transaction(live, "reading the task's publication", || {
+        catalog::published_tables(&task.publication_name)
+    })?;
+    let missing: Vec<String> = view
+        .tables
+        .iter()
+        .filter(|(relid, _)| !published.contains(relid))
+        .map(|(_, routes)| routes.table.clone())
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if task.state != TaskState::Snapshot {
+        return Err(unfollowed_tables(&view.view, &missing, task.id).into());
+    }
+    in_transaction(live, "publishing the tables of the view", || {
+        catalog::set_published_tables(&task.publication_name, &view.published_tables())
+    })?;
+    log!(
+        "pg_meili_sync task {}: its publication now holds {}, which view {} reads",
+        task.id,
+        missing.join(", "),
+        view.view
+    );
+    Ok(())
+}
+
 /// A task of the shared decoding pass copies only once the shared decoder has given it its
 /// position (every transaction that commits after it is streamed to the task).
 fn await_position(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
@@ -191,6 +222,9 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
             None => error,
         })
     })?;
+    if let Some(view) = &view {
+        follow_every_table(&task, view, live)?;
+    }
     let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
         .map_err(|error| permanent(error.to_string()))?;
     let held = match task.resync_of {

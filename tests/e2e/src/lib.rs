@@ -113,3 +113,47 @@ pub fn refusal(cluster: &cluster::Cluster, sql: &str) -> Refusal {
         stderr,
     }
 }
+
+/// Starts a task that syncs `source` into a new index of `meili` (the options name the server;
+/// `extra` is merged into them), as `role` when given; returns the index and the task id.
+pub fn start_task(
+    cluster: &cluster::Cluster,
+    meili: &meili::Meili,
+    role: Option<&str>,
+    source: &str,
+    extra: serde_json::Value,
+) -> (String, i64) {
+    let index = meili.unique_index(&source.replace('.', "_"));
+    let options = meili.options(extra);
+    let task = start_with_options(cluster, role, source, &index, &options);
+    (index, task)
+}
+
+/// `meili_sync_start(source, index, options)` (options as SQL-quoted JSON), as `role` when given;
+/// returns the task id.
+pub fn start_with_options(
+    cluster: &cluster::Cluster,
+    role: Option<&str>,
+    source: &str,
+    index: &str,
+    options: &str,
+) -> i64 {
+    let set_role = role
+        .map(|role| format!("SET ROLE {role}; "))
+        .unwrap_or_default();
+    cluster
+        .psql(&format!(
+            "{set_role}SELECT meili_sync_start('{source}', '{index}', '{options}')"
+        ))
+        .lines()
+        .last()
+        .and_then(|line| line.parse().ok())
+        .unwrap_or_else(|| panic!("no task id from meili_sync_start('{source}', …)"))
+}
+
+/// Asks for a new copy of the task and returns the `last_error` it stops with.
+pub fn error_after_new_copy(cluster: &cluster::Cluster, task: i64, timeout: Duration) -> String {
+    cluster.psql(&format!("SELECT meili_sync_snapshot({task})"));
+    let status = cluster.wait_error(task, timeout);
+    status.get("last_error").cloned().unwrap_or_default()
+}

@@ -3,7 +3,7 @@
 //! role without SELECT, a wrong search key, row-level security); a search stuck on a server that
 //! never answers is cancelled by statement_timeout.
 
-use std::io::Read;
+use std::io::{Read, Write};
 use std::net::TcpListener;
 use std::time::{Duration, Instant};
 
@@ -134,6 +134,12 @@ fn search_needs_select_on_the_table_and_row_level_security_applies_to_the_join()
     ] {
         let refused = refusal(&cluster, &sql);
         assert_eq!(refused.sqlstate, "42501", "{sql}: {}", refused.stderr);
+        // A role that may not read the table is not told which table it is.
+        assert!(
+            !refused.stderr.contains("products"),
+            "{sql}: {}",
+            refused.stderr
+        );
     }
     // With SELECT, search works; hits are the index's (no row-level security there), and joining
     // back to the table applies the policies.
@@ -286,6 +292,45 @@ fn a_backend_follows_the_catalog_of_an_extension_created_again() {
         refused.stderr
     );
     assert_no_crash(&cluster);
+}
+
+#[test]
+fn a_search_cancelled_mid_answer_raises_the_cancel_alone() {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    // A server that starts an answer and never finishes it.
+    let halting = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = halting.local_addr().expect("address").port();
+    let held = std::thread::spawn(move || {
+        let mut connections = Vec::new();
+        for stream in halting.incoming().take(1).flatten() {
+            let mut stream = stream;
+            let mut buffer = [0u8; 4096];
+            let _ = stream.set_read_timeout(Some(Duration::from_millis(200)));
+            let _ = stream.read(&mut buffer);
+            let _ = stream.write_all(
+                b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100000\r\n\r\n{\"hits\": [",
+            );
+            connections.push(stream);
+        }
+        std::thread::sleep(Duration::from_secs(5));
+        drop(connections);
+    });
+    let refused = refusal(
+        &cluster,
+        &format!(
+            "SET meili_sync.search_timeout = '60s'; SET statement_timeout = '700ms';
+             SELECT * FROM meili_search('http://127.0.0.1:{port}', 'halting', 'anything')"
+        ),
+    );
+    assert_eq!(refused.sqlstate, "57014", "{}", refused.stderr);
+    assert!(
+        !refused.stderr.contains("DETAIL") && !refused.stderr.contains("backtrace"),
+        "the cancel carries nothing but its own message: {}",
+        refused.stderr
+    );
+    let _ = held.join();
+    assert_eq!(cluster.psql("SELECT 1"), "1");
 }
 
 #[test]

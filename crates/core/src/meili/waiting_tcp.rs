@@ -33,6 +33,9 @@ pub enum Waited {
     /// The socket may be ready (a spurious wake is fine: the I/O is tried, then waited again).
     Ready,
     TimedOut,
+    /// The caller is asked to stop (a backend's cancel or timeout): the request ends with an I/O
+    /// error of kind `Interrupted`, and the caller raises its own error once the client returned.
+    Interrupted,
 }
 
 /// How the thread that makes a request waits for its socket. A wait may also end the request by
@@ -276,6 +279,10 @@ fn wait_until(
     match wait.wait(fd, interest, left) {
         Waited::Ready => Ok(()),
         Waited::TimedOut => Err(Error::Timeout(reason)),
+        Waited::Interrupted => Err(Error::Io(std::io::Error::new(
+            std::io::ErrorKind::Interrupted,
+            "the request was interrupted by its caller",
+        ))),
     }
 }
 
