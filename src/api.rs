@@ -557,6 +557,9 @@ fn readable_target(task: Option<i64>) -> Result<Rc<catalog::SearchTarget>, SyncE
     };
     let target = catalog::search_target(task_id)?.ok_or_else(no_task)?;
     if catalog::current_role_may_select(target.relid) {
+        if let Some(refusal) = &target.refusal {
+            return Err(refusal.clone());
+        }
         return Ok(target);
     }
     // Admins may read the catalog anyway: their refusal names the table and role. Any other role

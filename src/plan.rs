@@ -265,29 +265,6 @@ fn check_mapping(
     .execute()
 }
 
-/// Refuses a view whose rows depend on who reads it. A view task renders each document once, as
-/// the view's owner, and every searcher gets the same hits: a `security_invoker` view (its base
-/// tables read with the reader's rights) or one that filters by `current_user` would give every
-/// searcher the rows the owner sees.
-fn refuse_rows_by_who_asks(relid: pg_sys::Oid, view: &str) -> Result<(), SyncError> {
-    const HINT: &str = "A view task renders each document once, as the view's owner, and every role that may search the task gets the same documents. Sync a view whose rows are the same for every reader (a view without security_invoker, filtering by data rather than by the role), and grant SELECT on it only to roles that may see all of them.";
-    if catalog::is_security_invoker(relid)? {
-        return Err(SyncError::new(
-            ErrorKind::UnsupportedType,
-            format!("view {view} cannot be synced: it is security_invoker, so its rows depend on who reads it"),
-        )
-        .hint(HINT));
-    }
-    if let Some(what) = catalog::role_dependence(relid)? {
-        return Err(SyncError::new(
-            ErrorKind::UnsupportedType,
-            format!("view {view} cannot be synced: its rows depend on who reads it ({what})"),
-        )
-        .hint(HINT));
-    }
-    Ok(())
-}
-
 /// Checks that a view can be followed and plans how: its key (`key`, required), what its query
 /// does, and every table it reads, each mapped by identity (the root table, whose column the key
 /// is), by a foreign key to the root, or by a mapping of the `mappings` option. Mapping queries
@@ -325,7 +302,7 @@ pub fn view_plan(
         typed_key.push((name.clone(), column.type_name.clone()));
     }
     let query = catalog::view_query(relid, view, key)?;
-    refuse_rows_by_who_asks(relid, view)?;
+    catalog::refuse_rows_by_who_asks(relid, view)?;
     let tables = catalog::base_tables(relid)?;
     if let Some(table) = tables.iter().find(|table| table.relkind != "r") {
         return Err(SyncError::new(

@@ -14,6 +14,7 @@ use std::rc::Rc;
 use pgrx::prelude::*;
 
 use super::{as_catalog_owner, select_one, CatalogResult};
+use crate::error::SyncError;
 
 /// A task as a search sees it.
 #[derive(Debug)]
@@ -26,6 +27,9 @@ pub struct SearchTarget {
     /// The task's `search_api_key` when it has one, else its `api_key`.
     pub api_key: Option<String>,
     pub primary_key: Vec<String>,
+    /// Why the task may not be searched at all: its view's rows depend on who reads it (made
+    /// `security_invoker`, or replaced, after the task started).
+    pub refusal: Option<SyncError>,
 }
 
 thread_local! {
@@ -37,6 +41,9 @@ thread_local! {
     static REGISTERED: Cell<bool> = const { Cell::new(false) };
     static TARGETS: RefCell<(u64, HashMap<i64, Rc<SearchTarget>>)> =
         RefCell::new((0, HashMap::new()));
+    /// The tables and views of the cached targets: an invalidation of one (`ALTER VIEW … SET
+    /// (security_invoker)`, `CREATE OR REPLACE VIEW`) moves the epoch too.
+    static TARGET_RELIDS: RefCell<Vec<u32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// The task `task_id` for a search, from the backend's cache or read as the catalog owner;
@@ -51,6 +58,7 @@ pub fn search_target(task_id: i64) -> CatalogResult<Option<Rc<SearchTarget>>> {
         let mut targets = targets.borrow_mut();
         if targets.0 != epoch {
             *targets = (epoch, HashMap::new());
+            TARGET_RELIDS.with(|relids| relids.borrow_mut().clear());
         }
         targets.1.get(&task_id).cloned()
     });
@@ -60,7 +68,18 @@ pub fn search_target(task_id: i64) -> CatalogResult<Option<Rc<SearchTarget>>> {
     let Some(record) = super::load_task_for_search(task_id)? else {
         return Ok(None);
     };
+    let refusal = super::refuse_rows_by_who_asks(record.relid, &record.relation)
+        .err()
+        .map(|error| {
+            let mut refused = SyncError::new(
+                error.kind,
+                format!("task {} cannot be searched: {}", record.id, error.message),
+            );
+            refused.hint = error.hint;
+            refused
+        });
     let target = Rc::new(SearchTarget {
+        refusal,
         task_id: record.id,
         relid: record.relid,
         url: record.url,
@@ -74,6 +93,7 @@ pub fn search_target(task_id: i64) -> CatalogResult<Option<Rc<SearchTarget>>> {
         let mut targets = targets.borrow_mut();
         if targets.0 == epoch {
             targets.1.insert(task_id, Rc::clone(&target));
+            TARGET_RELIDS.with(|relids| relids.borrow_mut().push(target.relid.to_u32()));
         }
     });
     Ok(Some(target))
@@ -123,7 +143,14 @@ fn watch_catalog() -> CatalogResult<()> {
 #[pg_guard]
 unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     let watched = WATCHED.with(Cell::get);
-    if relid == pg_sys::InvalidOid || watched.contains(&relid.to_u32()) {
+    // A list in use right now (the callback runs inside a lock or an invalidation) counts as
+    // holding the relation: a needless re-read, never a stale entry.
+    let targeted = TARGET_RELIDS.with(|relids| {
+        relids
+            .try_borrow()
+            .map_or(true, |relids| relids.contains(&relid.to_u32()))
+    });
+    if relid == pg_sys::InvalidOid || watched.contains(&relid.to_u32()) || targeted {
         EPOCH.with(|epoch| epoch.set(epoch.get().wrapping_add(1)));
     }
 }

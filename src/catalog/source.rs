@@ -85,6 +85,8 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
                     ARRAY(SELECT a.attname::text
                             FROM pg_catalog.unnest(i.indkey) WITH ORDINALITY k(attnum, ord)
                             JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) i.indrelid AND a.attnum OPERATOR(pg_catalog.=) k.attnum
+                           -- Key columns only: INCLUDE columns follow them and are no part of the key.
+                           WHERE k.ord OPERATOR(pg_catalog.<=) i.indnkeyatts
                            ORDER BY k.ord)
                FROM pg_catalog.pg_index i
               WHERE i.indrelid OPERATOR(pg_catalog.=) $1 AND i.indisunique AND i.indisvalid AND i.indpred IS NULL

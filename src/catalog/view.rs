@@ -524,3 +524,26 @@ pub fn role_dependence(view: pg_sys::Oid) -> CatalogResult<Option<String>> {
         &[functions.into()],
     )
 }
+
+/// Refuses a view whose rows depend on who reads it. A view task renders each document once, as
+/// the view's owner, and every searcher gets the same hits: a `security_invoker` view (its base
+/// tables read with the reader's rights) or one that filters by `current_user` would give every
+/// searcher the rows the owner sees.
+pub fn refuse_rows_by_who_asks(relid: pg_sys::Oid, view: &str) -> Result<(), SyncError> {
+    const HINT: &str = "A view task renders each document once, as the view's owner, and every role that may search the task gets the same documents. Sync a view whose rows are the same for every reader (a view without security_invoker, filtering by data rather than by the role), and grant SELECT on it only to roles that may see all of them.";
+    if is_security_invoker(relid)? {
+        return Err(SyncError::new(
+            ErrorKind::UnsupportedType,
+            format!("view {view} cannot be synced: it is security_invoker, so its rows depend on who reads it"),
+        )
+        .hint(HINT));
+    }
+    if let Some(what) = role_dependence(relid)? {
+        return Err(SyncError::new(
+            ErrorKind::UnsupportedType,
+            format!("view {view} cannot be synced: its rows depend on who reads it ({what})"),
+        )
+        .hint(HINT));
+    }
+    Ok(())
+}

@@ -226,6 +226,9 @@ pub fn report_progress(
     progress: &Progress,
     phase: Phase,
 ) -> Result<(), Stop> {
+    for notice in &progress.notices {
+        log!("pg_meili_sync task {task_id}: {notice}");
+    }
     for error in &progress.retries {
         live.add_retry();
         live.set_error(error);

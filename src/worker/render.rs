@@ -195,6 +195,7 @@ impl<'a> ViewStream<'a> {
                 // REPLACE VIEW; a view that lost its key column stops the task.
                 let plan = plan::source_plan(task.relid, &task.primary_key, options)?;
                 view.check_follows_every_table(task.relid, task.id)?;
+                catalog::refuse_rows_by_who_asks(task.relid, &view.view)?;
                 let columns: Vec<String> = plan
                     .shape
                     .columns()

@@ -260,7 +260,7 @@ pub fn run(
                     let checkpoint = copy.dispatcher.standalone(checkpoint);
                     copy.settle(Progress {
                         checkpoint,
-                        retries: Vec::new(),
+                        ..Progress::default()
                     })?;
                 }
             }

@@ -64,6 +64,8 @@ pub struct Progress {
     pub checkpoint: Option<u64>,
     /// Errors of requests the writer is retrying.
     pub retries: Vec<String>,
+    /// Things the task learned that belong in the server log once (a server's payload limit).
+    pub notices: Vec<String>,
 }
 
 pub struct Dispatcher {
@@ -479,6 +481,12 @@ impl Dispatcher {
             return;
         };
         let (code, message) = error_parts(error);
+        if let Some(limit) = payload_limit(&message).filter(|limit| *limit < self.max_payload) {
+            progress.notices.push(format!(
+                "Meilisearch refuses request bodies over {limit} bytes; max_payload_bytes is {limit} for this server until the worker restarts (a document alone over it is a dead letter)"
+            ));
+            self.max_payload = limit;
+        }
         // A delete-all has no documents to isolate.
         let remedy = match (batch.op, remedy(error)) {
             (Operation::DeleteAll, Remedy::Split) => Remedy::Stop,
@@ -756,6 +764,17 @@ fn blamed_document(message: &str) -> Option<String> {
     let rest = message.get(start..)?;
     let id = rest.get(..rest.find('`')?)?;
     Some(id.trim_matches('"').to_owned())
+}
+
+/// The limit a refusal for size names: "… is larger than allowed (limit: 1000000 bytes)".
+fn payload_limit(message: &str) -> Option<usize> {
+    const MARK: &str = "(limit: ";
+    let start = message.find(MARK)? + MARK.len();
+    let digits: String = message[start..]
+        .chars()
+        .take_while(char::is_ascii_digit)
+        .collect();
+    digits.parse().ok()
 }
 
 /// A document id as Meilisearch prints it in messages, unquoted.
@@ -1242,6 +1261,60 @@ mod tests {
             ids(&server),
             (1..=20).map(|id| json!(id)).collect::<Vec<_>>()
         );
+        assert!(dispatcher.take_dead_letters().is_empty());
+        dispatcher.shutdown();
+    }
+
+    #[test]
+    fn a_delete_batch_over_the_servers_limit_is_split_and_the_limit_learned() {
+        // Meilisearch answers a JSON body over its limit with 500 `internal` "JSON payload (N
+        // bytes) is larger than allowed (limit: M bytes)", which is no server failure: the batch
+        // is split in halves until each fits, never retried unchanged.
+        let server = TestServer::start_with(meili_test_server::Config {
+            master_key: Some(KEY.to_owned()),
+            max_payload_bytes: 5_000,
+            ..meili_test_server::Config::default()
+        })
+        .expect("server");
+        let mut dispatcher = dispatcher(&server);
+        dispatcher.max_payload = 100_000_000;
+        let key = |n: usize| format!("{n:03}{}", "k".repeat(447));
+        let documents: Vec<Value> = (0..30).map(|n| json!({"id": key(n)})).collect();
+        for (seq, chunk) in documents.chunks(5).enumerate() {
+            dispatcher.push(batch(seq as u64 + 1, chunk));
+        }
+        settle(&mut dispatcher);
+        assert_eq!(ids(&server).len(), 30);
+        let items: Vec<Vec<u8>> = (0..28)
+            .map(|n| json!(key(n)).to_string().into_bytes())
+            .collect();
+        dispatcher.push(Batch {
+            seq: 10,
+            op: Operation::Delete,
+            body: Arc::new(join_items(Operation::Delete, &items)),
+            docs: items.len(),
+            checkpoint: Some(1000),
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut notices = Vec::new();
+        let mut retries = Vec::new();
+        let mut newest = None;
+        while !dispatcher.is_idle() {
+            assert!(Instant::now() < deadline, "did not settle: {retries:?}");
+            let progress = dispatcher.pump(Some(Duration::from_millis(20)));
+            newest = progress.checkpoint.or(newest);
+            notices.extend(progress.notices);
+            retries.extend(progress.retries);
+        }
+        assert_eq!(newest, Some(1000));
+        assert_eq!(ids(&server), vec![json!(key(28)), json!(key(29))]);
+        assert!(
+            retries.is_empty(),
+            "nothing was retried unchanged: {retries:?}"
+        );
+        assert_eq!(notices.len(), 1, "{notices:?}");
+        assert!(notices[0].contains("over 5000 bytes"), "{notices:?}");
+        assert_eq!(dispatcher.max_payload, 5_000);
         assert!(dispatcher.take_dead_letters().is_empty());
         dispatcher.shutdown();
     }

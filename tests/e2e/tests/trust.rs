@@ -451,7 +451,28 @@ fn views_whose_rows_depend_on_who_reads_them_are_refused() {
     let task = start_with_options(&cluster, None, "plain_rows", &index, &options);
     cluster.wait_snapshot_done(task, CONVERGE);
     wait_index_matches_table(&cluster, &meili, &index, "public.plain_rows", CONVERGE);
+    // A backend that searched through the task sees the change at once (in one transaction here,
+    // so the ALTER is rolled back with the refusal).
+    let search = format!("SET ROLE shopper; SELECT count(*) FROM meili_search({task}, 'ann')");
+    let refused = refusal(
+        &cluster,
+        &format!(
+            "{search}; RESET ROLE; ALTER VIEW public.plain_rows SET (security_invoker = true); {search}"
+        ),
+    );
+    assert_eq!(refused.sqlstate, "0A000", "{}", refused.stderr);
+    assert!(
+        refused
+            .message
+            .contains(&format!("task {task} cannot be searched"))
+            && refused.message.contains("security_invoker"),
+        "{}",
+        refused.message
+    );
+    assert_eq!(cluster.psql(&search).lines().last(), Some("1"));
     cluster.psql("ALTER VIEW public.plain_rows SET (security_invoker = true)");
+    let refused = refusal(&cluster, &search);
+    assert_eq!(refused.sqlstate, "0A000", "{}", refused.stderr);
     let error = error_after_new_copy(&cluster, task, CONVERGE);
     assert!(error.contains("security_invoker"), "{error}");
     assert_no_crash(&cluster);

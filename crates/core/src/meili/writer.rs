@@ -67,6 +67,36 @@ fn taken_for_too_large(error: &MeiliError, times: u32, bytes: usize) -> MeiliErr
     }
 }
 
+/// Meilisearch answers a JSON body over its payload limit (a delete-batch; document additions are
+/// NDJSON and get a 413) with HTTP 500 `internal`: "JSON payload (N bytes) is larger than allowed
+/// (limit: M bytes)". The body's size is at fault, not the server, so it is a 413 for the owner
+/// to split, never a failure to retry unchanged.
+fn refused_for_size(error: &MeiliError) -> Option<MeiliError> {
+    let MeiliError::Http {
+        status,
+        body: Some(body),
+    } = error
+    else {
+        return None;
+    };
+    if *status == 413 || !body.message.contains("is larger than allowed (limit: ") {
+        return None;
+    }
+    Some(MeiliError::Http {
+        status: 413,
+        body: Some(MeiliErrorBody {
+            message: format!("{} (HTTP {status} {})", body.message, body.code),
+            code: "payload_too_large".into(),
+            kind: "invalid_request".into(),
+            link: body.link.clone(),
+        }),
+    })
+}
+
+/// After this many failed attempts to send the same body, the retry's error says that it is
+/// being sent unchanged again and again, so that `last_error` tells a loop from a blip.
+const UNCHANGED_ATTEMPTS_NOTED: u32 = 5;
+
 /// The connection broke while the body was being written (see [`BROKEN_UPLOADS_BEFORE_SPLIT`]).
 fn upload_broke_off(error: &MeiliError) -> bool {
     match error {
@@ -415,7 +445,7 @@ impl SenderThread {
                     if large && broken_uploads >= BROKEN_UPLOADS_BEFORE_SPLIT {
                         taken_for_too_large(&error, broken_uploads, body.len())
                     } else {
-                        error
+                        refused_for_size(&error).unwrap_or(error)
                     }
                 });
             match sent {
@@ -451,10 +481,18 @@ impl SenderThread {
                         return false;
                     }
                     self.shared.stats.retries.fetch_add(1, Ordering::Relaxed);
+                    let error = if attempt + 1 >= UNCHANGED_ATTEMPTS_NOTED {
+                        format!(
+                            "{error}; the same request has now failed {} times in a row and is sent again unchanged (with a backoff of at most 30 s) until Meilisearch accepts it: check Meilisearch's log, its key and its limits",
+                            attempt + 1
+                        )
+                    } else {
+                        error.to_string()
+                    };
                     self.shared.emit(WriterEvent::Retrying {
                         seq: batch.seq,
                         attempt: attempt + 1,
-                        error: error.to_string(),
+                        error,
                     });
                     if !self.shared.pause(backoff.delay(attempt)) {
                         return false;
@@ -996,6 +1034,32 @@ mod tests {
             assert!(posts.iter().all(|body| *body == *replace(1, 0..3).body));
             assert_eq!(server.documents("books").len(), 3);
             assert_eq!(writer.stats().retries.load(Ordering::Relaxed), 3);
+            writer.shutdown();
+        }
+
+        #[test]
+        fn a_request_failing_again_and_again_says_so() {
+            let (server, writer) = start(|_| {});
+            server.faults().fail_next_requests(6, 503);
+            writer.try_send(replace(1, 0..3)).expect("room");
+            let events = events_until(&writer, |events| finished(events) == 1);
+            let errors: Vec<&String> = events
+                .iter()
+                .filter_map(|e| match e {
+                    WriterEvent::Retrying { seq: 1, error, .. } => Some(error),
+                    _ => None,
+                })
+                .collect();
+            assert_eq!(errors.len(), 6);
+            assert!(
+                errors[..4].iter().all(|error| !error.contains("in a row")),
+                "{errors:?}"
+            );
+            assert!(
+                errors[4].contains("failed 5 times in a row and is sent again unchanged"),
+                "{errors:?}"
+            );
+            assert_eq!(confirmed_seqs(&events), [1]);
             writer.shutdown();
         }
 
