@@ -89,22 +89,18 @@ pub fn publish_exactly(name: &str, relids: &[pg_sys::Oid]) -> CatalogResult<()> 
         ))?;
     }
     let published = published_tables(name)?;
-    for relid in relids.iter().filter(|relid| !published.contains(relid)) {
+    let adding = relids.iter().filter(|relid| !published.contains(relid));
+    let dropping = published.iter().filter(|relid| !relids.contains(relid));
+    for (action, relid) in adding
+        .map(|relid| ("ADD", relid))
+        .chain(dropping.map(|relid| ("DROP", relid)))
+    {
         // A table dropped since the tasks were read is skipped: its task fails on its own.
         let Some(table) = qualified_name(*relid)? else {
             continue;
         };
         Spi::run(&format!(
-            "ALTER PUBLICATION {} ADD TABLE ONLY {table}",
-            quote_identifier(name),
-        ))?;
-    }
-    for relid in published.iter().filter(|relid| !relids.contains(relid)) {
-        let Some(table) = qualified_name(*relid)? else {
-            continue;
-        };
-        Spi::run(&format!(
-            "ALTER PUBLICATION {} DROP TABLE ONLY {table}",
+            "ALTER PUBLICATION {} {action} TABLE ONLY {table}",
             quote_identifier(name),
         ))?;
     }
