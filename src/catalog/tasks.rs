@@ -10,6 +10,7 @@ use super::{
     as_catalog_owner, format_lsn, ids_of, names_from, select_one, CatalogResult, OBJECT_NAME_SQL,
 };
 use crate::error::{ErrorKind, SyncError};
+use crate::state_change;
 
 /// What a task should be doing: `meili_sync.tasks.state`, whose CHECK constraint allows exactly
 /// these. (Not to be confused with a worker's live [`crate::shmem::Phase`], nor with the status of a
@@ -294,8 +295,31 @@ pub fn set_state(task_id: i64, state: TaskState) -> CatalogResult<()> {
             "UPDATE meili_sync.tasks SET state = $2, generation = generation + 1 WHERE id OPERATOR(pg_catalog.=) $1",
             &[task_id.into(), state.as_str().into()],
         )?;
-        Ok(())
+        announce_state_change(task_id)
     })
+}
+
+/// Writes the task's new generation into the WAL, in the transaction that changed it: a decoder
+/// that reads it stops taking the task's changes exactly at this transaction's commit
+/// (`state_change`), whenever the launcher gets to the worker.
+fn announce_state_change(task_id: i64) -> CatalogResult<()> {
+    let generation = select_one::<i32>(
+        "SELECT generation FROM meili_sync.tasks WHERE id OPERATOR(pg_catalog.=) $1",
+        &[task_id.into()],
+    )?
+    .unwrap_or(0);
+    announce_generation(task_id, i64::from(generation))
+}
+
+fn announce_generation(task_id: i64, generation: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "SELECT pg_catalog.pg_logical_emit_message(true, $1::pg_catalog.text, $2::pg_catalog.text)",
+        &[
+            state_change::PREFIX.into(),
+            state_change::content(task_id, generation).into(),
+        ],
+    )?;
+    Ok(())
 }
 
 /// Stores changed options (and URL, and key when given) and restarts the task's worker.
@@ -329,8 +353,9 @@ pub fn alter_task(
                     &[task_id.into(), key.into()],
                 )?;
             }
-            Ok(())
-        })
+            Ok::<(), pgrx::spi::Error>(())
+        })?;
+        announce_state_change(task_id)
     })
 }
 
@@ -348,20 +373,21 @@ pub fn resume(task_id: i64) -> CatalogResult<()> {
 
 pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
     as_catalog_owner(|| {
-        Ok(Spi::run_with_args(
+        Spi::run_with_args(
         "UPDATE meili_sync.tasks
             SET state = 'snapshot', generation = generation + 1, snapshot_key = NULL, rows_copied = 0,
                 stream_position = NULL,
                 snapshot_started_at = NULL, snapshot_finished_at = NULL, last_error = NULL, last_error_at = NULL
           WHERE id OPERATOR(pg_catalog.=) $1",
         &[task_id.into()],
-    )?)
+    )?;
+        announce_state_change(task_id)
     })
 }
 
 pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
     as_catalog_owner(|| {
-        Spi::connect_mut(|client| {
+        let deleted = Spi::connect_mut(|client| {
             // The shared publication stays: the shared decoder stops publishing the table.
             if !task.shared || task.moving {
                 client.update(
@@ -373,13 +399,20 @@ pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
                     &[],
                 )?;
             }
-            client.update(
-                "DELETE FROM meili_sync.tasks WHERE id OPERATOR(pg_catalog.=) $1",
-                None,
-                &[task.id.into()],
-            )?;
-            Ok(())
-        })
+            client
+                .update(
+                    "DELETE FROM meili_sync.tasks WHERE id OPERATOR(pg_catalog.=) $1 RETURNING generation",
+                    None,
+                    &[task.id.into()],
+                )?
+                .first()
+                .get::<i32>(1)
+        })?;
+        // A generation no stream runs: every stream of the task ends at this commit.
+        match deleted {
+            Some(generation) => announce_generation(task.id, i64::from(generation) + 1),
+            None => Ok(()),
+        }
     })
 }
 

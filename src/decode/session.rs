@@ -158,7 +158,12 @@ impl DecodingSession {
                 pg_sys::CheckLogicalDecodingRequirements();
                 pg_sys::ReplicationSlotAcquire(slot.as_ptr(), true);
                 let mut options: *mut pg_sys::List = ptr::null_mut();
-                for (name, value) in [("proto_version", "1"), ("publication_names", publication)] {
+                // `messages`: the logical messages that announce tasks' state changes.
+                for (name, value) in [
+                    ("proto_version", "1"),
+                    ("publication_names", publication),
+                    ("messages", "true"),
+                ] {
                     options = pg_sys::lappend(options, option(name, value).cast());
                 }
                 let context = pg_sys::CreateDecodingContext(

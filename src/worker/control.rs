@@ -61,8 +61,8 @@ impl From<SyncError> for Stop {
 
 /// SQLSTATEs of ERRORs in our own catalog work that pass by themselves: another session held a
 /// lock past `lock_timeout`, a serialization failure or a deadlock victim, a statement cancelled
-/// (`statement_timeout`, `pg_cancel_backend`). Every other ERROR ends the worker, and the launcher
-/// restarts it.
+/// (`statement_timeout`, `pg_cancel_backend`). An ERROR of [`PERMANENT_CLASSES`] stops the task;
+/// every other ERROR ends the worker, and the launcher restarts it.
 const PASSING_ERRORS: [PgSqlErrorCode; 4] = [
     PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE,
     PgSqlErrorCode::ERRCODE_T_R_SERIALIZATION_FAILURE,
@@ -120,9 +120,18 @@ fn run_transaction<T>(
         for code in PASSING_ERRORS {
             guarded = guarded.catch_when(code, |error| roll_back(error).map_err(Caught::Passing));
         }
-        if stop_hint.is_some() {
-            guarded = guarded.catch_others(|error| roll_back(error).map_err(Caught::Permanent));
-        }
+        guarded = if stop_hint.is_some() {
+            guarded.catch_others(|error| roll_back(error).map_err(Caught::Permanent))
+        } else {
+            guarded.catch_others(|error| {
+                if fails_every_time(&error) {
+                    roll_back(error).map_err(Caught::Permanent)
+                } else {
+                    // The worker ends, and the launcher restarts it.
+                    error.rethrow()
+                }
+            })
+        };
         match guarded.execute() {
             Ok(result) => {
                 if let Some(phase) = phase_before.filter(|_| attempt > 0) {
@@ -133,7 +142,7 @@ fn run_transaction<T>(
             Err(Caught::Permanent(message)) => {
                 return Err(Stop::Permanent(format!(
                     "{what}: {message}; {}",
-                    stop_hint.unwrap_or_default()
+                    stop_hint.unwrap_or(PERMANENT_HINT)
                 )))
             }
             Err(Caught::Passing(message)) => {
@@ -148,6 +157,34 @@ fn run_transaction<T>(
             }
         }
     }
+}
+
+/// SQLSTATE classes of ERRORs that come back the same on every try: a feature not supported
+/// (0A), bad data (22, a division by zero in a row-security policy say), an integrity violation
+/// (23), an invalid transaction or schema name (2B, 3D, 3F), a syntax error or missing
+/// privilege, object or operator (42), a violated check option (44). The task stops with the
+/// message at once instead of crashing its worker into the launcher's restart loop.
+const PERMANENT_CLASSES: [&str; 8] = ["0A", "22", "23", "2B", "3D", "3F", "42", "44"];
+
+/// What a task's `last_error` says after an ERROR of [`PERMANENT_CLASSES`].
+const PERMANENT_HINT: &str =
+    "it fails the same way on every try: fix the cause, then run SELECT meili_sync_resume(task)";
+
+/// An ERROR raised by Postgres (not a panic of ours) whose SQLSTATE class is in
+/// [`PERMANENT_CLASSES`].
+fn fails_every_time(error: &CaughtError) -> bool {
+    let (CaughtError::PostgresError(report) | CaughtError::ErrorReport(report)) = error else {
+        return false;
+    };
+    let class = sqlstate(report.sql_error_code() as i32);
+    PERMANENT_CLASSES.contains(&&class[..2])
+}
+
+/// The five characters of a packed SQLSTATE (Postgres's `MAKE_SQLSTATE`: six bits a character).
+fn sqlstate(code: i32) -> String {
+    (0..5)
+        .map(|position| char::from(b'0' + ((code >> (6 * position)) & 0x3F) as u8))
+        .collect()
 }
 
 /// Rolls back the transaction a passing ERROR interrupted; returns the ERROR's message.
@@ -361,5 +398,26 @@ pub fn worker_main(entry: i64, who: &str, work: impl FnOnce(LiveStatus, i32) -> 
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn packed_sqlstates_read_back_as_their_five_characters() {
+        assert_eq!(
+            sqlstate(PgSqlErrorCode::ERRCODE_DIVISION_BY_ZERO as i32),
+            "22012"
+        );
+        assert_eq!(
+            sqlstate(PgSqlErrorCode::ERRCODE_UNDEFINED_FUNCTION as i32),
+            "42883"
+        );
+        assert_eq!(
+            sqlstate(PgSqlErrorCode::ERRCODE_LOCK_NOT_AVAILABLE as i32),
+            "55P03"
+        );
     }
 }

@@ -26,11 +26,12 @@ use crate::options::TaskOptions;
 use crate::plan::{self, SnapshotPlan, ViewPlan};
 use crate::security;
 use crate::shmem::{LiveStatus, Phase};
+use crate::state_change;
 use crate::worker::control::{
     in_transaction, in_user_transaction, permanent, report_progress, should_stop, Stop,
 };
 use crate::worker::stream::{
-    busy_nap, parse_noting_commits, IndexWatch, SwapGate, RECORDS_PER_ROUND,
+    busy_nap, log_state_change, parse_noting_commits, IndexWatch, SwapGate, RECORDS_PER_ROUND,
 };
 
 /// What to do when the view's or a mapping's query fails at run time.
@@ -56,6 +57,9 @@ pub struct ViewStream<'a> {
     progress: Progress,
     failure: Option<String>,
     ages: CommitAges,
+    /// Read a state change of the task (`state_change`): nothing after it is collected, and
+    /// the window it interrupted is never rendered (the slot keeps it).
+    ended: bool,
 }
 
 impl<'a> ViewStream<'a> {
@@ -85,6 +89,7 @@ impl<'a> ViewStream<'a> {
             progress: Progress::default(),
             failure: None,
             ages: CommitAges::default(),
+            ended: false,
         }
     }
 
@@ -357,11 +362,17 @@ impl<'a> ViewStream<'a> {
 
 impl MessageSink for ViewStream<'_> {
     fn message(&mut self, _lsn: u64, data: &[u8]) {
-        if self.failure.is_some() {
+        if self.failure.is_some() || self.ended {
             return;
         }
-        let applied = parse_noting_commits(data, &mut self.ages)
-            .and_then(|message| self.keys.apply(&message, &Instant::now));
+        let (task_id, generation) = (self.task.id, i64::from(self.task.generation));
+        let applied = parse_noting_commits(data, &mut self.ages).and_then(|message| {
+            if state_change::ends_stream(&message, task_id, generation) {
+                self.ended = true;
+                return Ok(());
+            }
+            self.keys.apply(&message, &Instant::now)
+        });
         if let Err(error) = applied {
             self.failure = Some(error);
         }
@@ -422,6 +433,10 @@ pub fn run(
                 Err(error) => break Err(permanent(error)),
             };
             caught_up = records == 0;
+        }
+        if stream.ended {
+            log_state_change(task.id);
+            break Ok(None);
         }
         if let Some(failure) = stream.failure.take() {
             break Err(permanent(failure));

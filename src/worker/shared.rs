@@ -28,7 +28,7 @@ use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
     in_transaction, open_dispatcher, permanent, should_stop, worker_main, Stop, HTTP_TIMEOUT,
 };
-use crate::worker::stream::{busy_nap, IndexWatch, Streamer, RECORDS_PER_ROUND};
+use crate::worker::stream::{busy_nap, log_state_change, IndexWatch, Streamer, RECORDS_PER_ROUND};
 
 /// The launcher's and shared memory's key for the shared decoder (task ids are positive).
 pub const SHARED_DECODER: i64 = -1;
@@ -267,8 +267,16 @@ impl SharedDecoder {
         let key_attribute = plan.shape.primary_key_attribute().to_owned();
         let dispatcher = open_dispatcher(&client, task, &options, &key_attribute);
         let rules = ColumnRules::new(&task.relation, &task.primary_key, &options);
-        let streamer = Streamer::new(task.id, live, dispatcher, rules, plan.limits, &options)
-            .with_stall_limit(STALL_LIMIT);
+        let streamer = Streamer::new(
+            task.id,
+            task.generation,
+            live,
+            dispatcher,
+            rules,
+            plan.limits,
+            &options,
+        )
+        .with_stall_limit(STALL_LIMIT);
         live.set_phase(Phase::Streaming);
         let position = task.stream_position.unwrap_or(0);
         Ok(Pipeline {
@@ -528,6 +536,20 @@ impl SharedDecoder {
             };
             if let Some(failure) = fanout.failure {
                 break Err(permanent(failure));
+            }
+            // Tasks whose state change this read reached leave before anything moves their
+            // position past it.
+            let ended: Vec<i64> = self
+                .pipelines
+                .iter()
+                .filter(|(_, pipeline)| pipeline.streamer.has_ended())
+                .map(|(id, _)| *id)
+                .collect();
+            for task_id in ended {
+                if let Some(pipeline) = self.remove(task_id) {
+                    log_state_change(task_id);
+                    pipeline.leave(Phase::Exited);
+                }
             }
             caught_up = records == 0;
             let (read_position, confirmed) = (session.read_position(), session.confirmed());

@@ -22,6 +22,7 @@ use crate::pacing::BusyNap;
 use crate::pgoutput;
 use crate::plan::ColumnRules;
 use crate::shmem::{LiveStatus, Phase};
+use crate::state_change;
 use crate::worker::control::{permanent, report_progress, should_stop, Stop};
 
 /// WAL records decoded between two looks at confirmations and signals.
@@ -38,6 +39,10 @@ pub fn busy_nap() -> BusyNap {
 /// (borrowed in a task worker, which used it for the copy first; owned in the shared decoder).
 pub struct Streamer<D: BorrowMut<Dispatcher>> {
     task_id: i64,
+    /// The task's generation this stream serves: a state change announcing a newer one ends it.
+    generation: i64,
+    /// Read a state change of the task (`state_change`): nothing after it is taken.
+    ended: bool,
     live: LiveStatus,
     dispatcher: D,
     rules: ColumnRules,
@@ -62,6 +67,7 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
 impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     pub fn new(
         task_id: i64,
+        generation: i32,
         live: LiveStatus,
         dispatcher: D,
         rules: ColumnRules,
@@ -71,6 +77,8 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         let primary_key = dispatcher.borrow().primary_key().to_owned();
         Streamer {
             task_id,
+            generation: i64::from(generation),
+            ended: false,
             live,
             dispatcher,
             primary_key,
@@ -92,6 +100,12 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     pub fn with_stall_limit(mut self, limit: Duration) -> Self {
         self.stall_limit = Some(limit);
         self
+    }
+
+    /// The stream read a state change of its task (pause, stop, alter, re-copy, drop): it must
+    /// end there, never confirming past it.
+    pub fn has_ended(&self) -> bool {
+        self.ended
     }
 
     /// The task could not take more changes for the stall limit: it must leave the stream, and
@@ -195,7 +209,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
 
     /// Caught up with nothing unconfirmed: the index is complete up to `position`.
     pub fn confirm_idle(&mut self, position: u64) -> Option<u64> {
-        self.is_idle().then(|| {
+        (self.is_idle() && !self.ended).then(|| {
             self.ages.confirmed(position);
             position
         })
@@ -317,7 +331,7 @@ pub fn parse_noting_commits<'a>(
 
 impl<D: BorrowMut<Dispatcher>> MessageSink for Streamer<D> {
     fn message(&mut self, _lsn: u64, data: &[u8]) {
-        if self.failure.is_some() || self.stalled {
+        if self.failure.is_some() || self.stalled || self.ended {
             return;
         }
         let message = match parse_noting_commits(data, &mut self.ages) {
@@ -327,6 +341,10 @@ impl<D: BorrowMut<Dispatcher>> MessageSink for Streamer<D> {
                 return;
             }
         };
+        if state_change::ends_stream(&message, self.task_id, self.generation) {
+            self.ended = true;
+            return;
+        }
         let rules = &self.rules;
         if let Err(error) = self.mapper.apply(message, &Instant::now, &mut |relation| {
             rules.relation_shape(relation)
@@ -380,6 +398,11 @@ impl IndexWatch {
             if created_at.is_some() { " and re-created" } else { "" }
         ))
     }
+}
+
+/// A stream read its task's state change (pause, stop, alter, re-copy or drop) in the WAL.
+pub fn log_state_change(task_id: i64) {
+    log!("pg_meili_sync task {task_id}: read its state change in the WAL; it sends nothing that committed after it");
 }
 
 /// Decides when a resync helper stops streaming so that its index can be swapped in.
@@ -444,6 +467,12 @@ pub fn run(
             Ok(records) => records,
             Err(error) => break Err(permanent(error)),
         };
+        if streamer.has_ended() {
+            // The task's state changed at this position: the slot keeps everything from the
+            // last confirmed commit on, and the next worker (if any) goes on from there.
+            log_state_change(task.id);
+            break Ok(None);
+        }
         caught_up = records == 0;
         if caught_up {
             if let Err(error) = watch.check(task.id) {

@@ -338,7 +338,15 @@ fn copy_then_stream(
         return render::run(&mut stream, &mut watch, gate);
     }
     let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
-    let mut streamer = Streamer::new(task.id, live, dispatcher, rules, plan.limits, options);
+    let mut streamer = Streamer::new(
+        task.id,
+        task.generation,
+        live,
+        dispatcher,
+        rules,
+        plan.limits,
+        options,
+    );
     stream::run(&mut streamer, task, &mut watch, gate)
 }
 

@@ -1,13 +1,11 @@
 //! The `search` mode: searching through SQL (`meili_search`, driven by pgbench) against searching
-//! Meilisearch directly over HTTP (the same bodies, from threads of this command with kept-alive
-//! connections), with the same concurrency for the same time, in one run; then the latency of
+//! Meilisearch directly over HTTP (the same bodies, from wrk with kept-alive connections), with the
+//! same concurrency for the same time, in one run; then the latency of
 //! `meili_sync_wait` from an INSERT's COMMIT to its return.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use pg_meili_sync_core::meili::client::Client;
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
 use pg_meili_sync_e2e::{products, wait_for};
@@ -27,57 +25,95 @@ fn search_script(task: i64, query: &str) -> String {
     format!("SELECT count(*) FROM meili_search({task}, '{query}', '{{\"limit\": 10}}');\n")
 }
 
-/// Requests per second and latencies (ms, sorted) of one side.
+/// Requests per second and latencies (ms) of one side.
 struct Side {
     per_second: f64,
-    latencies: Vec<f64>,
+    p50: f64,
+    p99: f64,
 }
 
 impl Side {
-    fn percentile(&self, p: f64) -> f64 {
-        if self.latencies.is_empty() {
-            return f64::NAN;
+    fn from_latencies(per_second: f64, latencies: &[f64]) -> Side {
+        let percentile = |p: f64| {
+            if latencies.is_empty() {
+                return f64::NAN;
+            }
+            latencies[((latencies.len() - 1) as f64 * p).round() as usize]
+        };
+        Side {
+            per_second,
+            p50: percentile(0.5),
+            p99: percentile(0.99),
         }
-        let index = ((self.latencies.len() - 1) as f64 * p).round() as usize;
-        self.latencies[index]
     }
 }
 
-/// `clients` threads searching straight over HTTP for `seconds`.
+/// `clients` connections searching straight over HTTP for `seconds`, measured by wrk (a C
+/// client faster than the server, which asks for no compressed answers): its requests per
+/// second and its latency distribution.
 fn direct(meili: &Meili, index: &str, query: &str, clients: usize, seconds: u64) -> Side {
-    let client = Client::new(&meili.url, meili.key(), Duration::from_secs(30)).expect("client");
-    let stop = AtomicBool::new(false);
-    let body = json!({"q": query, "limit": 10});
-    let mut latencies = Vec::new();
-    let started = Instant::now();
-    std::thread::scope(|scope| {
-        let workers: Vec<_> = (0..clients)
-            .map(|_| {
-                let client = client.with_own_connections();
-                let (stop, body) = (&stop, &body);
-                scope.spawn(move || {
-                    let mut mine = Vec::new();
-                    while !stop.load(Ordering::Relaxed) {
-                        let sent = Instant::now();
-                        client.search(index, body).expect("a direct search");
-                        mine.push(sent.elapsed().as_secs_f64() * 1000.0);
-                    }
-                    mine
-                })
-            })
-            .collect();
-        std::thread::sleep(Duration::from_secs(seconds));
-        stop.store(true, Ordering::Relaxed);
-        for worker in workers {
-            latencies.extend(worker.join().expect("a search thread"));
-        }
-    });
-    let elapsed = started.elapsed().as_secs_f64();
-    latencies.sort_by(f64::total_cmp);
-    Side {
-        per_second: latencies.len() as f64 / elapsed,
-        latencies,
+    let dir = std::env::temp_dir().join(format!("pg_meili_sync_wrk_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("wrk directory");
+    let script = dir.join("search.lua");
+    let body = json!({"q": query, "limit": 10}).to_string();
+    let mut lua = format!(
+        "wrk.method = \"POST\"\nwrk.body = {body:?}\nwrk.headers[\"Content-Type\"] = \"application/json\"\n"
+    );
+    if let Some(key) = meili.key() {
+        lua.push_str(&format!(
+            "wrk.headers[\"Authorization\"] = \"Bearer {key}\"\n"
+        ));
     }
+    std::fs::write(&script, lua).expect("wrk script");
+    let output = std::process::Command::new("wrk")
+        .arg("-t")
+        .arg(clients.min(2).to_string())
+        .arg("-c")
+        .arg(clients.to_string())
+        .arg("-d")
+        .arg(format!("{seconds}s"))
+        .arg("--latency")
+        .arg("-s")
+        .arg(&script)
+        .arg(format!("{}/indexes/{index}/search", meili.url))
+        .output()
+        .expect("run wrk (apt-get install wrk)");
+    let _ = std::fs::remove_dir_all(&dir);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success() && !stdout.contains("Non-2xx"),
+        "wrk failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let field = |prefix: &str| {
+        stdout
+            .lines()
+            .find_map(|line| line.trim().strip_prefix(prefix))
+            .map(str::trim)
+            .unwrap_or_default()
+            .to_owned()
+    };
+    Side {
+        per_second: field("Requests/sec:").parse().unwrap_or(0.0),
+        p50: wrk_millis(&field("50%")),
+        p99: wrk_millis(&field("99%")),
+    }
+}
+
+/// A wrk duration (`812.00us`, `1.23ms`, `1.02s`) in milliseconds.
+fn wrk_millis(text: &str) -> f64 {
+    let (number, scale) = if let Some(micros) = text.strip_suffix("us") {
+        (micros, 0.001)
+    } else if let Some(millis) = text.strip_suffix("ms") {
+        (millis, 1.0)
+    } else if let Some(seconds) = text.strip_suffix('s') {
+        (seconds, 1000.0)
+    } else {
+        (text, f64::NAN)
+    };
+    number
+        .parse::<f64>()
+        .map_or(f64::NAN, |value| value * scale)
 }
 
 /// Runs a pgbench script and returns its transactions per second and latencies from its
@@ -117,10 +153,7 @@ fn pgbench(cluster: &Cluster, script: &str, args: &[&str]) -> Side {
         .unwrap_or(0.0);
     let latencies = read_logs(&dir);
     let _ = std::fs::remove_dir_all(&dir);
-    Side {
-        per_second,
-        latencies,
-    }
+    Side::from_latencies(per_second, &latencies)
 }
 
 /// pgbench's per-transaction logs: the third field is the latency in microseconds.
@@ -214,12 +247,12 @@ pub fn search(rows: i64, seconds: u64, clients: usize) {
             prepared.per_second / http.per_second,
             simple.per_second,
             simple.per_second / http.per_second,
-            http.percentile(0.5),
-            http.percentile(0.99),
-            prepared.percentile(0.5),
-            prepared.percentile(0.99),
-            prepared.percentile(0.5) - http.percentile(0.5),
-            prepared.percentile(0.99) - http.percentile(0.99),
+            http.p50,
+            http.p99,
+            prepared.p50,
+            prepared.p99,
+            prepared.p50 - http.p50,
+            prepared.p99 - http.p99,
         );
     }
     // One client on each side: what a search through SQL adds to one call, without the queueing
@@ -237,12 +270,12 @@ pub fn search(rows: i64, seconds: u64, clients: usize) {
         );
         println!(
             "| {what} (`{query}`) | {:.2} / {:.2} | {:.2} / {:.2} | {:+.2} / {:+.2} |",
-            http.percentile(0.5),
-            http.percentile(0.99),
-            sql.percentile(0.5),
-            sql.percentile(0.99),
-            sql.percentile(0.5) - http.percentile(0.5),
-            sql.percentile(0.99) - http.percentile(0.99),
+            http.p50,
+            http.p99,
+            sql.p50,
+            sql.p99,
+            sql.p50 - http.p50,
+            sql.p99 - http.p99,
         );
     }
     // Read-your-writes: an INSERT (its own transaction), then meili_sync_wait, one client.
@@ -254,8 +287,8 @@ pub fn search(rows: i64, seconds: u64, clients: usize) {
     let waits = pgbench(&cluster, &script, &["-c", "1", "-t", "200"]);
     println!(
         "meili_sync_wait   INSERT's COMMIT → searchable, 200 one-row transactions one after another: p50 {:.1} ms, p99 {:.1} ms (pgbench transaction latency: the INSERT and the wait)",
-        waits.percentile(0.5),
-        waits.percentile(0.99)
+        waits.p50,
+        waits.p99
     );
     if meili.test_server().is_none() {
         meili.delete_index(&index);

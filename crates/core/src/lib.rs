@@ -15,5 +15,6 @@ pub mod options;
 pub mod pacing;
 pub mod pgoutput;
 pub mod route;
+pub mod state_change;
 #[cfg(test)]
 mod test_support;

@@ -10,6 +10,7 @@
 use std::collections::{HashMap, HashSet};
 
 use crate::pgoutput::{self, Message, ParseError};
+use crate::state_change;
 
 pub type TaskId = i64;
 
@@ -132,10 +133,32 @@ impl Router {
                     }
                 }
             }
-            // Types, origins and emitted messages carry nothing a task maps.
+            message @ Message::Emitted { .. } => {
+                // A task's state change goes to that task, at its place in the transaction.
+                if let Some(task) = state_change::task_of(&message) {
+                    self.deliver_state_change(task, lsn, data, deliver);
+                }
+            }
+            // Types and origins carry nothing a task maps.
             _ => {}
         }
         Ok(())
+    }
+
+    fn deliver_state_change(
+        &mut self,
+        task: TaskId,
+        lsn: u64,
+        data: &[u8],
+        deliver: &mut dyn FnMut(TaskId, u64, &[u8]),
+    ) {
+        let (Some(transaction), Some(route)) = (self.transaction.as_ref(), self.routes.get(&task))
+        else {
+            return;
+        };
+        if transaction.final_lsn >= route.skip_before {
+            deliver(task, lsn, data);
+        }
     }
 
     fn deliver_change(
@@ -236,6 +259,18 @@ mod tests {
         message
     }
 
+    /// A transactional logical message of ours announcing `generation` of `task`.
+    fn state_change(task: TaskId, generation: i64) -> Vec<u8> {
+        let content = state_change::content(task, generation);
+        let mut message = vec![b'M', 1];
+        message.extend(5000u64.to_be_bytes());
+        message.extend(state_change::PREFIX.as_bytes());
+        message.push(0);
+        message.extend((content.len() as u32).to_be_bytes());
+        message.extend(content.as_bytes());
+        message
+    }
+
     /// What each task received, as readable labels.
     #[derive(Default)]
     struct Received(HashMap<TaskId, Vec<String>>);
@@ -253,6 +288,9 @@ mod tests {
                     other => format!("I{relation}:{other:?}"),
                 },
                 Message::Truncate { relations, .. } => format!("T{relations:?}"),
+                Message::Emitted { content, .. } => {
+                    format!("M{}", String::from_utf8_lossy(content))
+                }
                 other => format!("{other:?}"),
             };
             self.0.entry(task).or_default().push(label);
@@ -315,6 +353,28 @@ mod tests {
             ["B1000", "Ritems", "I100:a", "C1010", "B3000", "I100:c", "C3010"]
         );
         assert_eq!(received.of(2), ["B1000", "Rother", "I200:b", "C1010"]);
+    }
+
+    #[test]
+    fn a_state_change_reaches_its_task_alone_where_it_committed() {
+        let mut router = Router::default();
+        router.attach(1, &[100], 0);
+        router.attach(2, &[100], 0);
+        let mut received = Received::default();
+        let mut paused = transaction(1000, &[(100, "a")], &[(100, "items")]);
+        paused.insert(3, state_change(1, 4));
+        feed(&mut router, &mut received, &paused);
+        let announced = format!("M{}", state_change::content(1, 4));
+        assert_eq!(
+            received.of(1),
+            ["B1000", "Ritems", "I100:a", announced.as_str(), "C1010"]
+        );
+        assert_eq!(received.of(2), ["B1000", "Ritems", "I100:a", "C1010"]);
+        // Read again for a task that joins after that transaction: task 1 has it, and is not
+        // told again.
+        router.restart(1010);
+        feed(&mut router, &mut received, &paused);
+        assert_eq!(received.of(1).len(), 5);
     }
 
     #[test]
