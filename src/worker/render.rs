@@ -95,10 +95,7 @@ impl<'a> ViewStream<'a> {
 
     fn pump(&mut self) {
         let progress = self.dispatcher.pump(None);
-        if progress.checkpoint.is_some() {
-            self.progress.checkpoint = progress.checkpoint;
-        }
-        self.progress.retries.extend(progress.retries);
+        self.progress.absorb(progress);
         if let Some(failure) = self.dispatcher.take_failure() {
             self.failure.get_or_insert(failure);
         }

@@ -155,10 +155,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
 
     fn pump(&mut self, wait: Option<Duration>) {
         let progress = self.dispatcher().pump(wait);
-        if progress.checkpoint.is_some() {
-            self.progress.checkpoint = progress.checkpoint;
-        }
-        self.progress.retries.extend(progress.retries);
+        self.progress.absorb(progress);
         if let Some(failure) = self.dispatcher().take_failure() {
             self.failure.get_or_insert(failure);
         }
@@ -302,6 +299,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             && self.dispatcher.borrow().is_quiet()
             && self.progress.checkpoint.is_none()
             && self.progress.retries.is_empty()
+            && self.progress.notices.is_empty()
             && self.failure.is_none()
     }
 

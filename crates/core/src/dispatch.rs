@@ -68,6 +68,17 @@ pub struct Progress {
     pub notices: Vec<String>,
 }
 
+impl Progress {
+    /// Adds what a later `pump` reported: its checkpoint is the newer one.
+    pub fn absorb(&mut self, later: Progress) {
+        if later.checkpoint.is_some() {
+            self.checkpoint = later.checkpoint;
+        }
+        self.retries.extend(later.retries);
+        self.notices.extend(later.notices);
+    }
+}
+
 pub struct Dispatcher {
     writer: Writer,
     primary_key: String,

@@ -27,6 +27,15 @@ const TEST_KEY: &str = "e2e-master-key";
 /// A real server insists on a master key of 16 bytes or more.
 const REAL_KEY: &str = "e2e-master-key-for-a-real-meilisearch";
 
+/// The tests' own HTTP client: statuses are answers, not errors.
+fn test_agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .http_status_as_error(false)
+        .timeout_global(Some(Duration::from_secs(120)))
+        .build()
+        .into()
+}
+
 /// A real Meilisearch process of one test, with its own data directory; killed and removed on
 /// drop.
 struct RealServer {
@@ -35,10 +44,12 @@ struct RealServer {
     binary: String,
     port: u16,
     dir: PathBuf,
+    /// Flags beyond the ones every test server gets.
+    extra: Vec<String>,
 }
 
 impl RealServer {
-    fn start(binary: &str) -> (RealServer, String) {
+    fn start(binary: &str, extra: &[&str]) -> (RealServer, String) {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .and_then(|listener| listener.local_addr())
             .map(|address| address.port())
@@ -53,6 +64,7 @@ impl RealServer {
             binary: binary.to_owned(),
             port,
             dir,
+            extra: extra.iter().map(|flag| (*flag).to_owned()).collect(),
         };
         server.spawn();
         (server, format!("http://127.0.0.1:{port}"))
@@ -81,6 +93,7 @@ impl RealServer {
                 "--env",
                 "development",
             ])
+            .args(&self.extra)
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
@@ -118,12 +131,44 @@ impl Drop for RealServer {
 }
 
 impl Meili {
+    /// A server of the test's own that refuses request bodies over 1,000,000 bytes, as
+    /// `--http-payload-size-limit 1MB` makes a real one; None with `MEILI_URL` (a shared server).
+    pub fn with_one_megabyte_limit() -> Option<Meili> {
+        const LIMIT: usize = 1_000_000;
+        if std::env::var("MEILI_URL").is_ok_and(|url| !url.is_empty()) {
+            return None;
+        }
+        if std::env::var("E2E_MEILI").as_deref() == Ok("real") {
+            let binary = std::env::var("MEILI_BIN")
+                .expect("E2E_MEILI=real needs MEILI_BIN, the path of a meilisearch binary");
+            let (real, url) = RealServer::start(&binary, &["--http-payload-size-limit", "1MB"]);
+            let meili = Meili {
+                url,
+                key: Some(REAL_KEY.to_owned()),
+                server: None,
+                real: Some(Mutex::new(real)),
+                agent: test_agent(),
+            };
+            meili.wait_healthy();
+            return Some(meili);
+        }
+        let server = TestServer::start_with(meili_test_server::Config {
+            master_key: Some(TEST_KEY.to_owned()),
+            max_payload_bytes: LIMIT,
+            ..meili_test_server::Config::default()
+        })
+        .expect("start the Meilisearch test server");
+        Some(Meili {
+            url: server.url(),
+            key: Some(TEST_KEY.to_owned()),
+            server: Some(server),
+            real: None,
+            agent: test_agent(),
+        })
+    }
+
     pub fn from_env() -> Meili {
-        let agent: ureq::Agent = ureq::Agent::config_builder()
-            .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(120)))
-            .build()
-            .into();
+        let agent = test_agent();
         match std::env::var("MEILI_URL")
             .ok()
             .filter(|url| !url.is_empty())
@@ -140,7 +185,7 @@ impl Meili {
             None if std::env::var("E2E_MEILI").as_deref() == Ok("real") => {
                 let binary = std::env::var("MEILI_BIN")
                     .expect("E2E_MEILI=real needs MEILI_BIN, the path of a meilisearch binary");
-                let (real, url) = RealServer::start(&binary);
+                let (real, url) = RealServer::start(&binary, &[]);
                 let meili = Meili {
                     url,
                     key: Some(REAL_KEY.to_owned()),
