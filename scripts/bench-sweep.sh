@@ -3,7 +3,7 @@
 # ceiling measured in the same run (the same documents, all enqueued at once), the worker's CPU
 # per 100k documents, and how many batches Meilisearch made of the copy. The defaults in the README
 # come from this table. Against a real Meilisearch when one is found (MEILI_BIN,
-# ../shared/bin/meilisearch, or `meilisearch` on PATH; each run starts its own), else the test
+# or `meilisearch` on PATH; each run starts its own), else the test
 # server; MEILI_URL/MEILI_MASTER_KEY pick a running one. Needs the extension installed
 # (scripts/install.sh).
 #   bash scripts/bench-sweep.sh [rows]      (default 100000)
@@ -12,9 +12,7 @@ cd "$(dirname "$0")/.."
 rows=${1:-100000}
 cargo build --release -q -p pg_meili_sync_load
 if [ -z "${MEILI_URL:-}" ]; then
-    if [ -z "${MEILI_BIN:-}" ] && [ -x ../shared/bin/meilisearch ]; then
-        MEILI_BIN=$(realpath ../shared/bin/meilisearch)
-    elif [ -z "${MEILI_BIN:-}" ] && command -v meilisearch > /dev/null; then
+    if [ -z "${MEILI_BIN:-}" ] && command -v meilisearch > /dev/null; then
         MEILI_BIN=$(command -v meilisearch)
     fi
     if [ -n "${MEILI_BIN:-}" ]; then

@@ -4,7 +4,7 @@
 # the same run), Postgres's own decoders against ours, and the sweep of the batching knobs.
 #
 # The load runs go to the bundled test server (what the extension alone costs and can push) and,
-# when a real Meilisearch binary is found (MEILI_BIN, ../shared/bin/meilisearch, or `meilisearch`
+# when a real Meilisearch binary is found (MEILI_BIN, or `meilisearch`
 # on PATH), again to a real server of their own started from it: the figures that count. Set
 # MEILI_URL and MEILI_MASTER_KEY to use a running Meilisearch instead. About 15 minutes on two
 # cores with the test server alone, 30 with a real server.
@@ -24,8 +24,6 @@ real=""
 if [ -z "${MEILI_URL:-}" ]; then
     if [ -n "${MEILI_BIN:-}" ]; then
         real=$MEILI_BIN
-    elif [ -x ../shared/bin/meilisearch ]; then
-        real=$(realpath ../shared/bin/meilisearch)
     elif command -v meilisearch > /dev/null; then
         real=$(command -v meilisearch)
     fi

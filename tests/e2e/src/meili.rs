@@ -1,6 +1,6 @@
 //! The Meilisearch the tests sync into: the server at `MEILI_URL` (key `MEILI_MASTER_KEY`) when
 //! given; with `E2E_MEILI=real`, a real Meilisearch started for each test from the binary at
-//! `MEILI_BIN` (`.ci/run` sets it when `../shared/bin/meilisearch` exists); otherwise the
+//! `MEILI_BIN` (`.ci/run` sets it when the CI machine has a Meilisearch binary); otherwise the
 //! project's test server, started in this process.
 
 use std::path::PathBuf;
