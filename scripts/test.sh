@@ -9,6 +9,9 @@ bash scripts/setup.sh
 echo "== tier 0: no cycle among the modules of the extension and of the core crate"
 python3 scripts/check-module-cycles.py
 
+echo "== tier 0: the docs name only what exists, and the README documents every function, option and GUC"
+python3 scripts/check-docs.py
+
 echo "== tier 0b: the pure core crate under plain cargo test (no Postgres)"
 cargo test --release -p pg_meili_sync_core
 
