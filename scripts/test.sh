@@ -12,6 +12,10 @@ python3 scripts/check-module-cycles.py
 echo "== tier 0: the docs name only what exists, and the README documents every function, option and GUC"
 python3 scripts/check-docs.py
 
+echo "== tier 0: cargo fmt --check and cargo clippy -D warnings, every crate of the workspace"
+cargo fmt --all --check
+cargo clippy --workspace --release --all-targets -- -D warnings
+
 echo "== tier 0b: the pure core crate under plain cargo test (no Postgres)"
 cargo test --release -p pg_meili_sync_core
 

@@ -14,6 +14,7 @@ use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::meili::client::{Client, MeiliError};
 use crate::options::{validate_index_uid, Decoding, TaskOptions};
 use crate::worker::resync;
+use crate::jsonb::DirectJsonb;
 use crate::{gucs, plan, search, security, shmem};
 
 static WAKE_PENDING: AtomicBool = AtomicBool::new(false);
@@ -602,8 +603,8 @@ type HitRows = TableIterator<
         name!(id, Option<String>),
         name!(key, Option<Vec<String>>),
         name!(score, Option<f64>),
-        name!(document, JsonB),
-        name!(formatted, Option<JsonB>),
+        name!(document, DirectJsonb),
+        name!(formatted, Option<DirectJsonb>),
     ),
 >;
 
@@ -632,8 +633,8 @@ fn hit_rows(
             hit.id,
             key,
             hit.score,
-            JsonB(hit.document),
-            hit.formatted.map(JsonB),
+            DirectJsonb(hit.document),
+            hit.formatted.map(DirectJsonb),
         )
     })))
 }
@@ -656,8 +657,8 @@ fn meili_search(
         name!(id, Option<String>),
         name!(key, Option<Vec<String>>),
         name!(score, Option<f64>),
-        name!(document, JsonB),
-        name!(formatted, Option<JsonB>),
+        name!(document, DirectJsonb),
+        name!(formatted, Option<DirectJsonb>),
     ),
 > {
     let result = (|| {
@@ -691,8 +692,8 @@ fn meili_search_index(
         name!(id, Option<String>),
         name!(key, Option<Vec<String>>),
         name!(score, Option<f64>),
-        name!(document, JsonB),
-        name!(formatted, Option<JsonB>),
+        name!(document, DirectJsonb),
+        name!(formatted, Option<DirectJsonb>),
     ),
 > {
     let result = (|| {
@@ -770,7 +771,7 @@ fn meili_facets(
 /// Meilisearch's whole answer: for what the other functions do not cover. Needs SELECT on the
 /// task's table.
 #[pg_extern(volatile, parallel_unsafe)]
-fn meili_search_raw(task: Option<i64>, body: Option<JsonB>) -> JsonB {
+fn meili_search_raw(task: Option<i64>, body: Option<JsonB>) -> DirectJsonb {
     let result = (|| {
         let (client, target) = search_target(task)?;
         let body = required(
@@ -778,7 +779,11 @@ fn meili_search_raw(task: Option<i64>, body: Option<JsonB>) -> JsonB {
             "body",
             "Pass a search request, for example '{\"q\": \"kettle\"}'.",
         )?;
-        Ok(JsonB(search::run(&client, &target.index_uid, body.0)?))
+        Ok(DirectJsonb(search::run(
+            &client,
+            &target.index_uid,
+            body.0,
+        )?))
     })();
     result.or_raise()
 }
@@ -1066,13 +1071,12 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
 }
 
 fn delete_index(record: &catalog::TaskRecord, index_uid: &str) -> Result<(), SyncError> {
-    let failed = |error: MeiliError| {
-        SyncError::new(
-            ErrorKind::Meilisearch,
-            format!("could not delete Meilisearch index \"{index_uid}\": {error}"),
-        )
-        .hint("Check that Meilisearch is reachable, or drop the task with drop_index => false.")
-    };
+    let failed =
+        |error: MeiliError| {
+            SyncError::from(error)
+            .context(&format!("could not delete Meilisearch index \"{index_uid}\""))
+            .hint("Check that Meilisearch is reachable, or drop the task with drop_index => false.")
+        };
     let client = Client::new(
         &record.url,
         record.api_key.as_deref(),

@@ -3,6 +3,8 @@
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
+use crate::meili::client::MeiliError;
+
 /// What went wrong, in terms the caller can act on; `raise` turns it into a Postgres ERROR.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ErrorKind {
@@ -41,6 +43,12 @@ impl SyncError {
 
     pub fn hint(mut self, hint: impl Into<String>) -> Self {
         self.hint = Some(hint.into());
+        self
+    }
+
+    /// The message, after what the caller was doing.
+    pub fn context(mut self, what: &str) -> Self {
+        self.message = format!("{what}: {}", self.message);
         self
     }
 
@@ -84,6 +92,49 @@ impl SyncError {
 impl std::fmt::Display for SyncError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.message)
+    }
+}
+
+/// Meilisearch's refusal or failure, with a SQLSTATE that fits: a refused key `42501`, a missing
+/// index or document `42704`, a server failing or out of reach `08006`, and any other refusal
+/// (of a parameter, a setting, a document) `22023`. Callers add what they were doing (`context`)
+/// and a hint of their own where they know better than the generic one.
+impl From<MeiliError> for SyncError {
+    fn from(error: MeiliError) -> Self {
+        let MeiliError::Http {
+            status,
+            body: Some(body),
+        } = &error
+        else {
+            return SyncError::new(ErrorKind::Meilisearch, error.to_string())
+                .hint("Check that Meilisearch is up and reachable at the task's url.");
+        };
+        let kind = if error.is_auth() {
+            ErrorKind::Privilege
+        } else if *status == 404 {
+            ErrorKind::UndefinedTask
+        } else if *status >= 500 {
+            ErrorKind::Meilisearch
+        } else {
+            ErrorKind::InvalidParameter
+        };
+        let hint = match kind {
+            ErrorKind::Privilege => "Check the task's api_key: it must be allowed to do this.",
+            ErrorKind::UndefinedTask => {
+                "The index does not exist (yet): a task creates it when it starts."
+            }
+            ErrorKind::Meilisearch => "Meilisearch failed; try again.",
+            _ => "Meilisearch refused the request as its message says.",
+        };
+        SyncError::new(
+            kind,
+            format!("Meilisearch: {} ({})", body.message, body.code),
+        )
+        .detail(format!(
+            "HTTP {status}, error type {}, {}",
+            body.kind, body.link
+        ))
+        .hint(hint)
     }
 }
 

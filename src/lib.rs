@@ -11,6 +11,7 @@ mod catalog;
 mod decode;
 mod error;
 mod gucs;
+mod jsonb;
 mod plan;
 mod search;
 mod security;

@@ -3,7 +3,7 @@
 //! `statement_timeout` ends a search at once (as postgres_fdw waits for its server). Meilisearch's
 //! refusals become ERRORs with its message and code.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
 use std::os::fd::RawFd;
 use std::sync::Arc;
@@ -59,7 +59,7 @@ pub fn client(url: &str, api_key: Option<&str>) -> Result<Client, SyncError> {
 pub fn run(client: &Client, index_uid: &str, body: Value) -> Result<Value, SyncError> {
     let answer = client.search(index_uid, &body);
     pgrx::check_for_interrupts!();
-    answer.map_err(|error| meili_refusal(&error))
+    answer.map_err(meili_refusal)
 }
 
 /// Whether a cancel, `statement_timeout` or termination waits to be raised: the wait then ends
@@ -76,6 +76,106 @@ fn cancel_pending() -> bool {
 /// the socket. Only the backend's main thread makes requests (the clients are thread-local).
 struct LatchWait;
 
+/// The wait set of the socket the backend last waited for: latch, postmaster death and that
+/// socket, kept from one wait to the next instead of made for each (an epoll set made and closed
+/// is five system calls a wait). Freed when its socket is about to close, or when another socket
+/// is waited for. Plain data with no destructor: a thread-local destructor would run inside
+/// `exit()`, after Postgres has shut down, and a live set at exit is closed by the exit itself.
+#[derive(Clone, Copy)]
+struct SocketWaitSet {
+    set: *mut pg_sys::WaitEventSet,
+    fd: RawFd,
+    socket_events: u32,
+}
+
+/// The position of the socket in a [`SocketWaitSet`] (after the latch and postmaster death).
+const SOCKET_POSITION: i32 = 2;
+
+thread_local! {
+    static WAIT_SET: Cell<Option<SocketWaitSet>> = const { Cell::new(None) };
+}
+
+impl SocketWaitSet {
+    fn new(fd: RawFd, socket_events: u32) -> SocketWaitSet {
+        // SAFETY: a set of three events in TopMemoryContext (it outlives transactions; freed by
+        // `free`), on the backend's main thread, with the backend's own latch and an open socket.
+        let set = unsafe {
+            let set = pg_sys::CreateWaitEventSet(pg_sys::TopMemoryContext, 3);
+            pg_sys::AddWaitEventToSet(
+                set,
+                pg_sys::WL_LATCH_SET,
+                pg_sys::PGINVALID_SOCKET,
+                pg_sys::MyLatch,
+                std::ptr::null_mut(),
+            );
+            pg_sys::AddWaitEventToSet(
+                set,
+                pg_sys::WL_EXIT_ON_PM_DEATH,
+                pg_sys::PGINVALID_SOCKET,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            );
+            pg_sys::AddWaitEventToSet(
+                set,
+                socket_events,
+                fd,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            );
+            set
+        };
+        SocketWaitSet {
+            set,
+            fd,
+            socket_events,
+        }
+    }
+
+    /// The set, waiting for these socket events from now on.
+    fn for_events(mut self, socket_events: u32) -> SocketWaitSet {
+        if socket_events != self.socket_events {
+            // SAFETY: the socket's position in this live set, with events of a socket.
+            unsafe {
+                pg_sys::ModifyWaitEvent(
+                    self.set,
+                    SOCKET_POSITION,
+                    socket_events,
+                    std::ptr::null_mut(),
+                )
+            };
+            self.socket_events = socket_events;
+        }
+        self
+    }
+
+    /// Waits for the socket, the latch or the timeout (-1: none); returns the events that
+    /// happened (none: the timeout).
+    fn wait(self, timeout_ms: std::ffi::c_long) -> u32 {
+        // SAFETY: an all-zero WaitEvent array is plain data for WaitEventSetWait to fill.
+        let mut happened: [pg_sys::WaitEvent; 3] = unsafe { std::mem::zeroed() };
+        // SAFETY: waits on this live set, filling at most three events; WL_EXIT_ON_PM_DEATH ends
+        // the process if the postmaster dies.
+        let count = unsafe {
+            pg_sys::WaitEventSetWait(
+                self.set,
+                timeout_ms,
+                happened.as_mut_ptr(),
+                happened.len() as i32,
+                pg_sys::PG_WAIT_EXTENSION,
+            )
+        };
+        happened
+            .iter()
+            .take(count.max(0) as usize)
+            .fold(0, |events, event| events | event.events)
+    }
+
+    fn free(self) {
+        // SAFETY: frees a set `new` made, once: it was taken out of WAIT_SET first.
+        unsafe { pg_sys::FreeWaitEventSet(self.set) };
+    }
+}
+
 impl SocketWait for LatchWait {
     fn wait(&self, fd: RawFd, interest: Interest, timeout: Option<Duration>) -> Waited {
         if cancel_pending() {
@@ -85,27 +185,27 @@ impl SocketWait for LatchWait {
             Interest::Read => pg_sys::WL_SOCKET_READABLE,
             Interest::Write => pg_sys::WL_SOCKET_WRITEABLE,
         };
-        let mut events = pg_sys::WL_LATCH_SET | pg_sys::WL_EXIT_ON_PM_DEATH | socket;
         let timeout_ms = match timeout {
+            // At least a millisecond: a wait of 0 would spin until the deadline.
             Some(left) => {
-                events |= pg_sys::WL_TIMEOUT;
-                // At least a millisecond: a wait of 0 would spin until the deadline.
                 left.as_millis().clamp(1, i64::from(i32::MAX) as u128) as std::ffi::c_long
             }
             None => -1,
         };
-        // SAFETY: waits on this backend's own latch and an open socket of this thread's client;
-        // WL_EXIT_ON_PM_DEATH ends the process if the postmaster dies.
-        let happened = unsafe {
-            pg_sys::WaitLatchOrSocket(
-                pg_sys::MyLatch,
-                events as i32,
-                fd,
-                timeout_ms,
-                pg_sys::PG_WAIT_EXTENSION,
-            )
-        };
-        if happened & pg_sys::WL_LATCH_SET as i32 != 0 {
+        let set = match WAIT_SET.take() {
+            Some(set) if set.fd == fd => set,
+            other => {
+                if let Some(old) = other {
+                    old.free();
+                }
+                SocketWaitSet::new(fd, socket)
+            }
+        }
+        .for_events(socket);
+        // Kept before the wait, so that a wait that unwinds leaves it for `forget`.
+        WAIT_SET.set(Some(set));
+        let happened = set.wait(timeout_ms);
+        if happened & pg_sys::WL_LATCH_SET != 0 {
             // SAFETY: resets this backend's own latch before the interrupts it announced are
             // looked at, as every latch loop does.
             unsafe { pg_sys::ResetLatch(pg_sys::MyLatch) };
@@ -113,53 +213,41 @@ impl SocketWait for LatchWait {
                 return Waited::Interrupted;
             }
         }
-        if happened & pg_sys::WL_TIMEOUT as i32 != 0 && happened & socket as i32 == 0 {
+        if happened == 0 {
             Waited::TimedOut
         } else {
             Waited::Ready
         }
     }
+
+    fn forget(&self, fd: RawFd) {
+        match WAIT_SET.take() {
+            // The backend's clients go with its thread-local destructors, inside exit(): Postgres
+            // is done by then, and the exit closes the set's descriptor.
+            // SAFETY: reads a flag of this process.
+            Some(_) if unsafe { pg_sys::proc_exit_inprogress } => {}
+            Some(set) if set.fd == fd => set.free(),
+            other => WAIT_SET.set(other),
+        }
+    }
 }
 
-/// Meilisearch's refusal as an ERROR with its message and code, and a SQLSTATE that fits:
-/// a bad parameter `22023`, a missing index `42704`, a refused key `42501`, an unreachable or
-/// failing server `08006`.
-fn meili_refusal(error: &MeiliError) -> SyncError {
-    match error {
-        MeiliError::Http {
-            status,
-            body: Some(body),
-        } => {
-            let kind = if error.is_auth() {
-                ErrorKind::Privilege
-            } else if *status == 404 {
-                ErrorKind::UndefinedTask
-            } else if *status >= 500 {
-                ErrorKind::Meilisearch
-            } else {
-                ErrorKind::InvalidParameter
-            };
-            let hint = match kind {
-                ErrorKind::Privilege => "Check the task's search_api_key (or api_key): it must be allowed to search this index.",
-                ErrorKind::UndefinedTask => "The index does not exist (yet): a task creates it when it starts.",
-                ErrorKind::Meilisearch => "Meilisearch failed; try again.",
-                _ => "Options are Meilisearch's search parameters, as its search API documents them.",
-            };
-            SyncError::new(
-                kind,
-                format!("Meilisearch: {} ({})", body.message, body.code),
-            )
-            .detail(format!(
-                "HTTP {status}, error type {}, {}",
-                body.kind, body.link
-            ))
-            .hint(hint)
+/// Meilisearch's refusal as an ERROR with its message and code (see `SyncError`'s
+/// `From<MeiliError>` for the SQLSTATEs), with the hints that fit a search.
+fn meili_refusal(error: MeiliError) -> SyncError {
+    let transport = matches!(error, MeiliError::Transport(_));
+    let error = SyncError::from(error);
+    let hint = match error.kind {
+        ErrorKind::Privilege => {
+            "Check the task's search_api_key (or api_key): it must be allowed to search this index."
         }
-        MeiliError::Transport(message) => SyncError::new(
-            ErrorKind::Meilisearch,
-            format!("cannot reach Meilisearch: {message}"),
-        )
-        .hint("Check that Meilisearch is up; meili_sync.search_timeout bounds the wait."),
-        other => SyncError::new(ErrorKind::Meilisearch, other.to_string()),
-    }
+        ErrorKind::InvalidParameter => {
+            "Options are Meilisearch's search parameters, as its search API documents them."
+        }
+        ErrorKind::Meilisearch if transport => {
+            "Check that Meilisearch is up; meili_sync.search_timeout bounds the wait."
+        }
+        _ => return error,
+    };
+    error.hint(hint)
 }

@@ -388,4 +388,76 @@ mod tests {
         assert!(denied.starts_with("42501"), "{denied}");
         Spi::run("RESET ROLE").expect("reset");
     }
+
+    /// A search's hits become jsonb without the text round trip: the datum equals what jsonb_in
+    /// makes of the value's text, for every kind of JSON value and number.
+    #[pg_test]
+    fn jsonb_built_in_place_equals_jsonb_in() {
+        let samples = [
+            r#"{"id": 1, "name": "Kettle \"copper\" \u2615 é", "price": 18.027756377319943,
+                "big": 18446744073709551615, "least": -9223372036854775808, "tiny": 1e-7,
+                "huge": 1e300, "tags": ["a", [], {}, null, true, false],
+                "nested": {"b": {"c": [1, 2.5, "x", {"d": null}]}}, "": "empty key",
+                "escapes": "tab\tline\nslash\\"}"#,
+            "[]",
+            "{}",
+            r#"[1, "two", null, [[]]]"#,
+            r#""a scalar string""#,
+            "42",
+            "-0.0",
+            "null",
+            "true",
+            "3.14",
+        ];
+        for sample in samples {
+            let value: serde_json::Value = serde_json::from_str(sample).expect("sample");
+            // What pgrx's JsonB sent to jsonb_in: serde_json's text of the value.
+            let text = value.to_string();
+            let same = Spi::get_one_with_args::<bool>(
+                "SELECT $1::text = $2::jsonb::text AND $1 = $2::jsonb
+                        AND pg_catalog.jsonb_typeof($1) = pg_catalog.jsonb_typeof($2::jsonb)",
+                &[
+                    crate::jsonb::DirectJsonb(value).into(),
+                    text.as_str().into(),
+                ],
+            )
+            .expect("compare");
+            assert_eq!(same, Some(true), "{sample}");
+        }
+    }
+
+    /// A NUL in a string is refused as jsonb_in refuses `\u0000`.
+    #[pg_test]
+    fn jsonb_built_in_place_refuses_nul() {
+        let refused = PgTryBuilder::new(|| {
+            let value = serde_json::json!({"name": "a\u{0}b"});
+            crate::jsonb::DirectJsonb(value).into_datum();
+            "built".to_owned()
+        })
+        .catch_when(
+            PgSqlErrorCode::ERRCODE_UNTRANSLATABLE_CHARACTER,
+            |error| match error {
+                pg_sys::panic::CaughtError::PostgresError(report)
+                | pg_sys::panic::CaughtError::ErrorReport(report) => {
+                    format!("{:?}: {}", report.sql_error_code(), report.message())
+                }
+                _ => "another error".to_owned(),
+            },
+        )
+        .execute();
+        assert_eq!(
+            refused,
+            "ERRCODE_UNTRANSLATABLE_CHARACTER: unsupported Unicode escape sequence"
+        );
+        let by_jsonb_in = outcome_of_jsonb_in(r#"{"name": "a\u0000b"}"#);
+        assert!(
+            by_jsonb_in.starts_with("22P05: unsupported Unicode escape sequence"),
+            "{by_jsonb_in}"
+        );
+    }
+
+    fn outcome_of_jsonb_in(text: &str) -> String {
+        products();
+        outcome(&format!("SELECT '{text}'::jsonb"))
+    }
 }

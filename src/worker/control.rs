@@ -17,7 +17,7 @@ use crate::catalog::{self, TaskRecord};
 use crate::dispatch::{Dispatcher, Progress};
 use crate::error::SyncError;
 use crate::meili::client::{Client, MeiliError, MeiliTaskStatus};
-use crate::meili::retry::Backoff;
+use crate::meili::retry::{Backoff, RETRY_BASE, RETRY_CAP};
 use crate::meili::writer::{Writer, WriterConfig};
 use crate::options::TaskOptions;
 use crate::shmem::{self, LiveStatus, Phase};
@@ -109,7 +109,7 @@ fn run_transaction<T>(
     stop_hint: Option<&str>,
     mut work: impl FnMut() -> Result<T, SyncError>,
 ) -> Result<T, Stop> {
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+    let mut backoff = Backoff::policy();
     let mut attempt = 0;
     // Shown again once the work went through after retries (unless it was retrying already).
     let phase_before = live.phase().filter(|phase| *phase != Phase::Retrying);
@@ -199,7 +199,7 @@ fn roll_back<T>(error: CaughtError) -> Result<T, String> {
 
 /// Shows a transient failure in the status view and waits `delay` before the next attempt,
 /// unless the worker is asked to stop.
-pub fn retry_pause(live: LiveStatus, error: &str, delay: Duration) -> Result<(), Stop> {
+fn retry_pause(live: LiveStatus, error: &str, delay: Duration) -> Result<(), Stop> {
     live.add_retry();
     live.set_error(error);
     live.set_phase(Phase::Retrying);
@@ -218,18 +218,37 @@ pub fn retry_pause(live: LiveStatus, error: &str, delay: Duration) -> Result<(),
 pub fn with_retry<T>(
     live: LiveStatus,
     what: &str,
-    mut call: impl FnMut() -> Result<T, MeiliError>,
+    call: impl FnMut() -> Result<T, MeiliError>,
 ) -> Result<T, Stop> {
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
+    retry_transient(
+        live,
+        what,
+        |error: &MeiliError| error.is_retryable() || error.is_auth(),
+        call,
+        |error| permanent(format!("{what}: {error}")),
+    )
+}
+
+/// Runs `call` until it succeeds: after each failure that `is_transient`, the task shows
+/// `retrying` with the error and waits the retry policy's delay (unless asked to stop); any other
+/// failure becomes `stop`'s.
+pub fn retry_transient<T, E: std::fmt::Display>(
+    live: LiveStatus,
+    what: &str,
+    is_transient: impl Fn(&E) -> bool,
+    mut call: impl FnMut() -> Result<T, E>,
+    stop: impl FnOnce(E) -> Stop,
+) -> Result<T, Stop> {
+    let mut backoff = Backoff::policy();
     let mut attempt = 0;
     loop {
         match call() {
             Ok(value) => return Ok(value),
-            Err(error) if error.is_retryable() || error.is_auth() => {
+            Err(error) if is_transient(&error) => {
                 retry_pause(live, &format!("{what}: {error}"), backoff.delay(attempt))?;
                 attempt += 1;
             }
-            Err(error) => return Err(permanent(format!("{what}: {error}"))),
+            Err(error) => return Err(stop(error)),
         }
     }
 }
@@ -311,8 +330,8 @@ pub fn open_dispatcher(
         // held in memory by `max_inflight`).
         max_inflight: options.max_inflight.max(options.snapshot_depth),
         poll_interval: Duration::from_millis(20),
-        retry_base: Duration::from_millis(100),
-        retry_cap: Duration::from_secs(30),
+        retry_base: RETRY_BASE,
+        retry_cap: RETRY_CAP,
         vanished_after: VANISHED_TASK_GRACE,
     });
     Dispatcher::new(

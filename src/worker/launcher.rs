@@ -482,33 +482,80 @@ struct CatalogRead {
 
 fn read_catalog() -> Option<CatalogRead> {
     BackgroundWorker::transaction(|| {
-        if !catalog::extension_installed().ok()? {
+        if !read(
+            "whether the extension exists",
+            catalog::extension_installed(),
+        )? {
             // Not created yet, or dropped: no task runs (reconcile stops any worker still
             // running), and no slot keeps retaining WAL for tasks that are gone.
             return Some(CatalogRead {
                 tasks: Vec::new(),
-                orphans: catalog::leftovers_without_extension().ok()?,
+                orphans: read(
+                    "the slots left by a dropped extension",
+                    catalog::leftovers_without_extension(),
+                )?,
                 installed: false,
                 install: None,
             });
         }
         // A task held for the swap of a resync whose helper was dropped, stopped or failed
         // streams on (it re-sends from its own slot whatever the abandoned swap may have skipped).
-        for task_id in catalog::release_held_tasks().unwrap_or_default() {
+        let released = read(
+            "the tasks held for an abandoned swap",
+            catalog::release_held_tasks(),
+        );
+        for task_id in released.unwrap_or_default() {
             log!(
                 "pg_meili_sync task {task_id}: its resync ended without a swap; streaming resumes"
             );
         }
-        for task_id in catalog::fail_tasks_of_dropped_sources().unwrap_or_default() {
+        let failed = read(
+            "the tasks whose table was dropped",
+            catalog::fail_tasks_of_dropped_sources(),
+        );
+        for task_id in failed.unwrap_or_default() {
             warning!("pg_meili_sync task {task_id} stopped: its table or view was dropped");
         }
         Some(CatalogRead {
-            tasks: catalog::list_tasks().ok()?,
-            orphans: catalog::orphans().ok()?,
+            tasks: read("the tasks", catalog::list_tasks())?,
+            orphans: read("the slots of dropped tasks", catalog::orphans())?,
             installed: true,
-            install: catalog::install_id().ok()?,
+            install: read("the extension's install", catalog::install_id())?,
         })
     })
+}
+
+/// How often the launcher logs the same failure to read the catalog, at most.
+const READ_FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
+thread_local! {
+    /// The failure last logged, and when.
+    static LAST_READ_FAILURE: std::cell::RefCell<Option<(String, Instant)>> =
+        const { std::cell::RefCell::new(None) };
+}
+
+/// The value read, or none with a WARNING that says what could not be read: the launcher skips
+/// the round and reads again in the next one. The same failure is logged once a minute at most.
+fn read<T>(what: &str, result: catalog::CatalogResult<T>) -> Option<T> {
+    let error = match result {
+        Ok(value) => return Some(value),
+        Err(error) => error,
+    };
+    let message = format!("could not read {what}: {error}");
+    let repeated = LAST_READ_FAILURE.with(|last| {
+        let mut last = last.borrow_mut();
+        let repeated = last.as_ref().is_some_and(|(logged, at)| {
+            *logged == message && at.elapsed() < READ_FAILURE_LOG_INTERVAL
+        });
+        if !repeated {
+            *last = Some((message.clone(), Instant::now()));
+        }
+        repeated
+    });
+    if !repeated {
+        warning!("pg_meili_sync launcher: {message}; it tries again in its next round");
+    }
+    None
 }
 
 #[pg_guard]

@@ -10,12 +10,11 @@ use crate::catalog::{self, TaskRecord, TaskState};
 use crate::dispatch::Dispatcher;
 use crate::error::{ErrorKind, SyncError};
 use crate::meili::client::Client;
-use crate::meili::retry::Backoff;
 use crate::options::TaskOptions;
 use crate::plan::{build_plan, unfollowed_tables, view_plan, ColumnRules, SnapshotPlan, ViewPlan};
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
-    await_meili_task, in_transaction, open_dispatcher, permanent, retry_pause, with_retry,
+    await_meili_task, in_transaction, open_dispatcher, permanent, retry_transient, with_retry,
     worker_main, Stop, HTTP_TIMEOUT,
 };
 use crate::worker::handover::{self, MoveGate};
@@ -353,26 +352,20 @@ fn copy_then_stream(
 /// Deletes the documents of rows that no longer exist (see `verify::prune`), retrying while
 /// Meilisearch is unreachable.
 fn prune_index(task: &TaskRecord, live: LiveStatus) -> Result<(), Stop> {
-    let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(30));
-    let mut attempt = 0;
-    loop {
-        match BackgroundWorker::transaction(|| crate::verify::prune(task.clone())) {
-            Ok(deleted) => {
-                if deleted > 0 {
-                    log!(
-                        "pg_meili_sync task {}: deleted {deleted} documents whose rows no longer exist",
-                        task.id
-                    );
-                }
-                return Ok(());
-            }
-            Err(error) if error.kind == ErrorKind::Meilisearch => {
-                retry_pause(live, &error.message, backoff.delay(attempt))?;
-                attempt += 1;
-            }
-            Err(error) => return Err(error.into()),
-        }
+    let deleted = retry_transient(
+        live,
+        "deleting the documents whose rows no longer exist",
+        |error: &SyncError| error.kind == ErrorKind::Meilisearch,
+        || BackgroundWorker::transaction(|| crate::verify::prune(task.clone())),
+        Stop::from,
+    )?;
+    if deleted > 0 {
+        log!(
+            "pg_meili_sync task {}: deleted {deleted} documents whose rows no longer exist",
+            task.id
+        );
     }
+    Ok(())
 }
 
 #[pg_guard]

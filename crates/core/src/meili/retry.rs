@@ -7,6 +7,14 @@ use std::collections::hash_map::DefaultHasher;
 use std::hash::{Hash, Hasher};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+/// The retry policy of the workers: the first retry of a failed Meilisearch request or
+/// catalog transaction waits up to this long, each further one up to twice as long as the one
+/// before, never more than [`RETRY_CAP`]. The writer threads retry their requests on it too.
+pub const RETRY_BASE: Duration = Duration::from_millis(100);
+
+/// The longest wait between two retries: also how long a recovered Meilisearch may go unnoticed.
+pub const RETRY_CAP: Duration = Duration::from_secs(30);
+
 /// Delays between retries; see the module doc.
 pub struct Backoff {
     base: Duration,
@@ -21,6 +29,11 @@ impl Backoff {
             cap,
             state: seed(),
         }
+    }
+
+    /// The workers' policy: [`RETRY_BASE`] doubling up to [`RETRY_CAP`].
+    pub fn policy() -> Self {
+        Backoff::new(RETRY_BASE, RETRY_CAP)
     }
 
     /// The largest delay for `attempt`: `min(cap, base · 2^attempt)`.
@@ -113,5 +126,13 @@ mod tests {
         };
         let other = std::thread::spawn(draw).join().expect("thread runs");
         assert_ne!(draw(), other);
+    }
+
+    #[test]
+    fn the_policy_doubles_from_its_base_to_its_cap() {
+        let policy = Backoff::policy();
+        assert_eq!(policy.ceiling(0), RETRY_BASE);
+        assert_eq!(policy.ceiling(1), RETRY_BASE * 2);
+        assert_eq!(policy.ceiling(40), RETRY_CAP);
     }
 }

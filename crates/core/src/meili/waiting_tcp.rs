@@ -43,6 +43,23 @@ pub enum Waited {
 pub trait SocketWait: Send + Sync + 'static {
     /// Waits until `fd` may be ready for `interest`, at most `timeout` (`None`: no limit).
     fn wait(&self, fd: RawFd, interest: Interest, timeout: Option<Duration>) -> Waited;
+
+    /// `fd` is about to be closed: a wait that kept it registered (say in an epoll set) lets it
+    /// go, since the number may next name another socket.
+    fn forget(&self, _fd: RawFd) {}
+}
+
+/// Tells the wait that a socket is closed when it goes: on every path out of a connect, and when
+/// a connection is dropped.
+struct ForgetOnDrop<'a> {
+    wait: &'a dyn SocketWait,
+    fd: RawFd,
+}
+
+impl Drop for ForgetOnDrop<'_> {
+    fn drop(&mut self) {
+        self.wait.forget(self.fd);
+    }
 }
 
 /// Opens nonblocking TCP connections whose waits go through a [`SocketWait`].
@@ -66,6 +83,12 @@ impl WaitingTcpConnector {
             Some(Protocol::TCP),
         )?;
         socket.set_nonblocking(true)?;
+        // Declared after the socket, so dropped before it (closed on an error): the connection,
+        // if made, is waited for afresh.
+        let _forget = ForgetOnDrop {
+            wait: &*self.wait,
+            fd: socket.as_raw_fd(),
+        };
         match socket.connect(&SockAddr::from(address)) {
             Ok(()) => {}
             Err(error)
@@ -209,9 +232,21 @@ impl Transport for WaitingTcpTransport {
     }
 
     fn await_input(&mut self, timeout: NextTimeout) -> Result<bool, Error> {
+        let sent_request = self.send_timeout.is_some();
         self.flush()?;
         let timeout = timeout.for_read();
         let deadline = deadline_of(timeout)?;
+        if sent_request {
+            // An answer is never there the moment its request went out: wait before the first
+            // read rather than learn that from a read.
+            wait_until(
+                &*self.wait,
+                self.stream.as_raw_fd(),
+                Interest::Read,
+                deadline,
+                timeout.reason,
+            )?;
+        }
         loop {
             let input = self.buffers.input_append_buf();
             match (&*self.stream).read(input) {
@@ -237,6 +272,14 @@ impl Transport for WaitingTcpTransport {
     fn is_open(&mut self) -> bool {
         let mut byte = [0u8];
         matches!((&*self.stream).read(&mut byte), Err(error) if error.kind() == io::ErrorKind::WouldBlock)
+    }
+}
+
+impl Drop for WaitingTcpTransport {
+    fn drop(&mut self) {
+        // Runs before the fields drop, so before the socket closes (the agent holds it only
+        // weakly, to shut it down).
+        self.wait.forget(self.stream.as_raw_fd());
     }
 }
 
