@@ -399,6 +399,12 @@ fn dispatch(shared: &Shared, req: &Request, route: Route) -> Result<Response> {
         }
         Route::Search(uid) => {
             let body = json_body(req)?;
+            if let Some(k) = body
+                .as_object()
+                .and_then(|o| o.keys().find(|k| !SEARCH_FIELDS.contains(&k.as_str())))
+            {
+                return Err(unknown_field(k, SEARCH_FIELDS));
+            }
             search_one(shared, &uid, &body)
         }
         Route::SearchGet(uid) => {
@@ -645,6 +651,40 @@ const SEARCH_PARAMS: &[&str] = &[
     "vector",
     "retrieveVectors",
     "personalizeUserContext",
+    "useNetwork",
+    "showRankingScore",
+    "showRankingScoreDetails",
+    "showPerformanceDetails",
+];
+/// The fields of a `POST /indexes/{uid}/search` body, in the order Meilisearch 1.50 lists them
+/// when it refuses another one.
+const SEARCH_FIELDS: &[&str] = &[
+    "q",
+    "offset",
+    "limit",
+    "page",
+    "hitsPerPage",
+    "attributesToRetrieve",
+    "attributesToCrop",
+    "cropLength",
+    "cropMarker",
+    "attributesToHighlight",
+    "highlightPreTag",
+    "highlightPostTag",
+    "showMatchesPosition",
+    "filter",
+    "sort",
+    "distinct",
+    "facets",
+    "matchingStrategy",
+    "attributesToSearchOn",
+    "rankingScoreThreshold",
+    "locales",
+    "hybrid",
+    "vector",
+    "retrieveVectors",
+    "media",
+    "personalize",
     "useNetwork",
     "showRankingScore",
     "showRankingScoreDetails",

@@ -1,4 +1,4 @@
-//! Behaviour checked against a real Meilisearch 1.50.0 (`shared/bin/meilisearch`, started with
+//! Behaviour checked against a real Meilisearch 1.50.0 (`MEILI_BIN`, started with
 //! `--env development --max-indexing-threads 1`): each test quotes the requests sent to it and
 //! what it answered, and expects the same from the test server.
 

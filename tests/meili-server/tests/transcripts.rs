@@ -1,8 +1,9 @@
-//! Replays the transcripts recorded from a real Meilisearch 1.50 (shared/meili-api) against a
-//! fresh test server and checks status codes, error objects and the shape of every body.
+//! Replays the transcripts recorded from a real Meilisearch 1.50 (`tests/meili-server/transcripts`,
+//! written by `scripts/record-transcripts.sh`) against a fresh test server, in file-name order,
+//! and checks status codes, error objects and the shape of every body.
 //!
-//! The directory defaults to `../../../shared/meili-api` from this crate (override with
-//! `MEILI_TRANSCRIPTS`); when it is missing the test prints a notice and passes.
+//! `MEILI_TRANSCRIPTS` names another directory of transcripts in the same format. The test fails
+//! when the directory is missing or holds no transcript.
 
 mod common;
 
@@ -15,6 +16,8 @@ use meili_test_server::TestServer;
 use serde_json::{json, Value};
 
 /// Keys whose values are run-specific (ids, dates, timings, sizes): only their type is checked.
+/// The recorder writes a fixed placeholder for those of them that vary between two recordings
+/// (`PLACEHOLDERS` in `scripts/record_transcripts.py`); uids, `from` and `next` are as recorded.
 const RUN_SPECIFIC: &[&str] = &[
     "uid",
     "taskUid",
@@ -39,17 +42,26 @@ const RUN_SPECIFIC: &[&str] = &[
 ];
 
 /// Subtrees with engine-internal keys (timings per indexing step, LMDB sizes): only checked
-/// to be objects.
+/// to be objects (the recorder writes them empty).
 const OPAQUE: &[&str] = &[
     "progressTrace",
     "internalDatabaseSizes",
     "writeChannelCongestion",
 ];
 
+/// Keys that may be there or not: a batch's `stats.internalDatabaseSizes` lists the LMDB
+/// databases whose size changed, so whether a batch has one depends on page allocation
+/// (the same three small additions had it in one recording and not in another).
+const OPTIONAL: &[&str] = &["internalDatabaseSizes"];
+
+/// Transcripts left out of the replay: the test server does not do what they record yet.
+/// `(file name, why)`; none at present.
+const KNOWN_GAPS: &[(&str, &str)] = &[];
+
 fn transcripts_dir() -> PathBuf {
     match std::env::var_os("MEILI_TRANSCRIPTS") {
         Some(dir) => PathBuf::from(dir),
-        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../../shared/meili-api"),
+        None => PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("transcripts"),
     }
 }
 
@@ -78,10 +90,11 @@ fn compare(expected: &Value, actual: &Value, at: &str, errors: &mut Vec<String>)
     }
     match (expected, actual) {
         (Value::Object(e), Value::Object(a)) => {
-            for k in e.keys().filter(|k| !a.contains_key(*k)) {
+            let required = |k: &&String| !OPTIONAL.contains(&k.as_str());
+            for k in e.keys().filter(|k| !a.contains_key(*k)).filter(required) {
                 errors.push(format!("{at}: missing key `{k}`"));
             }
-            for k in a.keys().filter(|k| !e.contains_key(*k)) {
+            for k in a.keys().filter(|k| !e.contains_key(*k)).filter(required) {
                 errors.push(format!("{at}: unexpected key `{k}`"));
             }
             for (k, ev) in e {
@@ -104,7 +117,8 @@ fn compare(expected: &Value, actual: &Value, at: &str, errors: &mut Vec<String>)
 }
 
 /// Stand-in for the omitted 20,000-document payload of the autobatch transcript: the same
-/// ids and fields as the recorded run's generator.
+/// documents, byte for byte, as `generated_products` in `scripts/record_transcripts.py` (the
+/// replay checks the byte count the transcript gives).
 fn generated_products(ids: std::ops::Range<u64>) -> Vec<u8> {
     let categories = ["kitchen", "office", "outdoor", "clothing"];
     let mut out = Vec::new();
@@ -186,26 +200,29 @@ fn burst_after(note: &str) -> usize {
 #[test]
 fn replay_transcripts() {
     let dir = transcripts_dir();
-    if !dir.is_dir() {
-        eprintln!(
-            "notice: transcripts directory {} not found; skipping the replay",
-            dir.display()
-        );
-        return;
-    }
+    assert!(
+        dir.is_dir(),
+        "transcripts directory {} not found (record it with scripts/record-transcripts.sh)",
+        dir.display()
+    );
     let mut files: Vec<PathBuf> = std::fs::read_dir(&dir)
         .expect("read transcripts directory")
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .collect();
     files.sort();
-    assert!(!files.is_empty(), "no transcripts in {}", dir.display());
+    assert!(
+        !files.is_empty(),
+        "no transcripts (*.json) in {}",
+        dir.display()
+    );
 
     let server = TestServer::start(Some("MASTER_KEY")).expect("start server");
     let url = server.url();
     let (mut tasks, mut batches) = (HashMap::new(), HashMap::new());
     let mut burst = 0usize;
     let mut failures = Vec::new();
+    let mut gaps = 0usize;
     for file in &files {
         let name = file
             .file_name()
@@ -229,18 +246,29 @@ fn replay_transcripts() {
             server.faults().set_task_delay(Duration::from_secs(30));
         }
 
+        let mut errors = Vec::new();
         let mut body = match &req["body"] {
             Value::Null => None,
             Value::String(s) if s.starts_with("<omitted:") => {
-                Some(generated_products(100_000..120_000))
+                let generated = generated_products(100_000..120_000);
+                let recorded = s.split_whitespace().nth(1).and_then(|n| n.parse().ok());
+                if recorded != Some(generated.len()) {
+                    errors.push(format!(
+                        "omitted body: recorded {recorded:?} bytes, generated {}",
+                        generated.len()
+                    ));
+                }
+                Some(generated)
             }
             Value::String(s) => Some(s.clone().into_bytes()),
+            // Compact with sorted keys: what the recorder sent.
             other => Some(other.to_string().into_bytes()),
         };
         if req["bodyNote"].as_str().is_some_and(|n| n.contains("gzip")) {
             body = body.map(|b| gzip(&b));
         }
-        let mut headers: Vec<(String, String)> = req["headers"]
+        // The recorded headers are all that was sent besides Host and Content-Length.
+        let headers: Vec<(String, String)> = req["headers"]
             .as_object()
             .map(|h| {
                 h.iter()
@@ -248,17 +276,6 @@ fn replay_transcripts() {
                     .collect()
             })
             .unwrap_or_default();
-        if body.is_some()
-            && !headers
-                .iter()
-                .any(|(k, _)| k.eq_ignore_ascii_case("content-type"))
-        {
-            // What curl --data-binary sends without -H Content-Type.
-            headers.push((
-                "Content-Type".into(),
-                "application/x-www-form-urlencoded".into(),
-            ));
-        }
         let headers: Vec<(&str, &str)> = headers
             .iter()
             .map(|(k, v)| (k.as_str(), v.as_str()))
@@ -308,7 +325,6 @@ fn replay_transcripts() {
             }
         }
 
-        let mut errors = Vec::new();
         let expected_status = expected["status"].as_u64().unwrap_or(0);
         if u64::from(resp.status) != expected_status {
             errors.push(format!(
@@ -323,11 +339,22 @@ fn replay_transcripts() {
             ));
         }
         compare(&expected["body"], &actual, "body", &mut errors);
-        if !errors.is_empty() {
-            failures.push(format!(
+        // A known gap is still sent, so that the server's state stays in step with the
+        // recording, but not held to it.
+        let gap = KNOWN_GAPS.iter().find(|(file, _)| *file == name);
+        match (gap, errors.is_empty()) {
+            (Some((_, why)), false) => {
+                eprintln!("known gap, not compared: {name}: {why}");
+                gaps += 1;
+            }
+            (Some(_), true) => failures.push(format!(
+                "{name}: listed in KNOWN_GAPS but the test server now matches it"
+            )),
+            (None, false) => failures.push(format!(
                 "{name} ({method} {path}):\n    {}",
                 errors.join("\n    ")
-            ));
+            )),
+            (None, true) => {}
         }
     }
     assert!(
@@ -337,7 +364,7 @@ fn replay_transcripts() {
         failures.join("\n")
     );
     println!(
-        "replayed {} transcripts from {}",
+        "replayed {} transcripts from {} ({gaps} known gaps not compared)",
         files.len(),
         dir.display()
     );
