@@ -879,10 +879,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             SyncError::new(ErrorKind::InvalidParameter, "options must be a JSON object")
                 .hint("For example '{\"batch_size\": 5000}'.")
         })?;
-        if let Some(name) = ["primary_key", "columns", "exclude_columns", "mappings"]
-            .iter()
-            .find(|name| changes.contains_key(**name))
-        {
+        if let Some(name) = crate::options::fixed_option_in(changes) {
             return Err(SyncError::new(
                 ErrorKind::UnsupportedType,
                 format!("option \"{name}\" cannot be changed on an existing task"),
@@ -902,24 +899,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             )
             .hint("A view task decodes with a replication slot of its own."));
         }
-        let mut merged = record.options.as_object().cloned().unwrap_or_default();
-        for (name, value) in changes {
-            merged.insert(name.clone(), value.clone());
-        }
-        // A payload limit lowered below the stored batch size takes it down too (unless both
-        // change, when parsing checks them).
-        if !changes.contains_key("batch_bytes") {
-            let limit = changes
-                .get("max_payload_bytes")
-                .and_then(|limit| limit.as_u64());
-            let stored = merged.get("batch_bytes").and_then(|bytes| bytes.as_u64());
-            if let (Some(limit), Some(stored)) = (limit, stored) {
-                if stored > limit {
-                    merged.insert("batch_bytes".into(), limit.into());
-                }
-            }
-        }
-        let parsed = TaskOptions::parse(&serde_json::Value::Object(merged))?;
+        let parsed = TaskOptions::parse(&crate::options::merged_options(&record.options, changes))?;
         require_select(&record)?;
         if (changes.contains_key("url")
             || changes.contains_key("api_key")

@@ -360,6 +360,8 @@ impl Drop for WaiterPlace {
 /// Frees every place this backend holds when it exits. `pg_terminate_backend` ends a backend
 /// with a FATAL that does not unwind Rust frames, so `WaiterPlace` alone would leave its place
 /// taken for good.
+// SAFETY: called by Postgres's exit machinery (before_shmem_exit) on this backend's main thread,
+// with the arguments it documents; #[pg_guard] keeps a panic from unwinding into C.
 #[pg_guard]
 unsafe extern "C-unwind" fn free_waiter_places_at_exit(_code: i32, _arg: pg_sys::Datum) {
     // SAFETY: MyProc stays valid through before_shmem_exit callbacks.

@@ -140,6 +140,9 @@ fn watch_catalog() -> CatalogResult<()> {
     Ok(())
 }
 
+// SAFETY: called by Postgres's invalidation machinery on this backend's main thread, with the
+// arguments CacheRegisterRelcacheCallback documents; #[pg_guard] keeps a panic from unwinding
+// into C. It only reads and sets this thread's own flags.
 #[pg_guard]
 unsafe extern "C-unwind" fn on_relcache_invalidation(_arg: pg_sys::Datum, relid: pg_sys::Oid) {
     let watched = WATCHED.with(Cell::get);

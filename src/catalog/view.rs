@@ -100,6 +100,8 @@ pub fn view_query(view: pg_sys::Oid, name: &str, key: &[String]) -> CatalogResul
 
 /// # Safety
 /// `query` is a valid query tree (see `view_query`).
+// SAFETY: every dereference below stays inside that query tree, whose node types are checked
+// before their fields are read.
 unsafe fn read_view_query(
     query: *mut pg_sys::Query,
     name: &str,
@@ -196,6 +198,8 @@ unsafe fn read_view_query(
 ///
 /// # Safety
 /// `rtable` and `node` belong to a valid query tree.
+// SAFETY: every dereference below stays inside that query tree: a node is read as a Var only
+// after its tag says so, and range-table entries are read only at indexes the list holds.
 unsafe fn column_origin(
     rtable: &PgList<pg_sys::RangeTblEntry>,
     mut node: *mut pg_sys::Node,

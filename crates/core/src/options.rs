@@ -452,6 +452,36 @@ impl TaskOptions {
     }
 }
 
+/// The options a task is created with for good: changing one needs a new task.
+pub const FIXED_OPTIONS: [&str; 4] = ["primary_key", "columns", "exclude_columns", "mappings"];
+
+/// The first fixed option among `changes`, if any.
+pub fn fixed_option_in(changes: &Map<String, Value>) -> Option<&'static str> {
+    FIXED_OPTIONS
+        .into_iter()
+        .find(|name| changes.contains_key(*name))
+}
+
+/// The stored options with `changes` applied, as an alter stores them (to be parsed again): a
+/// `max_payload_bytes` lowered below the stored `batch_bytes` takes it down too, unless both
+/// change (then parsing checks them against each other).
+pub fn merged_options(stored: &Value, changes: &Map<String, Value>) -> Value {
+    let mut merged = stored.as_object().cloned().unwrap_or_default();
+    for (name, value) in changes {
+        merged.insert(name.clone(), value.clone());
+    }
+    if !changes.contains_key("batch_bytes") {
+        let limit = changes.get("max_payload_bytes").and_then(Value::as_u64);
+        let stored_bytes = merged.get("batch_bytes").and_then(Value::as_u64);
+        if let (Some(limit), Some(stored_bytes)) = (limit, stored_bytes) {
+            if stored_bytes > limit {
+                merged.insert("batch_bytes".into(), limit.into());
+            }
+        }
+    }
+    Value::Object(merged)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -618,6 +648,51 @@ mod tests {
             "http://[::1]:7700/",
         ] {
             assert!(validate_url(good).is_ok(), "{good}");
+        }
+    }
+
+    fn changes(value: Value) -> Map<String, Value> {
+        value.as_object().cloned().unwrap_or_default()
+    }
+
+    #[test]
+    fn an_alter_merges_its_changes_over_the_stored_options() {
+        let stored = json!({"batch_size": 500, "gzip": true, "url": "http://a"});
+        let merged = merged_options(
+            &stored,
+            &changes(json!({"batch_size": 5000, "url": "http://b"})),
+        );
+        assert_eq!(
+            merged,
+            json!({"batch_size": 5000, "gzip": true, "url": "http://b"})
+        );
+    }
+
+    #[test]
+    fn a_lower_payload_limit_takes_the_stored_batch_bytes_down() {
+        let stored = json!({"batch_bytes": 50_000_000});
+        let merged = merged_options(&stored, &changes(json!({"max_payload_bytes": 1_000_000})));
+        assert_eq!(merged["batch_bytes"], json!(1_000_000));
+        // Both changed: left to parsing, which refuses batch_bytes above the limit.
+        let both = changes(json!({"max_payload_bytes": 1_000_000, "batch_bytes": 2_000_000}));
+        assert_eq!(
+            merged_options(&stored, &both)["batch_bytes"],
+            json!(2_000_000)
+        );
+        // A limit above the stored batch bytes leaves them.
+        let higher = merged_options(&stored, &changes(json!({"max_payload_bytes": 90_000_000})));
+        assert_eq!(higher["batch_bytes"], json!(50_000_000));
+    }
+
+    #[test]
+    fn fixed_options_are_found_among_changes() {
+        assert_eq!(fixed_option_in(&changes(json!({"batch_size": 1}))), None);
+        assert_eq!(
+            fixed_option_in(&changes(json!({"gzip": false, "columns": ["id"]}))),
+            Some("columns")
+        );
+        for name in FIXED_OPTIONS {
+            assert!(KNOWN_OPTIONS.contains(&name), "{name}");
         }
     }
 }
