@@ -9,12 +9,12 @@ use pgrx::prelude::*;
 use pgrx::{register_xact_callback, JsonB, PgRelation, PgXactCallbackEvent};
 
 use crate::catalog::{self, NewTask, RelationInfo, TaskState};
-use crate::encode::{check_geo, encode_document, ColumnValue, ValueKind};
+use crate::encode::{encode_row, ColumnValue, ValueKind};
 use crate::error::{ErrorKind, OrRaise, SyncError};
+use crate::jsonb::DirectJsonb;
 use crate::meili::client::{Client, MeiliError};
 use crate::options::{validate_index_uid, Decoding, TaskOptions};
 use crate::worker::resync;
-use crate::jsonb::DirectJsonb;
 use crate::{gucs, plan, search, security, shmem};
 
 static WAKE_PENDING: AtomicBool = AtomicBool::new(false);
@@ -523,10 +523,8 @@ fn meili_sync_preview(
         for row in &rows {
             let values = ColumnValue::row(row);
             body.clear();
-            let encoded = encode_document(&plan.shape, &values, &mut body)
-                .and_then(|_| check_geo(&plan.shape, &values));
-            match encoded {
-                Ok(()) => match serde_json::from_slice(&body) {
+            match encode_row(&plan.shape, &values, &mut body) {
+                Ok(_) => match serde_json::from_slice(&body) {
                     Ok(document) => documents.push(JsonB(document)),
                     Err(error) => {
                         warning!("pg_meili_sync: a preview document is not JSON: {error}")

@@ -2,10 +2,12 @@
 //! (ids and document bodies), so memory is bounded by the page size, not the table.
 //!
 //! Pass 1 reads the table in key order, encodes each row as the worker would, and fetches the
-//! same ids from the index: missing and different documents. Pass 2 browses the index's ids and
-//! looks them up in the table: extra documents. Repair sends the current rows (locked FOR UPDATE
-//! so that no newer version can be overtaken) and deletes the extra documents (with writes to
-//! the table blocked while it re-checks and deletes, so that no new row is deleted).
+//! same ids from the index: missing and different documents. A row the worker dead-letters (no
+//! valid id, a `_geo` Meilisearch would refuse) is neither: it is not compared, and repair does
+//! not send it. Pass 2 browses the index's ids and looks them up in the table: extra documents.
+//! Repair sends the current rows (locked FOR UPDATE so that no newer version can be overtaken)
+//! and deletes the extra documents (with writes to the table blocked while it re-checks and
+//! deletes, so that no new row is deleted).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -14,7 +16,7 @@ use serde_json::Value;
 
 use crate::batch::Operation;
 use crate::catalog::{self, KeyMatch, TaskRecord};
-use crate::encode::{encode_document, key_of_id, ColumnValue, ValueKind};
+use crate::encode::{encode_row, key_of_id, ColumnValue, EncodeError, ValueKind};
 use crate::error::{ErrorKind, SyncError};
 use crate::meili::client::{Client, MeiliError, MeiliTaskStatus};
 use crate::options::{TaskOptions, WriteMode};
@@ -131,6 +133,14 @@ fn meili_error(what: &str) -> impl Fn(MeiliError) -> SyncError + '_ {
 /// Called with the key values of each page's missing or different rows.
 type OnDamagedRows<'a> = dyn FnMut(&Context, Vec<Vec<String>>) -> Result<(), SyncError> + 'a;
 
+/// Rows as the worker encodes them.
+struct EncodedRows {
+    /// (id, document, key values) of each row that becomes a document.
+    documents: Vec<(String, Value, Vec<String>)>,
+    /// Key values of each row the worker dead-letters instead, and why.
+    dead_letters: Vec<(Vec<String>, EncodeError)>,
+}
+
 struct Context {
     task: TaskRecord,
     /// The table (`ONLY` it) or view, schema-qualified and quoted, as queries name it.
@@ -196,15 +206,19 @@ impl Context {
         Value::String(id.to_owned())
     }
 
-    /// Rows as (id, document, key values); rows that cannot be encoded are dead letters, not
-    /// compared.
-    fn documents(&self, rows: &[Vec<Option<String>>]) -> Vec<(String, Value, Vec<String>)> {
+    /// Rows as documents, or as dead letters, which are neither compared nor sent.
+    fn encode(&self, rows: &[Vec<Option<String>>]) -> EncodedRows {
         let mut buffer = Vec::with_capacity(1024);
-        let mut documents = Vec::with_capacity(rows.len());
+        let mut encoded = EncodedRows {
+            documents: Vec::with_capacity(rows.len()),
+            dead_letters: Vec::new(),
+        };
         for row in rows {
             let values = ColumnValue::row(row);
+            let key = self.plan.shape.key_of_row(row);
             buffer.clear();
-            if encode_document(&self.plan.shape, &values, &mut buffer).is_err() {
+            if let Err(error) = encode_row(&self.plan.shape, &values, &mut buffer) {
+                encoded.dead_letters.push((key, error));
                 continue;
             }
             let Ok(document) = serde_json::from_slice::<Value>(&buffer) else {
@@ -213,10 +227,9 @@ impl Context {
             let Some(id) = document.get(self.primary_key()).and_then(id_text) else {
                 continue;
             };
-            let key = self.plan.shape.key_of_row(row);
-            documents.push((id, document, key));
+            encoded.documents.push((id, document, key));
         }
-        documents
+        encoded
     }
 
     /// Pass 1: calls `damaged` with each page's missing or different rows (key values).
@@ -239,7 +252,7 @@ impl Context {
             })?;
             pages.read(&rows);
             findings.rows_checked += rows.len() as i64;
-            let documents = self.documents(&rows);
+            let documents = self.encode(&rows).documents;
             let ids: Vec<Value> = documents
                 .iter()
                 .map(|(id, document, _)| {
@@ -384,17 +397,22 @@ impl Context {
         .hint("See meili_sync_verify for what is still different."))
     }
 
-    /// Sends the current version of these rows, locked so that no newer version is overtaken.
-    fn resend(&self, keys: Vec<Vec<String>>) -> Result<i64, SyncError> {
+    /// The current version of these rows, locked until COMMIT so that no newer version is
+    /// overtaken by sending it.
+    fn locked_rows(&self, keys: Vec<Vec<String>>) -> Result<EncodedRows, SyncError> {
         let rows = self.as_owner(|| {
             catalog::lock_rows(&self.relation, &self.column_names, &self.key, &keys)
         })?;
-        let documents = self.documents(&rows);
+        Ok(self.encode(&rows))
+    }
+
+    /// Sends documents of locked rows; returns how many.
+    fn send(&self, documents: &[(String, Value, Vec<String>)]) -> Result<i64, SyncError> {
         if documents.is_empty() {
             return Ok(0);
         }
         let mut body = Vec::new();
-        for (_, document, _) in &documents {
+        for (_, document, _) in documents {
             body.extend_from_slice(document.to_string().as_bytes());
             body.push(b'\n');
         }
@@ -463,7 +481,8 @@ pub fn prune(task: TaskRecord) -> Result<i64, SyncError> {
 /// Re-sends dead-lettered documents from their rows' current state, locked meanwhile, straight to
 /// Meilisearch; the ids whose row is gone are deleted from the index (checked again with writes
 /// to the table blocked). Nothing is written to the table, so none of its triggers fire.
-/// Returns how many documents were re-sent or deleted.
+/// Returns how many documents were re-sent or deleted. A row that would still be a dead letter
+/// fails the call, and nothing of its chunk (1,000 ids) is sent.
 pub fn resend_dead_letters(task: TaskRecord, ids: &[String]) -> Result<i64, SyncError> {
     let context = Context::new(task)?;
     let mut sent = 0;
@@ -478,7 +497,20 @@ pub fn resend_dead_letters(task: TaskRecord, ids: &[String]) -> Result<i64, Sync
             .iter()
             .filter_map(|id| key_of_id(id, context.key.len()))
             .collect();
-        sent += context.resend(present)?;
+        let rows = context.locked_rows(present)?;
+        // Refused before anything of the chunk is sent, as Meilisearch would refuse it.
+        if let Some((key, error)) = rows.dead_letters.first() {
+            return Err(SyncError::new(
+                ErrorKind::Prerequisite,
+                format!(
+                    "the row with key ({}) would be a dead letter again: {error} ({})",
+                    key.join(", "),
+                    error.code()
+                ),
+            )
+            .hint("Fix the row, or forget its dead letter with meili_sync_discard_dead_letters."));
+        }
+        sent += context.send(&rows.documents)?;
         sent += context.delete_extra(gone)?;
     }
     Ok(sent)
@@ -496,8 +528,9 @@ pub fn repair(task: TaskRecord) -> Result<Repairs, SyncError> {
     let context = Context::new(task)?;
     let mut findings = Findings::default();
     let mut repairs = Repairs::default();
+    // Rows that became dead letters since the comparison are left to the worker's dead letters.
     context.compare_rows(&mut findings, 0, &mut |context, keys| {
-        repairs.resent += context.resend(keys)?;
+        repairs.resent += context.send(&context.locked_rows(keys)?.documents)?;
         Ok(())
     })?;
     let extra = context.extra_documents(&mut findings, 0)?;

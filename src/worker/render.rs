@@ -19,8 +19,8 @@ use crate::affected::{AffectedKeys, Window};
 use crate::batch::{BatchLimits, ChangeBatcher, Operation};
 use crate::catalog;
 use crate::decode::session::{DecodingSession, MessageSink};
-use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
-use crate::encode::{check_geo, encode_document, encode_id, ColumnValue};
+use crate::dispatch::{DeadLetter, Dispatcher, Progress};
+use crate::encode::{encode_id, encode_row, ColumnValue};
 use crate::meter::CommitAges;
 use crate::options::TaskOptions;
 use crate::plan::{self, SnapshotPlan, ViewPlan};
@@ -288,26 +288,19 @@ impl<'a> ViewStream<'a> {
         for row in rows {
             let values = ColumnValue::row(row);
             document.clear();
-            let encoded = encode_document(&plan.shape, &values, &mut document).and_then(|doc_id| {
-                check_geo(&plan.shape, &values)?;
-                id.clear();
-                doc_id.write_json(&mut id);
-                Ok(())
-            });
-            match encoded {
-                Ok(()) => self
-                    .batcher
-                    .push(Operation::Replace, &id, &document, &Instant::now),
-                Err(error) => self.dispatcher.add_dead_letter(DeadLetter {
-                    id: item_id(Operation::Replace, &document, self.dispatcher.primary_key())
-                        .unwrap_or(serde_json::Value::Null),
-                    op: Operation::Replace,
-                    document: document.clone(),
-                    code: error.code().to_owned(),
-                    message: error.to_string(),
-                    task_uid: None,
-                    checkpoint: None,
-                }),
+            match encode_row(&plan.shape, &values, &mut document) {
+                Ok(doc_id) => {
+                    id.clear();
+                    doc_id.write_json(&mut id);
+                    self.batcher
+                        .push(Operation::Replace, &id, &document, &Instant::now);
+                }
+                Err(error) => self.dispatcher.add_dead_letter(DeadLetter::unsent_row(
+                    document.clone(),
+                    error.code(),
+                    error.to_string(),
+                    self.dispatcher.primary_key(),
+                )),
             }
         }
     }

@@ -13,13 +13,12 @@ use std::time::{Duration, Instant};
 use pgrx::prelude::*;
 
 use crate::batch::{Batch, Batcher, Operation};
-use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
-use crate::encode::{check_geo, encode_document, ColumnValue};
+use crate::dispatch::{DeadLetter, Dispatcher, Progress};
+use crate::encode::{encode_row, ColumnValue};
 use crate::plan::{PageSizer, SnapshotPlan};
 use crate::shmem::{LiveStatus, Phase};
 use crate::worker::control::{in_transaction, permanent, report_progress, should_stop, Stop};
 use crate::{catalog, security};
-use serde_json::Value;
 
 pub enum SnapshotOutcome {
     Done {
@@ -143,10 +142,7 @@ fn encode_rows(plan: &SnapshotPlan, rows: &[Vec<Option<String>>]) -> Vec<u8> {
     for row in rows {
         let values = ColumnValue::row(row);
         document.clear();
-        if encode_document(&plan.shape, &values, &mut document)
-            .and_then(|_| check_geo(&plan.shape, &values))
-            .is_ok()
-        {
+        if encode_row(&plan.shape, &values, &mut document).is_ok() {
             body.extend_from_slice(&document);
             body.push(b'\n');
         }
@@ -211,23 +207,13 @@ pub fn run(
             for (index, row) in rows.iter().enumerate() {
                 let values = ColumnValue::row(row);
                 document.clear();
-                let encoded = encode_document(&plan.shape, &values, &mut document)
-                    .and_then(|_| check_geo(&plan.shape, &values));
-                if let Err(error) = encoded {
-                    copy.dispatcher.add_dead_letter(DeadLetter {
-                        id: item_id(
-                            Operation::Replace,
-                            &document,
-                            plan.shape.primary_key_attribute(),
-                        )
-                        .unwrap_or(Value::Null),
-                        op: Operation::Replace,
-                        document: document.clone(),
-                        code: error.code().to_owned(),
-                        message: error.to_string(),
-                        task_uid: None,
-                        checkpoint: None,
-                    });
+                if let Err(error) = encode_row(&plan.shape, &values, &mut document) {
+                    copy.dispatcher.add_dead_letter(DeadLetter::unsent_row(
+                        document.clone(),
+                        error.code(),
+                        error.to_string(),
+                        plan.shape.primary_key_attribute(),
+                    ));
                     continue;
                 }
                 if let Some(batch) = batcher.push(Operation::Replace, &document, Instant::now()) {

@@ -9,11 +9,10 @@ use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
 use crate::batch::BatchLimits;
-use crate::batch::Operation;
 use crate::catalog;
 use crate::changes::ChangeMapper;
 use crate::decode::session::{DecodingSession, MessageSink};
-use crate::dispatch::{item_id, DeadLetter, Dispatcher, Progress};
+use crate::dispatch::{DeadLetter, Dispatcher, Progress};
 use crate::gucs;
 use crate::meili::client::Client;
 use crate::meter::CommitAges;
@@ -275,16 +274,14 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     /// before the slot moves past them).
     fn report_skipped(&mut self) {
         for skipped in self.mapper.take_skipped() {
-            self.dispatcher.borrow_mut().add_dead_letter(DeadLetter {
-                id: item_id(Operation::Replace, &skipped.document, &self.primary_key)
-                    .unwrap_or(serde_json::Value::Null),
-                op: Operation::Replace,
-                document: skipped.document,
-                code: skipped.code.to_owned(),
-                message: skipped.reason,
-                task_uid: None,
-                checkpoint: None,
-            });
+            self.dispatcher
+                .borrow_mut()
+                .add_dead_letter(DeadLetter::unsent_row(
+                    skipped.document,
+                    skipped.code,
+                    skipped.reason,
+                    &self.primary_key,
+                ));
         }
     }
 

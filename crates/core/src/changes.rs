@@ -12,7 +12,7 @@ use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
 use crate::batch::{Batch, BatchLimits, ChangeBatcher, Operation};
-use crate::encode::{check_geo, encode_document, encode_id, ColumnValue, DocumentShape};
+use crate::encode::{encode_id, encode_row, ColumnValue, DocumentShape};
 use crate::pgoutput::{Message, Relation, Tuple, TupleValue};
 
 /// How one published relation's columns become a document.
@@ -227,11 +227,9 @@ impl ChangeMapper {
         let values = Self::values(shape, row, std::mem::take(&mut self.values));
         let partial = values.contains(&ColumnValue::Unchanged);
         self.document.clear();
-        let encoded = encode_document(&shape.shape, &values, &mut self.document).and_then(|id| {
-            check_geo(&shape.shape, &values)?;
+        let encoded = encode_row(&shape.shape, &values, &mut self.document).map(|id| {
             self.id.clear();
             id.write_json(&mut self.id);
-            Ok(())
         });
         match encoded {
             Ok(()) => {

@@ -355,12 +355,26 @@ impl fmt::Display for EncodeError {
 
 impl std::error::Error for EncodeError {}
 
-/// Appends one document (no newline) with its fields in column order and
-/// returns its id. Nothing is appended on error.
+/// A row as every path sends it (the copy, the stream, view renders, verify, repair, the preview
+/// and dead-letter resends): appends its document (no newline) and returns the id, or returns why
+/// the row must not be sent, which its dead letter records ([`EncodeError::code`] and the
+/// message). A row without a valid id appends nothing; a row whose `_geo` Meilisearch would
+/// refuse leaves its whole document in `out`, for the dead letter. When both are wrong, the id's
+/// error is the one returned.
+pub fn encode_row<'a>(
+    shape: &DocumentShape,
+    values: &[ColumnValue<'a>],
+    out: &mut Vec<u8>,
+) -> Result<DocumentId<'a>, EncodeError> {
+    let id = encode_document(shape, values, out)?;
+    check_geo(shape, values)?;
+    Ok(id)
+}
+
 /// Meilisearch's rule for a `_geo` field: null, or an object with exactly `lat` and `lng`, each a
 /// finite number or a string holding one. Checked before sending so that one bad row cannot fail
 /// a whole Meilisearch batch (which, for `_geo`, fails every task indexed with it).
-pub fn check_geo(shape: &DocumentShape, values: &[ColumnValue]) -> Result<(), EncodeError> {
+fn check_geo(shape: &DocumentShape, values: &[ColumnValue]) -> Result<(), EncodeError> {
     let Some(index) = shape.geo_column else {
         return Ok(());
     };
@@ -404,6 +418,9 @@ pub fn check_geo(shape: &DocumentShape, values: &[ColumnValue]) -> Result<(), En
     Ok(())
 }
 
+/// Appends one document (no newline) with its fields in column order and
+/// returns its id. Nothing is appended on error. It does not check `_geo`: a row to send goes
+/// through [`encode_row`].
 pub fn encode_document<'a>(
     shape: &DocumentShape,
     values: &[ColumnValue<'a>],
@@ -1827,6 +1844,132 @@ mod tests {
         ] {
             let error = check(ColumnValue::Text(bad)).expect_err(bad);
             assert_eq!(error.code(), "invalid_document_geo_field", "{bad}");
+        }
+    }
+
+    /// A shape with an integer key, a text column and a `_geo` column, and a row of it.
+    fn geo_shape() -> DocumentShape {
+        shape(
+            vec![
+                column("id", ValueKind::Integer),
+                column("name", ValueKind::Text),
+                column("_geo", ValueKind::Json),
+            ],
+            vec![0],
+        )
+    }
+
+    #[test]
+    fn a_good_row_is_its_document_and_id() {
+        let shape = geo_shape();
+        let mut out = b"{}\n".to_vec();
+        let values = [
+            ColumnValue::Text("7"),
+            ColumnValue::Text("kettle"),
+            ColumnValue::Text(r#"{"lat": 1, "lng": 2}"#),
+        ];
+        let id = encode_row(&shape, &values, &mut out).expect("a document");
+        assert_eq!(id, DocumentId::Number("7".into()));
+        assert_eq!(
+            out,
+            b"{}\n{\"id\":7,\"name\":\"kettle\",\"_geo\":{\"lat\": 1, \"lng\": 2}}"
+        );
+        let mut without_geo = Vec::new();
+        let values = [ColumnValue::Text("8"), ColumnValue::Null, ColumnValue::Null];
+        assert!(encode_row(&shape, &values, &mut without_geo).is_ok());
+        assert_eq!(without_geo, br#"{"id":8,"name":null,"_geo":null}"#);
+    }
+
+    #[test]
+    fn a_bad_geo_is_a_dead_letter_with_the_whole_document() {
+        let shape = geo_shape();
+        let mut out = Vec::new();
+        let values = [
+            ColumnValue::Text("7"),
+            ColumnValue::Text("kettle"),
+            ColumnValue::Text(r#"{"lat": "north", "lng": 2}"#),
+        ];
+        let error = encode_row(&shape, &values, &mut out).expect_err("a dead letter");
+        assert_eq!(error.code(), "invalid_document_geo_field");
+        assert_eq!(
+            error.to_string(),
+            "invalid _geo field: lat must be a finite number, got \"north\""
+        );
+        assert_eq!(
+            out, br#"{"id":7,"name":"kettle","_geo":{"lat": "north", "lng": 2}}"#,
+            "kept for the dead letter"
+        );
+    }
+
+    #[test]
+    fn every_dead_letter_reason_of_a_row() {
+        let int_key = geo_shape();
+        let text_key = shape(
+            vec![
+                column("sku", ValueKind::Text),
+                column("_geo", ValueKind::Json),
+            ],
+            vec![0],
+        );
+        // 2 bytes each, escaped to 6: 600 bytes.
+        let long = "é".repeat(100);
+        let bad_geo = ColumnValue::Text(r#""somewhere""#);
+        let cases: [(&DocumentShape, Vec<ColumnValue>, &str, EncodeError); 6] = [
+            (
+                &int_key,
+                vec![ColumnValue::Null, ColumnValue::Null, ColumnValue::Null],
+                "missing_document_id",
+                EncodeError::NullKey {
+                    column: "id".into(),
+                },
+            ),
+            (
+                &int_key,
+                vec![ColumnValue::Unchanged, ColumnValue::Null, ColumnValue::Null],
+                "missing_document_id",
+                EncodeError::UnchangedKey {
+                    column: "id".into(),
+                },
+            ),
+            (
+                &text_key,
+                vec![ColumnValue::Text(""), ColumnValue::Null],
+                "invalid_document_id",
+                EncodeError::EmptyId {
+                    column: "sku".into(),
+                },
+            ),
+            (
+                &text_key,
+                vec![ColumnValue::Text(&long), ColumnValue::Null],
+                "invalid_document_id",
+                EncodeError::IdTooLong { bytes: 600 },
+            ),
+            (
+                &int_key,
+                vec![ColumnValue::Text("1")],
+                "invalid_document",
+                EncodeError::ValueCount {
+                    expected: 3,
+                    got: 1,
+                },
+            ),
+            // A key error wins over a bad `_geo` in the same row: there is no id to report.
+            (
+                &int_key,
+                vec![ColumnValue::Null, ColumnValue::Null, bad_geo],
+                "missing_document_id",
+                EncodeError::NullKey {
+                    column: "id".into(),
+                },
+            ),
+        ];
+        for (shape, values, code, expected) in cases {
+            let mut out = b"kept".to_vec();
+            let error = encode_row(shape, &values, &mut out);
+            assert_eq!(error.as_ref().err(), Some(&expected), "{values:?}");
+            assert_eq!(expected.code(), code, "{values:?}");
+            assert_eq!(out, b"kept", "nothing appended without an id: {values:?}");
         }
     }
 }

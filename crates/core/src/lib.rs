@@ -7,6 +7,7 @@
 pub mod affected;
 pub mod batch;
 pub mod changes;
+mod dead_letter;
 pub mod dispatch;
 pub mod encode;
 pub mod meili;
