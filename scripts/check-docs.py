@@ -13,8 +13,10 @@ Fails (exit 1, one line per problem) when:
   b) such a file names in backticks a Rust item by its module path (`catalog::set_state`,
      `Streamer::new`, `Stop::Permanent`, optionally with `()`), and no .rs file under src/,
      crates/, tests/ or benches/ defines the last segment (fn, struct, enum, trait, const, static,
-     type, mod, macro_rules!, an enum variant or a struct field). Paths into other crates (pg_sys::, std::, ...)
-     are skipped: see EXTERNAL_CRATES.
+     type, mod, macro_rules!, an enum variant or a struct field). When the segment before it names
+     a module of src/ or crates/core/src (`stream::Streamer`, `worker::stream`), the item must be
+     defined in that module's file (or folder); in `path.rs::item`, in that file. Paths into other
+     crates (pg_sys::, std::, ...) are skipped: see EXTERNAL_CRATES.
   c) a link to a section (`file.md#anchor`, or `#anchor` in the same file) names no heading of that
      file, as GitHub turns headings into anchors.
   d) a SQL function of the extension has no entry in README.md: a table row whose first cell
@@ -98,7 +100,7 @@ class Checker:
         self.root = os.path.abspath(root)
         self.verbose = verbose
         self.problems = []
-        self._items = None
+        self._names_by_file = None
         self.checked = {"paths": 0, "items": 0, "links": 0}
         self.top_dirs = {name for name in os.listdir(self.root)
                          if os.path.isdir(os.path.join(self.root, name)) and name not in SKIP_DIRS}
@@ -219,17 +221,18 @@ class Checker:
                     if name.endswith(".rs"):
                         yield os.path.join(directory, name)
 
-    def items(self):
-        """Every name a .rs file of the repository defines."""
-        if self._items is not None:
-            return self._items
-        names = set()
+    def names_by_file(self):
+        """Every name each .rs file of the repository defines, by path."""
+        if self._names_by_file is not None:
+            return self._names_by_file
         definition = re.compile(
             r"\b(?:fn|struct|enum|trait|const|static|type|mod|union)\s+([A-Za-z_][A-Za-z0-9_]*)"
             r"|\bmacro_rules!\s*([A-Za-z_][A-Za-z0-9_]*)")
+        by_file = {}
         for path in self.rust_files():
             with open(path, encoding="utf-8", errors="replace") as handle:
                 source = handle.read()
+            names = by_file.setdefault(os.path.relpath(path, self.root), set())
             for match in definition.finditer(source):
                 names.add(match.group(1) or match.group(2))
             for match in re.finditer(r"\b(?:enum|struct)\s+[A-Za-z_][A-Za-z0-9_]*[^{;]*\{", source):
@@ -246,13 +249,36 @@ class Checker:
                     for found in (variant, field):
                         if found:
                             names.add(found.group(1))
-        self._items = names
-        self.note("%d Rust item names read" % len(names))
-        return names
+        self._names_by_file = by_file
+        self.note("%d Rust item names read" % len(self.items()))
+        return by_file
 
-    def check_item(self, where, token, item):
+    def items(self):
+        """Every name a .rs file of the repository defines."""
+        return set().union(*self.names_by_file().values())
+
+    def module_files(self, module):
+        """The .rs files of a module of the extension's or the core crate's source named `module`:
+        `module.rs`, or every file of a folder `module/` with a mod.rs. Empty when no module has
+        that name (then it is a type or another crate's path)."""
+        found = []
+        for relative in self.names_by_file():
+            parts = relative.split(os.sep)
+            if parts[0] == "src" or parts[:3] == ["crates", "core", "src"]:
+                if parts[-1] == module + ".rs":
+                    found.append(relative)
+                elif module in parts[:-1] and os.path.exists(
+                        os.path.join(self.root, *parts[:parts.index(module) + 1], "mod.rs")):
+                    found.append(relative)
+        return found
+
+    def check_item(self, where, token, item, files=None):
+        """`item` is defined by a .rs file of the repository; by one of `files` when given."""
         self.checked["items"] += 1
-        if item not in self.items():
+        if files:
+            if not any(item in self.names_by_file().get(path, set()) for path in files):
+                self.problem(where, "`%s`: %s defines no `%s`" % (token, ", ".join(sorted(files)), item))
+        elif item not in self.items():
             self.problem(where, "`%s`: no .rs file under src/, crates/, tests/ or benches/ defines `%s`"
                          % (token, item))
 
@@ -274,14 +300,17 @@ class Checker:
                 if with_item:
                     if self.looks_like_path(with_item.group("path")):
                         self.check_path(where, with_item.group("path"), md_dir, "path")
-                    self.check_item(where, token, with_item.group("item"))
+                    in_file = [path for path in self.names_by_file()
+                               if (os.sep + path).endswith(os.sep + with_item.group("path"))]
+                    self.check_item(where, token, with_item.group("item"), in_file)
                 elif self.looks_like_path(token):
                     self.check_path(where, token, md_dir, "path")
                 elif MODULE_PATH.match(token):
                     segments = token.rstrip("()").split("::")
                     if segments[0] in EXTERNAL_CRATES or segments[-1] in SQL_TYPES:
                         continue
-                    self.check_item(where, token, segments[-1])
+                    # `stream::Streamer`: the item must be in the module it is named with.
+                    self.check_item(where, token, segments[-1], self.module_files(segments[-2]))
             for line, target in self.links(prose):
                 where = "%s:%d" % (relative, line)
                 if re.match(r"^[a-z][a-z0-9+.-]*:", target):

@@ -12,7 +12,7 @@ use pgrx::prelude::*;
 use crate::catalog::{self, TaskRecord};
 use crate::shmem::{self, LiveStatus};
 use crate::worker::control::{in_transaction, Stop};
-use crate::worker::stream::SwapGate;
+use crate::worker::drive::SwapGate;
 
 /// How often the moving task looks for the position the shared decoder gives it.
 const CHECK_INTERVAL: Duration = Duration::from_millis(500);

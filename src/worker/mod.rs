@@ -2,6 +2,7 @@
 //! a slot of its own, and one shared decoder for the tasks that share the database's decoding.
 
 pub mod control;
+pub mod drive;
 pub mod handover;
 pub mod launcher;
 pub mod render;

@@ -12,27 +12,23 @@
 
 use std::time::{Duration, Instant};
 
-use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
 use crate::affected::{AffectedKeys, Window};
 use crate::batch::{BatchLimits, ChangeBatcher, Operation};
 use crate::catalog;
-use crate::decode::session::{DecodingSession, MessageSink};
+use crate::decode::session::MessageSink;
 use crate::dispatch::{DeadLetter, Dispatcher, Progress};
 use crate::encode::{encode_id, encode_row, ColumnValue};
 use crate::meter::CommitAges;
 use crate::options::TaskOptions;
 use crate::plan::{self, SnapshotPlan, ViewPlan};
 use crate::security;
-use crate::shmem::{LiveStatus, Phase};
+use crate::shmem::LiveStatus;
 use crate::state_change;
-use crate::worker::control::{
-    in_transaction, in_user_transaction, permanent, report_progress, should_stop, Stop,
-};
-use crate::worker::stream::{
-    busy_nap, log_state_change, parse_noting_commits, IndexWatch, SwapGate, RECORDS_PER_ROUND,
-};
+use crate::worker::control::{in_transaction, in_user_transaction, permanent, should_stop, Stop};
+use crate::worker::drive::{publish_progress, settle_progress, TaskStream};
+use crate::worker::stream::parse_noting_commits;
 
 /// What to do when the view's or a mapping's query fails at run time.
 const RENDER_HINT: &str = "the view or a mapping query of the task fails; fix it (or drop the task and start a new one with other mappings), then run SELECT meili_sync_snapshot(task) to render every document again";
@@ -101,33 +97,6 @@ impl<'a> ViewStream<'a> {
         }
     }
 
-    /// Stores dead letters and progress; returns the position the index is complete up to.
-    fn settle(&mut self) -> Result<Option<u64>, Stop> {
-        self.pump();
-        let progress = std::mem::take(&mut self.progress);
-        report_progress(
-            self.task.id,
-            self.live,
-            self.dispatcher,
-            &progress,
-            Phase::Streaming,
-        )?;
-        if let Some(failure) = self.failure.take() {
-            return Err(permanent(failure));
-        }
-        if let Some(lsn) = progress.checkpoint {
-            self.ages.confirmed(lsn);
-        }
-        Ok(progress.checkpoint)
-    }
-
-    fn is_idle(&self) -> bool {
-        self.keys.is_empty()
-            && self.batcher.is_empty()
-            && !self.batcher.has_closed()
-            && self.dispatcher.is_idle()
-    }
-
     /// Whether the collected window should be rendered now: at once when nothing else is coming
     /// (caught up) and Meilisearch has nothing of ours to do; while it is busy, when the window
     /// is due or full, so that hot documents are rendered once for many changes.
@@ -144,11 +113,6 @@ impl<'a> ViewStream<'a> {
             .opened_at()
             .is_none_or(|opened| opened.elapsed() >= self.limits.max_age);
         (caught_up && self.dispatcher.is_idle()) || full || due
-    }
-
-    /// Decoding may go on: nothing rendered waits for room, and the window is not too large.
-    fn may_read(&self) -> bool {
-        !self.batcher.has_closed() && self.keys.len() < MAX_COLLECTED_KEYS
     }
 
     /// Renders the collected window into the batcher and closes it, with its checkpoint.
@@ -338,15 +302,78 @@ impl<'a> ViewStream<'a> {
             self.dispatcher.pump(Some(Duration::from_millis(20)));
         }
     }
+}
+
+impl TaskStream for ViewStream<'_> {
+    fn live(&self) -> LiveStatus {
+        self.live
+    }
+
+    fn settle(&mut self) -> Result<Option<u64>, Stop> {
+        self.pump();
+        let progress = std::mem::take(&mut self.progress);
+        settle_progress(
+            self.task.id,
+            self.live,
+            self.dispatcher,
+            progress,
+            &mut self.failure,
+            &mut self.ages,
+        )
+    }
+
+    fn confirm_idle(&mut self, read_position: u64) -> Option<u64> {
+        self.is_idle().then(|| {
+            self.ages.confirmed(read_position);
+            read_position
+        })
+    }
+
+    fn is_idle(&self) -> bool {
+        self.keys.is_empty()
+            && self.batcher.is_empty()
+            && !self.batcher.has_closed()
+            && self.dispatcher.is_idle()
+    }
+
+    /// Renders the collected window when due, and hands what is ready to the dispatcher.
+    fn before_read(&mut self, nothing_coming: bool) -> Result<(), Stop> {
+        if self.render_due(nothing_coming) {
+            self.render()?;
+        }
+        self.send_ready();
+        Ok(())
+    }
+
+    /// Decoding may go on: nothing rendered waits for room, and the window is not too large.
+    fn may_read(&self) -> bool {
+        !self.batcher.has_closed() && self.keys.len() < MAX_COLLECTED_KEYS
+    }
+
+    fn has_ended(&self) -> bool {
+        self.ended
+    }
+
+    /// A message the collector could not take fails the task.
+    fn after_read(&mut self, _nothing_coming: bool) -> Result<(), Stop> {
+        match self.failure.take() {
+            Some(failure) => Err(permanent(failure)),
+            None => Ok(()),
+        }
+    }
 
     fn publish(&mut self, read_position: u64, confirmed: u64) {
-        self.live.set_progress(
+        publish_progress(
+            self.live,
             self.task.rows_copied,
-            self.dispatcher.backlog(),
-            self.dispatcher.writer().stats(),
+            self.dispatcher,
+            (read_position, confirmed),
+            &self.ages,
         );
-        self.live
-            .set_stream_position(read_position, confirmed, self.ages.oldest());
+    }
+
+    fn waits_on_meilisearch(&self) -> bool {
+        !self.is_idle()
     }
 }
 
@@ -367,87 +394,4 @@ impl MessageSink for ViewStream<'_> {
             self.failure = Some(error);
         }
     }
-}
-
-/// Streams a view task until SIGTERM or a permanent failure; with a `gate` (a resync helper),
-/// until it asks to drain: then reading stops, everything collected is rendered and confirmed,
-/// and the position where the stream ended is returned.
-pub fn run(
-    stream: &mut ViewStream<'_>,
-    watch: &mut IndexWatch,
-    mut gate: Option<&mut dyn SwapGate>,
-) -> Result<Option<u64>, Stop> {
-    let task = stream.task;
-    let mut session =
-        DecodingSession::open(&task.slot_name, &task.publication_name).map_err(permanent)?;
-    stream.live.set_phase(Phase::Streaming);
-    let mut caught_up = false;
-    let mut draining = false;
-    let mut busy_nap = busy_nap();
-    let result = loop {
-        if should_stop() {
-            break Ok(None);
-        }
-        match stream.settle() {
-            Ok(Some(lsn)) => session.confirm(lsn),
-            Ok(None) => {}
-            Err(error) => break Err(error),
-        }
-        if caught_up && stream.is_idle() {
-            // Nothing unconfirmed: let the slot release WAL that other tables wrote meanwhile.
-            session.confirm(session.read_position());
-            stream.ages.confirmed(session.read_position());
-        }
-        if let Some(gate) = gate.as_deref_mut() {
-            if draining && stream.is_idle() {
-                session.confirm(session.read_position());
-                break Ok(Some(session.read_position()));
-            }
-            if !draining {
-                match gate.ready_to_drain(session.read_position(), caught_up) {
-                    Ok(ready) => draining = ready,
-                    Err(error) => break Err(error),
-                }
-            }
-        }
-        if stream.render_due(caught_up || draining) {
-            if let Err(error) = stream.render() {
-                break Err(error);
-            }
-        }
-        stream.send_ready();
-        let mut records = 0;
-        if !draining && stream.may_read() {
-            records = match session.read(stream, RECORDS_PER_ROUND) {
-                Ok(records) => records,
-                Err(error) => break Err(permanent(error)),
-            };
-            caught_up = records == 0;
-        }
-        if stream.ended {
-            log_state_change(task.id);
-            break Ok(None);
-        }
-        if let Some(failure) = stream.failure.take() {
-            break Err(permanent(failure));
-        }
-        if caught_up {
-            if let Err(error) = watch.check(task.id) {
-                break Err(permanent(error));
-            }
-        }
-        stream.publish(session.read_position(), session.confirmed());
-        if records == 0 {
-            let nap = if stream.is_idle() {
-                Duration::from_secs(1)
-            } else {
-                busy_nap.after_round(false)
-            };
-            if !BackgroundWorker::wait_latch(Some(nap)) {
-                break Ok(None);
-            }
-        }
-    };
-    session.close();
-    result
 }

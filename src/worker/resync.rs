@@ -26,7 +26,7 @@ use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
     await_meili_task, in_transaction, permanent, should_stop, with_retry, Stop, SETUP_TIMEOUT,
 };
-use crate::worker::stream::SwapGate;
+use crate::worker::drive::SwapGate;
 
 /// How often the helper looks at the task it waits for.
 const GATE_INTERVAL: Duration = Duration::from_millis(200);

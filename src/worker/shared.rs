@@ -28,7 +28,8 @@ use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
     in_transaction, open_dispatcher, permanent, should_stop, worker_main, Stop, HTTP_TIMEOUT,
 };
-use crate::worker::stream::{busy_nap, log_state_change, IndexWatch, Streamer, RECORDS_PER_ROUND};
+use crate::worker::drive::{busy_nap, log_state_change, IndexWatch, TaskStream, RECORDS_PER_ROUND};
+use crate::worker::stream::Streamer;
 
 /// The launcher's and shared memory's key for the shared decoder (task ids are positive).
 pub const SHARED_DECODER: i64 = -1;
@@ -267,16 +268,8 @@ impl SharedDecoder {
         let key_attribute = plan.shape.primary_key_attribute().to_owned();
         let dispatcher = open_dispatcher(&client, task, &options, &key_attribute);
         let rules = ColumnRules::new(&task.relation, &task.primary_key, &options);
-        let streamer = Streamer::new(
-            task.id,
-            task.generation,
-            live,
-            dispatcher,
-            rules,
-            plan.limits,
-            &options,
-        )
-        .with_stall_limit(STALL_LIMIT);
+        let streamer = Streamer::new(task, live, dispatcher, rules, plan.limits, &options)
+            .with_stall_limit(STALL_LIMIT);
         live.set_phase(Phase::Streaming);
         let position = task.stream_position.unwrap_or(0);
         Ok(Pipeline {
@@ -572,11 +565,7 @@ impl SharedDecoder {
                 } else {
                     pipeline.streamer.end_read(caught_up);
                 }
-                pipeline.streamer.publish(
-                    pipeline.task.rows_copied,
-                    read_position,
-                    pipeline.position,
-                );
+                pipeline.streamer.publish(read_position, pipeline.position);
                 pipeline.published = Instant::now();
                 pipeline.published_position = pipeline.position;
             }

@@ -1,38 +1,26 @@
-//! The streaming phase of a task worker: decodes the slot in process, maps each committed change
-//! to a Meilisearch operation, and confirms the slot only up to the newest commit whose batches
-//! Meilisearch has all confirmed.
+//! A table task's stream (`Streamer`, driven by `drive::drive` from the task's own slot, or by the
+//! shared decoder): maps each committed change to a Meilisearch operation, and gives the position
+//! of the newest commit whose batches Meilisearch has all confirmed, which the slot may be
+//! confirmed to.
 
 use std::borrow::BorrowMut;
 use std::time::{Duration, Instant};
 
-use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
 use crate::batch::BatchLimits;
 use crate::catalog;
 use crate::changes::ChangeMapper;
-use crate::decode::session::{DecodingSession, MessageSink};
+use crate::decode::session::MessageSink;
 use crate::dispatch::{DeadLetter, Dispatcher, Progress};
-use crate::gucs;
-use crate::meili::client::Client;
 use crate::meter::CommitAges;
 use crate::options::{TaskOptions, WriteMode};
-use crate::pacing::BusyNap;
 use crate::pgoutput;
 use crate::plan::ColumnRules;
-use crate::shmem::{LiveStatus, Phase};
+use crate::shmem::LiveStatus;
 use crate::state_change;
-use crate::worker::control::{permanent, report_progress, should_stop, Stop};
-
-/// WAL records decoded between two looks at confirmations and signals.
-pub const RECORDS_PER_ROUND: usize = 2000;
-
-/// The nap between rounds while Meilisearch has requests of ours: 5 ms right after a round that
-/// moved something, doubling to 40 ms while none does (for a task's own loop and the shared
-/// decoder's alike).
-pub fn busy_nap() -> BusyNap {
-    BusyNap::new(Duration::from_millis(5), Duration::from_millis(40))
-}
+use crate::worker::control::{should_stop, Stop};
+use crate::worker::drive::{publish_progress, settle_progress, TaskStream};
 
 /// One task's stream: maps its decoded changes to batches and hands them to its dispatcher
 /// (borrowed in a task worker, which used it for the copy first; owned in the shared decoder).
@@ -40,6 +28,8 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
     task_id: i64,
     /// The task's generation this stream serves: a state change announcing a newer one ends it.
     generation: i64,
+    /// Rows the task's copy sent, for the status view.
+    rows_copied: i64,
     /// Read a state change of the task (`state_change`): nothing after it is taken.
     ended: bool,
     live: LiveStatus,
@@ -65,8 +55,7 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
 
 impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     pub fn new(
-        task_id: i64,
-        generation: i32,
+        task: &catalog::TaskRecord,
         live: LiveStatus,
         dispatcher: D,
         rules: ColumnRules,
@@ -75,8 +64,9 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     ) -> Self {
         let primary_key = dispatcher.borrow().primary_key().to_owned();
         Streamer {
-            task_id,
-            generation: i64::from(generation),
+            task_id: task.id,
+            generation: i64::from(task.generation),
+            rows_copied: task.rows_copied,
             ended: false,
             live,
             dispatcher,
@@ -99,12 +89,6 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     pub fn with_stall_limit(mut self, limit: Duration) -> Self {
         self.stall_limit = Some(limit);
         self
-    }
-
-    /// The stream read a state change of its task (pause, stop, alter, re-copy, drop): it must
-    /// end there, never confirming past it.
-    pub fn has_ended(&self) -> bool {
-        self.ended
     }
 
     /// The task could not take more changes for the stall limit: it must leave the stream, and
@@ -131,14 +115,6 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
                 .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Meilisearch finished a request since the last call: the main loop naps short again.
-    pub fn finished_more(&mut self) -> bool {
-        let finished = self.batches_finished();
-        let more = finished != self.finished_seen;
-        self.finished_seen = finished;
-        more
-    }
-
     /// Bytes of documents this stream holds: mapped and not yet sent, or sent and unconfirmed.
     pub fn held_bytes(&self) -> usize {
         self.mapper.held_bytes() + self.dispatcher.borrow().held_bytes()
@@ -160,29 +136,6 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         }
     }
 
-    /// Takes in what Meilisearch finished, stores dead letters and progress, and returns the
-    /// position the task's index is now complete up to (None if it did not move). A failure of
-    /// the task is permanent.
-    pub fn settle(&mut self) -> Result<Option<u64>, Stop> {
-        self.pump(None);
-        // Dead letters are stored before the slot moves past them.
-        let progress = std::mem::take(&mut self.progress);
-        report_progress(
-            self.task_id,
-            self.live,
-            self.dispatcher.borrow_mut(),
-            &progress,
-            Phase::Streaming,
-        )?;
-        if let Some(failure) = self.failure.take() {
-            return Err(permanent(failure));
-        }
-        if let Some(lsn) = progress.checkpoint {
-            self.ages.confirmed(lsn);
-        }
-        Ok(progress.checkpoint)
-    }
-
     /// After a read: closes the open window, then sends whatever closed batches the dispatcher
     /// has room for. The window closes at once when nothing else is coming to fill it
     /// (`caught_up`) and Meilisearch has nothing of ours to do. While it is busy with earlier
@@ -201,25 +154,6 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             }
         }
         self.send_ready(false);
-    }
-
-    /// Caught up with nothing unconfirmed: the index is complete up to `position`.
-    pub fn confirm_idle(&mut self, position: u64) -> Option<u64> {
-        (self.is_idle() && !self.ended).then(|| {
-            self.ages.confirmed(position);
-            position
-        })
-    }
-
-    /// What the status view shows of the stream.
-    pub fn publish(&mut self, rows_copied: i64, read_position: u64, confirmed: u64) {
-        let (backlog, stats) = {
-            let dispatcher = self.dispatcher.borrow_mut();
-            (dispatcher.backlog(), dispatcher.writer().stats())
-        };
-        self.live.set_progress(rows_copied, backlog, stats);
-        self.live
-            .set_stream_position(read_position, confirmed, self.ages.oldest());
     }
 
     /// Moves closed batches to the dispatcher, in order. With `block`, waits (handling
@@ -285,10 +219,6 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         }
     }
 
-    fn is_idle(&self) -> bool {
-        self.mapper.is_idle() && self.dispatcher.borrow().is_idle()
-    }
-
     /// Nothing mapped, sent or to report: `settle`, `end_read` and `publish` would change
     /// nothing but the shown read position (the shared decoder skips such tasks).
     pub fn is_quiet(&self) -> bool {
@@ -299,9 +229,65 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             && self.progress.notices.is_empty()
             && self.failure.is_none()
     }
+}
 
-    fn dispatcher_is_idle(&self) -> bool {
-        self.dispatcher.borrow().is_idle()
+impl<D: BorrowMut<Dispatcher>> TaskStream for Streamer<D> {
+    fn live(&self) -> LiveStatus {
+        self.live
+    }
+
+    fn settle(&mut self) -> Result<Option<u64>, Stop> {
+        self.pump(None);
+        let progress = std::mem::take(&mut self.progress);
+        settle_progress(
+            self.task_id,
+            self.live,
+            self.dispatcher.borrow_mut(),
+            progress,
+            &mut self.failure,
+            &mut self.ages,
+        )
+    }
+
+    fn confirm_idle(&mut self, read_position: u64) -> Option<u64> {
+        (self.is_idle() && !self.ended).then(|| {
+            self.ages.confirmed(read_position);
+            read_position
+        })
+    }
+
+    fn is_idle(&self) -> bool {
+        self.mapper.is_idle() && self.dispatcher.borrow().is_idle()
+    }
+
+    fn has_ended(&self) -> bool {
+        self.ended
+    }
+
+    fn after_read(&mut self, nothing_coming: bool) -> Result<(), Stop> {
+        self.end_read(nothing_coming);
+        Ok(())
+    }
+
+    fn publish(&mut self, read_position: u64, confirmed: u64) {
+        publish_progress(
+            self.live,
+            self.rows_copied,
+            self.dispatcher.borrow(),
+            (read_position, confirmed),
+            &self.ages,
+        );
+    }
+
+    fn waits_on_meilisearch(&self) -> bool {
+        !self.dispatcher.borrow().is_idle()
+    }
+
+    fn finished_more(&mut self) -> bool {
+        let finished = self.batches_finished();
+        let more = finished != self.finished_seen;
+        self.finished_seen = finished;
+        more
     }
 }
 
@@ -350,149 +336,4 @@ impl<D: BorrowMut<Dispatcher>> MessageSink for Streamer<D> {
         self.report_skipped();
         self.send_ready(true);
     }
-}
-
-/// Notices when someone else deletes (or deletes and re-creates) the task's index: Meilisearch
-/// would re-create it on the next write without the documents sent before, so the task stops with
-/// an error asking for a new snapshot rather than going on with an incomplete index.
-pub struct IndexWatch {
-    client: Client,
-    uid: String,
-    created_at: Option<String>,
-    last_check: Instant,
-}
-
-impl IndexWatch {
-    pub fn new(client: Client, uid: &str, created_at: Option<String>) -> Self {
-        IndexWatch {
-            client,
-            uid: uid.to_owned(),
-            created_at,
-            last_check: Instant::now(),
-        }
-    }
-
-    /// Checks at most once per `meili_sync.index_check_interval`; unreachable servers are the
-    /// writer's business, not a verdict here.
-    pub fn check(&mut self, task_id: i64) -> Result<(), String> {
-        if self.created_at.is_none() || self.last_check.elapsed() < gucs::index_check_interval() {
-            return Ok(());
-        }
-        self.last_check = Instant::now();
-        let created_at = match self.client.get_index(&self.uid) {
-            Ok(None) => None,
-            Ok(Some(index)) => index.created_at,
-            Err(_) => return Ok(()),
-        };
-        if created_at == self.created_at {
-            return Ok(());
-        }
-        Err(format!(
-            "index \"{}\" was deleted{} outside pg_meili_sync, so it no longer holds every row; run meili_sync_snapshot({task_id}) to copy the table again",
-            self.uid,
-            if created_at.is_some() { " and re-created" } else { "" }
-        ))
-    }
-}
-
-/// A stream read its task's state change (pause, stop, alter, re-copy or drop) in the WAL.
-pub fn log_state_change(task_id: i64) {
-    log!("pg_meili_sync task {task_id}: read its state change in the WAL; it sends nothing that committed after it");
-}
-
-/// Decides when a resync helper stops streaming so that its index can be swapped in.
-pub trait SwapGate {
-    /// Called with the position read so far, and whether the last read found the end of the WAL;
-    /// true to stop reading, drain, and end the stream at that position.
-    fn ready_to_drain(&mut self, read_position: u64, caught_up: bool) -> Result<bool, Stop>;
-}
-
-/// Streams until SIGTERM (`Stop::Terminated`) or a permanent failure. With a `gate`, also until it
-/// asks to drain: then reading stops, everything read is confirmed, and the position where the
-/// stream ended is returned.
-pub fn run(
-    streamer: &mut Streamer<&mut Dispatcher>,
-    task: &catalog::TaskRecord,
-    watch: &mut IndexWatch,
-    mut gate: Option<&mut dyn SwapGate>,
-) -> Result<Option<u64>, Stop> {
-    let mut session =
-        DecodingSession::open(&task.slot_name, &task.publication_name).map_err(permanent)?;
-    streamer.live.set_phase(Phase::Streaming);
-    let mut caught_up = false;
-    let mut draining = false;
-    let mut busy_nap = busy_nap();
-    let result = loop {
-        if should_stop() {
-            break Ok(None);
-        }
-        match streamer.settle() {
-            Ok(Some(lsn)) => session.confirm(lsn),
-            Ok(None) => {}
-            Err(error) => break Err(error),
-        }
-        if caught_up {
-            // Nothing unconfirmed (and dead letters stored): let the slot release WAL that other
-            // tables wrote meanwhile.
-            if let Some(position) = streamer.confirm_idle(session.read_position()) {
-                session.confirm(position);
-            }
-        }
-        if let Some(gate) = gate.as_deref_mut() {
-            if draining && streamer.is_idle() {
-                // Every record read is applied and confirmed: the stream ends exactly here.
-                session.confirm(session.read_position());
-                break Ok(Some(session.read_position()));
-            }
-            if !draining {
-                match gate.ready_to_drain(session.read_position(), caught_up) {
-                    Ok(ready) => draining = ready,
-                    Err(error) => break Err(error),
-                }
-            }
-        }
-        if draining {
-            streamer.end_read(true);
-            if !BackgroundWorker::wait_latch(Some(Duration::from_millis(5))) {
-                break Ok(None);
-            }
-            continue;
-        }
-        let records = match session.read(streamer, RECORDS_PER_ROUND) {
-            Ok(records) => records,
-            Err(error) => break Err(permanent(error)),
-        };
-        if streamer.has_ended() {
-            // The task's state changed at this position: the slot keeps everything from the
-            // last confirmed commit on, and the next worker (if any) goes on from there.
-            log_state_change(task.id);
-            break Ok(None);
-        }
-        caught_up = records == 0;
-        if caught_up {
-            if let Err(error) = watch.check(task.id) {
-                break Err(permanent(error));
-            }
-        }
-        streamer.end_read(caught_up);
-        // Published before any nap, so that the status view shows a confirmation at once.
-        streamer.publish(
-            task.rows_copied,
-            session.read_position(),
-            session.confirmed(),
-        );
-        if caught_up {
-            let moved = records > 0 || streamer.finished_more();
-            let nap = if streamer.dispatcher_is_idle() {
-                Duration::from_secs(1)
-            } else {
-                busy_nap.after_round(moved)
-            };
-            if !BackgroundWorker::wait_latch(Some(nap)) {
-                break Ok(None);
-            }
-        }
-    };
-    session.close();
-    result
 }

@@ -17,11 +17,12 @@ use crate::worker::control::{
     await_meili_task, in_transaction, open_dispatcher, permanent, retry_transient, with_retry,
     worker_main, Stop, HTTP_TIMEOUT,
 };
+use crate::worker::drive::{drive, IndexWatch, SwapGate};
 use crate::worker::handover::{self, MoveGate};
-use crate::worker::render::{self, ViewStream};
+use crate::worker::render::ViewStream;
 use crate::worker::resync::{self, ResyncGate};
 use crate::worker::snapshot::{self, SnapshotOutcome};
-use crate::worker::stream::{self, IndexWatch, Streamer, SwapGate};
+use crate::worker::stream::Streamer;
 
 /// Creates the index with the task's key attribute, or checks an existing one; applies settings.
 fn prepare_index(
@@ -334,19 +335,11 @@ fn copy_then_stream(
     }
     if let Some(view) = view {
         let mut stream = ViewStream::new(task, live, dispatcher, view, plan.limits, options);
-        return render::run(&mut stream, &mut watch, gate);
+        return drive(&mut stream, task, &mut watch, gate);
     }
     let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
-    let mut streamer = Streamer::new(
-        task.id,
-        task.generation,
-        live,
-        dispatcher,
-        rules,
-        plan.limits,
-        options,
-    );
-    stream::run(&mut streamer, task, &mut watch, gate)
+    let mut streamer = Streamer::new(task, live, dispatcher, rules, plan.limits, options);
+    drive(&mut streamer, task, &mut watch, gate)
 }
 
 /// Deletes the documents of rows that no longer exist (see `verify::prune`), retrying while

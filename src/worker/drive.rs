@@ -1,0 +1,263 @@
+//! The drive loop of a task's own slot: one loop for every kind of task stream. A round takes in
+//! what Meilisearch finished and confirms the slot that far, lets a resync's gate decide whether to
+//! drain, gives the stream its turn between reads, reads a round of WAL into it, watches the index,
+//! publishes, and naps when nothing was read. What differs between a table task's stream
+//! (`stream::Streamer`) and a view task's (`render::ViewStream`) is the `TaskStream` they
+//! implement.
+
+use std::time::{Duration, Instant};
+
+use pgrx::bgworkers::BackgroundWorker;
+use pgrx::prelude::*;
+
+use crate::catalog::TaskRecord;
+use crate::decode::session::{DecodingSession, MessageSink};
+use crate::dispatch::{Dispatcher, Progress};
+use crate::gucs;
+use crate::meili::client::Client;
+use crate::meter::CommitAges;
+use crate::pacing::BusyNap;
+use crate::shmem::{LiveStatus, Phase};
+use crate::worker::control::{permanent, report_progress, should_stop, Stop};
+
+/// WAL records decoded between two looks at confirmations and signals.
+pub const RECORDS_PER_ROUND: usize = 2000;
+
+/// The nap of a round that read nothing while Meilisearch has nothing of the task's to do.
+const IDLE_NAP: Duration = Duration::from_secs(1);
+
+/// The nap of a round while a resync drains: the swap waits on it.
+const DRAIN_NAP: Duration = Duration::from_millis(5);
+
+/// The nap between rounds while Meilisearch has requests of ours: 5 ms right after a round that
+/// moved something, doubling to 40 ms while none does (for a task's own loop and the shared
+/// decoder's alike).
+pub fn busy_nap() -> BusyNap {
+    BusyNap::new(Duration::from_millis(5), Duration::from_millis(40))
+}
+
+/// What the drive loop asks of a task's stream. It is also the decoding callback's sink: reading
+/// hands it each message, and everything it must do outside a callback happens in the other calls.
+pub trait TaskStream: MessageSink {
+    /// The task's shared-memory status.
+    fn live(&self) -> LiveStatus;
+
+    /// Takes in what Meilisearch finished, stores dead letters and progress, and returns the
+    /// position the index is now complete up to (None if it did not move). A failure of the task
+    /// is permanent.
+    fn settle(&mut self) -> Result<Option<u64>, Stop>;
+
+    /// Caught up with nothing unconfirmed: the index is complete up to `read_position`, which is
+    /// returned. None while anything is held.
+    fn confirm_idle(&mut self, read_position: u64) -> Option<u64>;
+
+    /// Everything read is applied and confirmed.
+    fn is_idle(&self) -> bool;
+
+    /// The stream's work between reads, before the next one; `nothing_coming`: the last read found
+    /// the end of the WAL, or no read follows (a drain).
+    fn before_read(&mut self, _nothing_coming: bool) -> Result<(), Stop> {
+        Ok(())
+    }
+
+    /// Whether the next round may read (false while what was read waits for room).
+    fn may_read(&self) -> bool {
+        true
+    }
+
+    /// The stream read a state change of its task (pause, stop, alter, re-copy, drop): it must
+    /// end there, never confirming past it.
+    fn has_ended(&self) -> bool;
+
+    /// The stream's work after a read; `nothing_coming` as for `before_read`.
+    fn after_read(&mut self, nothing_coming: bool) -> Result<(), Stop>;
+
+    /// What the status view shows of the stream.
+    fn publish(&mut self, read_position: u64, confirmed: u64);
+
+    /// Meilisearch has requests of the task's: the loop naps short.
+    fn waits_on_meilisearch(&self) -> bool;
+
+    /// Meilisearch finished a request since the last call: the nap starts short again.
+    fn finished_more(&mut self) -> bool {
+        false
+    }
+}
+
+/// `TaskStream::settle` for any stream: stores the dead letters and progress of `progress` (before
+/// the slot may move past them), then fails with the task's `failure` if it has one, and returns
+/// the position its index is now complete up to.
+pub fn settle_progress(
+    task_id: i64,
+    live: LiveStatus,
+    dispatcher: &mut Dispatcher,
+    progress: Progress,
+    failure: &mut Option<String>,
+    ages: &mut CommitAges,
+) -> Result<Option<u64>, Stop> {
+    report_progress(task_id, live, dispatcher, &progress, Phase::Streaming)?;
+    if let Some(failure) = failure.take() {
+        return Err(permanent(failure));
+    }
+    if let Some(lsn) = progress.checkpoint {
+        ages.confirmed(lsn);
+    }
+    Ok(progress.checkpoint)
+}
+
+/// `TaskStream::publish` for any stream.
+pub fn publish_progress(
+    live: LiveStatus,
+    rows_copied: i64,
+    dispatcher: &Dispatcher,
+    positions: (u64, u64),
+    ages: &CommitAges,
+) {
+    let (read_position, confirmed) = positions;
+    live.set_progress(
+        rows_copied,
+        dispatcher.backlog(),
+        dispatcher.writer().stats(),
+    );
+    live.set_stream_position(read_position, confirmed, ages.oldest());
+}
+
+/// Decides when a resync helper stops streaming so that its index can be swapped in.
+pub trait SwapGate {
+    /// Called with the position read so far, and whether the last read found the end of the WAL;
+    /// true to stop reading, drain, and end the stream at that position.
+    fn ready_to_drain(&mut self, read_position: u64, caught_up: bool) -> Result<bool, Stop>;
+}
+
+/// A stream read its task's state change (pause, stop, alter, re-copy or drop) in the WAL.
+pub fn log_state_change(task_id: i64) {
+    log!("pg_meili_sync task {task_id}: read its state change in the WAL; it sends nothing that committed after it");
+}
+
+/// Streams `task` from its own slot until SIGTERM (`Ok(None)`), its state change in the WAL
+/// (`Ok(None)`), or a permanent failure. With a `gate`, also until it asks to drain: then reading
+/// stops, everything read is applied and confirmed, and the position where the stream ended is
+/// returned.
+pub fn drive(
+    stream: &mut impl TaskStream,
+    task: &TaskRecord,
+    watch: &mut IndexWatch,
+    gate: Option<&mut dyn SwapGate>,
+) -> Result<Option<u64>, Stop> {
+    let mut session =
+        DecodingSession::open(&task.slot_name, &task.publication_name).map_err(permanent)?;
+    stream.live().set_phase(Phase::Streaming);
+    let result = rounds(&mut session, stream, task.id, watch, gate);
+    session.close();
+    result
+}
+
+fn rounds(
+    session: &mut DecodingSession,
+    stream: &mut impl TaskStream,
+    task_id: i64,
+    watch: &mut IndexWatch,
+    mut gate: Option<&mut dyn SwapGate>,
+) -> Result<Option<u64>, Stop> {
+    let mut caught_up = false;
+    let mut draining = false;
+    let mut busy_nap = busy_nap();
+    loop {
+        if should_stop() {
+            return Ok(None);
+        }
+        if let Some(lsn) = stream.settle()? {
+            session.confirm(lsn);
+        }
+        if caught_up {
+            // Nothing unconfirmed (and dead letters stored): let the slot release WAL that other
+            // tables wrote meanwhile.
+            if let Some(position) = stream.confirm_idle(session.read_position()) {
+                session.confirm(position);
+            }
+        }
+        if let Some(gate) = gate.as_deref_mut() {
+            if draining && stream.is_idle() {
+                // Every record read is applied and confirmed: the stream ends exactly here.
+                session.confirm(session.read_position());
+                return Ok(Some(session.read_position()));
+            }
+            if !draining {
+                draining = gate.ready_to_drain(session.read_position(), caught_up)?;
+            }
+        }
+        stream.before_read(caught_up || draining)?;
+        let mut records = 0;
+        if !draining && stream.may_read() {
+            records = session.read(stream, RECORDS_PER_ROUND).map_err(permanent)?;
+            caught_up = records == 0;
+        }
+        if stream.has_ended() {
+            // The task's state changed at this position: the slot keeps everything from the
+            // last confirmed commit on, and the next worker (if any) goes on from there.
+            log_state_change(task_id);
+            return Ok(None);
+        }
+        if caught_up {
+            watch.check(task_id).map_err(permanent)?;
+        }
+        stream.after_read(caught_up || draining)?;
+        // Published before any nap, so that the status view shows a confirmation at once.
+        stream.publish(session.read_position(), session.confirmed());
+        if records == 0 {
+            let nap = if draining {
+                DRAIN_NAP
+            } else if stream.waits_on_meilisearch() {
+                busy_nap.after_round(stream.finished_more())
+            } else {
+                IDLE_NAP
+            };
+            if !BackgroundWorker::wait_latch(Some(nap)) {
+                return Ok(None);
+            }
+        }
+    }
+}
+
+/// Notices when someone else deletes (or deletes and re-creates) the task's index: Meilisearch
+/// would re-create it on the next write without the documents sent before, so the task stops with
+/// an error asking for a new snapshot rather than going on with an incomplete index.
+pub struct IndexWatch {
+    client: Client,
+    uid: String,
+    created_at: Option<String>,
+    last_check: Instant,
+}
+
+impl IndexWatch {
+    pub fn new(client: Client, uid: &str, created_at: Option<String>) -> Self {
+        IndexWatch {
+            client,
+            uid: uid.to_owned(),
+            created_at,
+            last_check: Instant::now(),
+        }
+    }
+
+    /// Checks at most once per `meili_sync.index_check_interval`; unreachable servers are the
+    /// writer's business, not a verdict here.
+    pub fn check(&mut self, task_id: i64) -> Result<(), String> {
+        if self.created_at.is_none() || self.last_check.elapsed() < gucs::index_check_interval() {
+            return Ok(());
+        }
+        self.last_check = Instant::now();
+        let created_at = match self.client.get_index(&self.uid) {
+            Ok(None) => None,
+            Ok(Some(index)) => index.created_at,
+            Err(_) => return Ok(()),
+        };
+        if created_at == self.created_at {
+            return Ok(());
+        }
+        Err(format!(
+            "index \"{}\" was deleted{} outside pg_meili_sync, so it no longer holds every row; run meili_sync_snapshot({task_id}) to copy the table again",
+            self.uid,
+            if created_at.is_some() { " and re-created" } else { "" }
+        ))
+    }
+}
