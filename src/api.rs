@@ -13,7 +13,7 @@ use crate::encode::{encode_row, ColumnValue, ValueKind};
 use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::jsonb::DirectJsonb;
 use crate::meili::client::{Client, MeiliError};
-use crate::options::{validate_index_uid, Decoding, TaskOptions};
+use crate::options::{validate_index_uid, TaskOptions};
 use crate::worker::resync;
 use crate::{gucs, plan, search, security, shmem};
 
@@ -320,14 +320,6 @@ fn start_task(
     check_column_names(&info, "exclude_columns", &parsed.exclude_columns)?;
     let (key, published) = source_plan(&info, source.oid(), &parsed)?;
     if info.is_view() {
-        if options.get("decoding").and_then(|value| value.as_str()) == Some("shared") {
-            return Err(SyncError::new(
-                ErrorKind::UnsupportedType,
-                format!("view {} cannot be in the shared decoding pass", info.qualified_name),
-            )
-            .hint("A view task decodes with a replication slot of its own: leave out \"decoding\", or pass \"own\"."));
-        }
-        parsed.decoding = Decoding::Own;
         parsed.mappings = stored_mappings(&info, source.oid(), &key, &parsed)?;
     } else if !parsed.mappings.is_empty() {
         return Err(SyncError::new(
@@ -885,18 +877,6 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             .hint("Drop the task and start a new one (meili_sync_drop, then meili_sync_start)."));
         }
         refuse_leaving_shared_decoding(&record, changes.get("decoding"))?;
-        if changes.get("decoding").and_then(|value| value.as_str()) == Some("shared")
-            && catalog::relation_info(record.relid)?.is_view()
-        {
-            return Err(SyncError::new(
-                ErrorKind::UnsupportedType,
-                format!(
-                    "task {} syncs view {}, which cannot be in the shared decoding pass",
-                    record.id, record.relation
-                ),
-            )
-            .hint("A view task decodes with a replication slot of its own."));
-        }
         let parsed = TaskOptions::parse(&crate::options::merged_options(&record.options, changes))?;
         require_select(&record)?;
         if (changes.contains_key("url")

@@ -98,6 +98,37 @@ pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPl
     source_plan(task.relid, &task.primary_key, options)
 }
 
+/// What a worker checks again before it copies or streams a task, since `meili_sync_start`
+/// checked it: the table or view is still there and readable by the task's owner, and a view
+/// can still be followed (its plan: the tables it reads and where its key comes from). The plan
+/// of a view, None for a table.
+pub fn recheck_source(
+    task: &TaskRecord,
+    options: &TaskOptions,
+) -> Result<Option<ViewPlan>, SyncError> {
+    let checked = catalog::syncable_source(task.relid, task.owner).and_then(|info| {
+        if !info.is_view() {
+            return Ok(None);
+        }
+        view_plan(
+            &info,
+            task.relid,
+            &task.primary_key,
+            options,
+            task.owner,
+            false,
+        )
+        .map(Some)
+    });
+    checked.map_err(|error| match error.hint {
+        Some(ref hint) => {
+            let hint = format!("{hint} Then run SELECT meili_sync_resume({}).", task.id);
+            error.hint(hint)
+        }
+        None => error,
+    })
+}
+
 /// The copy's plan of a table or view (`relid`) by its document key `key`.
 pub fn source_plan(
     relid: pg_sys::Oid,

@@ -34,6 +34,8 @@ pub fn shared_object_name(install: pg_sys::Oid) -> String {
 pub struct SharedTask {
     pub id: i64,
     pub relid: pg_sys::Oid,
+    /// Syncs a view: its changes come from the tables the view reads.
+    pub is_view: bool,
     /// Streaming, and no longer from a slot of its own: the decoder sends its changes. Any other
     /// task keeps its position only.
     pub streaming: bool,
@@ -51,7 +53,10 @@ pub fn shared_tasks() -> CatalogResult<Vec<SharedTask>> {
         let rows = client.select(
             &format!(
                 "SELECT t.id, t.source::pg_catalog.oid, t.state OPERATOR(pg_catalog.=) 'streaming' AND NOT {OWN_SLOT_SQL}, t.generation,
-                        pg_catalog.pg_wal_lsn_diff(t.stream_position, '0/0')::bigint
+                        pg_catalog.pg_wal_lsn_diff(t.stream_position, '0/0')::bigint,
+                        EXISTS (SELECT 1 FROM pg_catalog.pg_class c
+                                 WHERE c.oid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid
+                                   AND c.relkind OPERATOR(pg_catalog.=) 'v')
                    FROM meili_sync.tasks t WHERE {SHARED_TASK_SQL} ORDER BY t.id"
             ),
             None,
@@ -65,6 +70,7 @@ pub fn shared_tasks() -> CatalogResult<Vec<SharedTask>> {
             tasks.push(SharedTask {
                 id,
                 relid,
+                is_view: row.get(6)?.unwrap_or(false),
                 streaming: row.get(3)?.unwrap_or(false),
                 generation: row.get(4)?.unwrap_or(0),
                 position: row.get::<i64>(5)?.map(|lsn| lsn as u64),

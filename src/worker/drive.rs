@@ -84,6 +84,28 @@ pub trait TaskStream: MessageSink {
     }
 }
 
+/// A task's stream in the shared decoding pass (`worker::shared`), where one read serves many
+/// tasks: the decoder never waits for one task, so a task that cannot keep up leaves the pass and
+/// joins again, and a quiet task costs nothing in a round.
+pub trait PassStream: TaskStream {
+    fn dispatcher(&mut self) -> &mut Dispatcher;
+
+    /// Nothing collected, sent or to report: `settle`, `before_read`, `after_read` and `publish`
+    /// would change nothing but the shown read position, so the decoder's round skips it.
+    fn is_quiet(&self) -> bool;
+
+    /// The task could not take more changes for the stall limit: it must leave the pass, and
+    /// join again (reading from its confirmed position) once its dispatcher is idle.
+    fn is_stalled(&self) -> bool;
+
+    /// Forgets everything read and not yet handed to the dispatcher (it is read again from the
+    /// slot when the task joins again) and takes changes again.
+    fn restart(&mut self);
+
+    /// Bytes of documents read and not yet handed to the dispatcher (which counts its own).
+    fn unsent_bytes(&self) -> usize;
+}
+
 /// `TaskStream::settle` for any stream: stores the dead letters and progress of `progress` (before
 /// the slot may move past them), then fails with the task's `failure` if it has one, and returns
 /// the position its index is now complete up to.

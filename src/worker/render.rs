@@ -10,6 +10,7 @@
 //! reach Meilisearch in order, so a later render never loses to an earlier one. The slot is
 //! confirmed to a window's last commit only once its documents are confirmed.
 
+use std::borrow::BorrowMut;
 use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
@@ -27,7 +28,7 @@ use crate::security;
 use crate::shmem::LiveStatus;
 use crate::state_change;
 use crate::worker::control::{in_transaction, in_user_transaction, permanent, should_stop, Stop};
-use crate::worker::drive::{publish_progress, settle_progress, TaskStream};
+use crate::worker::drive::{publish_progress, settle_progress, PassStream, TaskStream};
 use crate::worker::stream::parse_noting_commits;
 
 /// What to do when the view's or a mapping's query fails at run time.
@@ -40,11 +41,23 @@ const RENDER_CHUNK: usize = 1000;
 /// collects while Meilisearch is busy renders each hot document once.
 const MAX_COLLECTED_KEYS: usize = 200_000;
 
+/// A collector of the keys that changes of the view's tables affect.
+fn collector(view: &ViewPlan) -> AffectedKeys {
+    let planned = view
+        .tables
+        .iter()
+        .map(|(relid, routes)| (relid.to_u32(), routes.clone()))
+        .collect();
+    AffectedKeys::new(planned, view.mappings.len())
+}
+
 /// One view task's stream: collects affected keys while decoding and renders them between reads.
-pub struct ViewStream<'a> {
-    task: &'a catalog::TaskRecord,
+/// Its dispatcher is borrowed in a task worker (which used it for the copy first) and owned in the
+/// shared decoder.
+pub struct ViewStream<D: BorrowMut<Dispatcher>> {
+    task: catalog::TaskRecord,
     live: LiveStatus,
-    dispatcher: &'a mut Dispatcher,
+    dispatcher: D,
     view: ViewPlan,
     options: TaskOptions,
     keys: AffectedKeys,
@@ -58,23 +71,18 @@ pub struct ViewStream<'a> {
     ended: bool,
 }
 
-impl<'a> ViewStream<'a> {
+impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
     pub fn new(
-        task: &'a catalog::TaskRecord,
+        task: &catalog::TaskRecord,
         live: LiveStatus,
-        dispatcher: &'a mut Dispatcher,
+        dispatcher: D,
         view: ViewPlan,
         limits: BatchLimits,
         options: &TaskOptions,
     ) -> Self {
-        let planned = view
-            .tables
-            .iter()
-            .map(|(relid, routes)| (relid.to_u32(), routes.clone()))
-            .collect();
-        let keys = AffectedKeys::new(planned, view.mappings.len());
+        let keys = collector(&view);
         ViewStream {
-            task,
+            task: task.clone(),
             live,
             dispatcher,
             view,
@@ -90,9 +98,9 @@ impl<'a> ViewStream<'a> {
     }
 
     fn pump(&mut self) {
-        let progress = self.dispatcher.pump(None);
+        let progress = self.dispatcher.borrow_mut().pump(None);
         self.progress.absorb(progress);
-        if let Some(failure) = self.dispatcher.take_failure() {
+        if let Some(failure) = self.dispatcher.borrow_mut().take_failure() {
             self.failure.get_or_insert(failure);
         }
     }
@@ -104,7 +112,7 @@ impl<'a> ViewStream<'a> {
         if self.keys.is_empty() || self.keys.in_transaction() || self.batcher.has_closed() {
             return false;
         }
-        if !self.dispatcher.has_room() {
+        if !self.dispatcher.borrow().has_room() {
             return false;
         }
         let full = self.keys.len() >= self.limits.max_docs;
@@ -112,7 +120,7 @@ impl<'a> ViewStream<'a> {
             .keys
             .opened_at()
             .is_none_or(|opened| opened.elapsed() >= self.limits.max_age);
-        (caught_up && self.dispatcher.is_idle()) || full || due
+        (caught_up && self.dispatcher.borrow().is_idle()) || full || due
     }
 
     /// Renders the collected window into the batcher and closes it, with its checkpoint.
@@ -133,7 +141,7 @@ impl<'a> ViewStream<'a> {
     /// The documents of the window's keys, read from the view once its transactions are visible.
     fn render_keys(&mut self, window: &Window) -> Result<(), Stop> {
         let view = &self.view;
-        let task = self.task;
+        let task = &self.task;
         let options = &self.options;
         let rendered = in_user_transaction(
             self.live,
@@ -206,7 +214,7 @@ impl<'a> ViewStream<'a> {
     /// After a TRUNCATE of a table the view reads: deletes every document, then renders the whole
     /// view page by page (each page its own transaction), sending as it goes.
     fn render_everything(&mut self, window: &Window) -> Result<(), Stop> {
-        let task = self.task;
+        let task = &self.task;
         let options = &self.options;
         let plan = in_transaction(self.live, "planning the view", || {
             if !catalog::wait_for_transactions(&window.xids, should_stop) {
@@ -259,12 +267,16 @@ impl<'a> ViewStream<'a> {
                     self.batcher
                         .push(Operation::Replace, &id, &document, &Instant::now);
                 }
-                Err(error) => self.dispatcher.add_dead_letter(DeadLetter::unsent_row(
-                    document.clone(),
-                    error.code(),
-                    error.to_string(),
-                    self.dispatcher.primary_key(),
-                )),
+                Err(error) => {
+                    let dispatcher = self.dispatcher.borrow_mut();
+                    let letter = DeadLetter::unsent_row(
+                        document.clone(),
+                        error.code(),
+                        error.to_string(),
+                        dispatcher.primary_key(),
+                    );
+                    dispatcher.add_dead_letter(letter);
+                }
             }
         }
     }
@@ -273,19 +285,9 @@ impl<'a> ViewStream<'a> {
     /// counts once everything before it is confirmed.
     fn send_ready(&mut self) {
         self.pump();
-        while self.dispatcher.has_room() {
-            match self.batcher.next_closed() {
-                Some(batch) => self.dispatcher.push(batch),
-                None => break,
-            }
-        }
-        if !self.batcher.has_closed() {
-            if let Some(checkpoint) = self.batcher.take_pending_checkpoint() {
-                if let Some(lsn) = self.dispatcher.standalone(checkpoint) {
-                    self.progress.checkpoint = Some(lsn);
-                }
-            }
-        }
+        self.dispatcher
+            .borrow_mut()
+            .take_closed(&mut self.batcher, &mut self.progress);
     }
 
     /// Sends every closed batch, waiting for room (and storing progress meanwhile).
@@ -299,12 +301,14 @@ impl<'a> ViewStream<'a> {
                 return Err(Stop::Terminated);
             }
             self.settle()?;
-            self.dispatcher.pump(Some(Duration::from_millis(20)));
+            self.dispatcher
+                .borrow_mut()
+                .pump(Some(Duration::from_millis(20)));
         }
     }
 }
 
-impl TaskStream for ViewStream<'_> {
+impl<D: BorrowMut<Dispatcher>> TaskStream for ViewStream<D> {
     fn live(&self) -> LiveStatus {
         self.live
     }
@@ -315,7 +319,7 @@ impl TaskStream for ViewStream<'_> {
         settle_progress(
             self.task.id,
             self.live,
-            self.dispatcher,
+            self.dispatcher.borrow_mut(),
             progress,
             &mut self.failure,
             &mut self.ages,
@@ -333,7 +337,7 @@ impl TaskStream for ViewStream<'_> {
         self.keys.is_empty()
             && self.batcher.is_empty()
             && !self.batcher.has_closed()
-            && self.dispatcher.is_idle()
+            && self.dispatcher.borrow().is_idle()
     }
 
     /// Renders the collected window when due, and hands what is ready to the dispatcher.
@@ -366,7 +370,7 @@ impl TaskStream for ViewStream<'_> {
         publish_progress(
             self.live,
             self.task.rows_copied,
-            self.dispatcher,
+            self.dispatcher.borrow(),
             (read_position, confirmed),
             &self.ages,
         );
@@ -377,7 +381,38 @@ impl TaskStream for ViewStream<'_> {
     }
 }
 
-impl MessageSink for ViewStream<'_> {
+impl PassStream for ViewStream<Dispatcher> {
+    fn dispatcher(&mut self) -> &mut Dispatcher {
+        &mut self.dispatcher
+    }
+
+    fn is_quiet(&self) -> bool {
+        self.keys.is_empty()
+            && !self.keys.in_transaction()
+            && self.batcher.is_empty()
+            && !self.batcher.has_closed()
+            && self.dispatcher.is_quiet()
+            && self.progress.is_empty()
+            && self.failure.is_none()
+    }
+
+    /// Decoding does not wait for a view's renders in the shared pass: a task that collected as
+    /// many keys as a task of its own would stop reading at has fallen behind.
+    fn is_stalled(&self) -> bool {
+        self.keys.len() >= MAX_COLLECTED_KEYS
+    }
+
+    fn restart(&mut self) {
+        self.keys = collector(&self.view);
+        self.batcher = ChangeBatcher::new(self.limits);
+    }
+
+    fn unsent_bytes(&self) -> usize {
+        self.batcher.held_bytes()
+    }
+}
+
+impl<D: BorrowMut<Dispatcher>> MessageSink for ViewStream<D> {
     fn message(&mut self, _lsn: u64, data: &[u8]) {
         if self.failure.is_some() || self.ended {
             return;

@@ -10,7 +10,7 @@
 //! is dropped. Task workers still do the copies: a shared task gets its position from the decoder
 //! (the slot's confirmed position, before its copy starts) and hands over when the copy is done.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::BackgroundWorker;
@@ -18,21 +18,25 @@ use pgrx::prelude::*;
 
 use crate::catalog::{self, SharedTask, TaskRecord};
 use crate::decode::session::{DecodingSession, MessageSink};
-use crate::dispatch::Dispatcher;
 use crate::error::SyncError;
 use crate::meili::client::Client;
 use crate::options::TaskOptions;
-use crate::plan::{build_plan, ColumnRules};
+use crate::plan::{build_plan, recheck_source, unfollowed_tables, ColumnRules, ViewPlan};
 use crate::route::Router;
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
-    in_transaction, open_dispatcher, permanent, should_stop, worker_main, Stop, HTTP_TIMEOUT,
+    in_transaction, in_user_transaction, open_dispatcher, permanent, should_stop, worker_main,
+    Stop, HTTP_TIMEOUT,
 };
-use crate::worker::drive::{busy_nap, log_state_change, IndexWatch, TaskStream, RECORDS_PER_ROUND};
+use crate::worker::drive::{busy_nap, log_state_change, IndexWatch, PassStream, RECORDS_PER_ROUND};
+use crate::worker::render::ViewStream;
 use crate::worker::stream::Streamer;
 
 /// The launcher's and shared memory's key for the shared decoder (task ids are positive).
 pub const SHARED_DECODER: i64 = -1;
+
+/// What to do when checking a task's table or view fails with an ERROR.
+const RECHECK_HINT: &str = "checking the table or view of the task, or what the view reads, fails; fix it, then run SELECT meili_sync_resume(task)";
 
 /// How often the decoder looks at the catalog for tasks that join or leave.
 const REFRESH_INTERVAL: Duration = Duration::from_millis(500);
@@ -55,7 +59,10 @@ const STALL_LIMIT: Duration = Duration::from_secs(15);
 struct Pipeline {
     task: TaskRecord,
     live: LiveStatus,
-    streamer: Streamer<Dispatcher>,
+    /// A table task's `Streamer` or a view task's `ViewStream`.
+    stream: Box<dyn PassStream>,
+    /// The tables whose changes the task gets: its table, or the tables its view reads.
+    relations: Vec<u32>,
     watch: IndexWatch,
     /// The task's index holds every transaction that committed before this position (also
     /// moved by reading past other tables' changes while the task has nothing unconfirmed).
@@ -75,12 +82,13 @@ struct Pipeline {
 
 impl Pipeline {
     fn leave(self, phase: Phase) {
-        self.streamer.into_dispatcher().shutdown();
+        // Dropping the stream drops its dispatcher, whose writer threads stop and are joined.
+        drop(self.stream);
         self.live.detach(phase);
     }
 }
 
-/// Hands the decoded messages to the router, and the routed ones to the tasks' streamers.
+/// Hands the decoded messages to the router, and the routed ones to the tasks' streams.
 struct Fanout<'a> {
     router: &'a mut Router,
     pipelines: &'a mut HashMap<i64, Pipeline>,
@@ -92,7 +100,7 @@ impl MessageSink for Fanout<'_> {
         let pipelines = &mut *self.pipelines;
         let routed = self.router.route(lsn, data, &mut |task, lsn, data| {
             if let Some(pipeline) = pipelines.get_mut(&task) {
-                pipeline.streamer.message(lsn, data);
+                pipeline.stream.message(lsn, data);
             }
         });
         if let Err(error) = routed {
@@ -118,6 +126,11 @@ struct SharedDecoder {
     /// Over `meili_sync.decoder_memory` at the last look (see `share_memory`).
     squeezed: bool,
     squeeze_logged: Option<Instant>,
+    /// The tables each shared view task's view reads, with the task's generation they were
+    /// planned for.
+    view_tables: HashMap<i64, (i32, Vec<pg_sys::Oid>)>,
+    /// View tasks (and generations) whose view could not be planned, to warn once.
+    unplanned: HashSet<(i64, i32)>,
 }
 
 impl SharedDecoder {
@@ -148,9 +161,7 @@ impl SharedDecoder {
     fn refresh(&mut self, session: &DecodingSession) -> Result<Vec<SharedTask>, Stop> {
         self.last_refresh = Some(Instant::now());
         let tasks = self.read_tasks()?;
-        let mut relids: Vec<pg_sys::Oid> = tasks.iter().map(|task| task.relid).collect();
-        relids.sort_unstable_by_key(|relid| relid.to_u32());
-        relids.dedup();
+        let relids = self.tables_to_publish(&tasks)?;
         if relids != self.published {
             in_transaction(self.live, "publishing the shared tables", || {
                 catalog::publish_exactly(&self.name, &relids)
@@ -195,6 +206,60 @@ impl SharedDecoder {
                     .is_none_or(|other| other == pid || !shmem::backend_alive(other))
             })
             .collect())
+    }
+
+    /// The tables the shared publication must hold for `tasks`, sorted.
+    fn tables_to_publish(&mut self, tasks: &[SharedTask]) -> Result<Vec<pg_sys::Oid>, Stop> {
+        self.view_tables
+            .retain(|task_id, _| tasks.iter().any(|task| task.id == *task_id));
+        let mut relids = Vec::new();
+        for task in tasks {
+            relids.extend(self.tables_of(task)?);
+        }
+        relids.sort_unstable_by_key(|relid| relid.to_u32());
+        relids.dedup();
+        Ok(relids)
+    }
+
+    /// The tables whose changes `task` needs published: its table, or the tables its view reads
+    /// (planned once per generation of the task). A view that cannot be planned gets none; its
+    /// task stops with that error where it copies or streams.
+    fn tables_of(&mut self, task: &SharedTask) -> Result<Vec<pg_sys::Oid>, Stop> {
+        if !task.is_view {
+            return Ok(vec![task.relid]);
+        }
+        if let Some((generation, tables)) = self.view_tables.get(&task.id) {
+            if *generation == task.generation {
+                return Ok(tables.clone());
+            }
+        }
+        let record = in_transaction(self.live, "reading the task", || {
+            catalog::load_task(task.id)
+        })?;
+        let Some(record) = record else {
+            return Ok(Vec::new());
+        };
+        let planned = TaskOptions::parse(&record.options)
+            .map_err(|error| permanent(error.to_string()))
+            .and_then(|options| recheck(self.live, &record, &options));
+        match planned {
+            Ok(view) => {
+                let tables: Vec<pg_sys::Oid> = view
+                    .iter()
+                    .flat_map(|view| view.tables.iter().map(|(relid, _)| *relid))
+                    .collect();
+                self.view_tables
+                    .insert(task.id, (task.generation, tables.clone()));
+                Ok(tables)
+            }
+            Err(Stop::Terminated) => Err(Stop::Terminated),
+            Err(Stop::Permanent(message)) => {
+                if self.unplanned.insert((task.id, task.generation)) {
+                    warning!("pg_meili_sync task {}: the tables its view reads are not published: {message}", task.id);
+                }
+                Ok(Vec::new())
+            }
+        }
     }
 
     /// A task whose copy is done but that has neither a position here nor a slot of its own lost
@@ -247,11 +312,23 @@ impl SharedDecoder {
     }
 
     fn prepare(&mut self, task: &TaskRecord, live: LiveStatus) -> Result<Pipeline, Stop> {
-        // What meili_sync_start checked may have changed since: the table, or its owner's grants.
-        in_transaction(live, "checking the table", || {
-            catalog::syncable_source(task.relid, task.owner)
-        })?;
         let options = TaskOptions::parse(&task.options).map_err(SyncError::from)?;
+        // What meili_sync_start checked may have changed since: the table or view, what the view
+        // reads, or the owner's grants.
+        let view = recheck(live, task, &options)?;
+        if let Some(view) = &view {
+            // A table the view reads now that the shared publication did not hold when the task's
+            // position was given: its changes since never reached the task.
+            let missing: Vec<String> = view
+                .tables
+                .iter()
+                .filter(|(relid, _)| !self.published.contains(relid))
+                .map(|(_, routes)| routes.table.clone())
+                .collect();
+            if !missing.is_empty() {
+                return Err(unfollowed_tables(&view.view, &missing, task.id).into());
+            }
+        }
         let plan = in_transaction(live, "planning the documents", || {
             build_plan(task, &options)
         })?;
@@ -267,15 +344,30 @@ impl SharedDecoder {
         let watch = IndexWatch::new(client.clone(), &task.index_uid, created_at);
         let key_attribute = plan.shape.primary_key_attribute().to_owned();
         let dispatcher = open_dispatcher(&client, task, &options, &key_attribute);
-        let rules = ColumnRules::new(&task.relation, &task.primary_key, &options);
-        let streamer = Streamer::new(task, live, dispatcher, rules, plan.limits, &options)
-            .with_stall_limit(STALL_LIMIT);
+        let (stream, relations): (Box<dyn PassStream>, Vec<u32>) = match view {
+            Some(view) => {
+                let relations = view
+                    .tables
+                    .iter()
+                    .map(|(relid, _)| relid.to_u32())
+                    .collect();
+                let stream = ViewStream::new(task, live, dispatcher, view, plan.limits, &options);
+                (Box::new(stream), relations)
+            }
+            None => {
+                let rules = ColumnRules::new(&task.relation, &task.primary_key, &options);
+                let stream = Streamer::new(task, live, dispatcher, rules, plan.limits, &options)
+                    .with_stall_limit(STALL_LIMIT);
+                (Box::new(stream), vec![task.relid.to_u32()])
+            }
+        };
         live.set_phase(Phase::Streaming);
         let position = task.stream_position.unwrap_or(0);
         Ok(Pipeline {
             task: task.clone(),
             live,
-            streamer,
+            stream,
+            relations,
             watch,
             position,
             checkpointed: position,
@@ -292,8 +384,10 @@ impl SharedDecoder {
     fn share_memory(&mut self) {
         let held: usize = self
             .pipelines
-            .values()
-            .map(|pipeline| pipeline.streamer.held_bytes())
+            .values_mut()
+            .map(|pipeline| {
+                pipeline.stream.unsent_bytes() + pipeline.stream.dispatcher().held_bytes()
+            })
             .sum();
         let budget = crate::gucs::decoder_memory();
         let squeezed = held > budget;
@@ -312,7 +406,7 @@ impl SharedDecoder {
         }
         self.squeezed = squeezed;
         for pipeline in self.pipelines.values_mut() {
-            pipeline.streamer.dispatcher().set_squeezed(squeezed);
+            pipeline.stream.dispatcher().set_squeezed(squeezed);
         }
     }
 
@@ -320,11 +414,11 @@ impl SharedDecoder {
     fn settle(&mut self, caught_up: bool, read_position: u64) -> Result<(), Stop> {
         let mut failed = Vec::new();
         for (task_id, pipeline) in self.pipelines.iter_mut() {
-            let settled = if pipeline.streamer.is_quiet() {
+            let settled = if pipeline.stream.is_quiet() {
                 // Idle with nothing to report: many such tasks must not cost a round each.
                 Ok(None)
             } else {
-                pipeline.streamer.settle()
+                pipeline.stream.settle()
             };
             match settled {
                 Ok(Some(lsn)) => {
@@ -339,18 +433,41 @@ impl SharedDecoder {
                 }
             }
             if caught_up && pipeline.attached {
-                if let Some(position) = pipeline.streamer.confirm_idle(read_position) {
+                if let Some(position) = pipeline.stream.confirm_idle(read_position) {
                     pipeline.position = pipeline.position.max(position);
                 }
             }
         }
+        self.fail(failed);
+        Ok(())
+    }
+
+    /// Each attached task's turn before the read (a view task renders its window when due); a
+    /// task whose turn fails leaves with its error.
+    fn before_read(&mut self, caught_up: bool) -> Result<(), Stop> {
+        let mut failed = Vec::new();
+        for (task_id, pipeline) in self.pipelines.iter_mut() {
+            if !pipeline.attached || pipeline.stream.is_quiet() {
+                continue;
+            }
+            match pipeline.stream.before_read(caught_up) {
+                Ok(()) => {}
+                Err(Stop::Terminated) => return Err(Stop::Terminated),
+                Err(Stop::Permanent(message)) => failed.push((*task_id, message)),
+            }
+        }
+        self.fail(failed);
+        Ok(())
+    }
+
+    /// Stops each task of `failed` with its message; the others stream on.
+    fn fail(&mut self, failed: Vec<(i64, String)>) {
         for (task_id, message) in failed {
             if let Some(pipeline) = self.remove(task_id) {
                 fail_task(&pipeline.task, pipeline.live, &message);
                 pipeline.leave(Phase::Error);
             }
         }
-        Ok(())
     }
 
     /// Stores the positions the tasks' own commits moved (at most every `STORE_INTERVAL`), and
@@ -442,7 +559,7 @@ impl SharedDecoder {
             }
             pipeline.attached = true;
             self.router
-                .attach(*task_id, &[pipeline.task.relid.to_u32()], pipeline.position);
+                .attach(*task_id, &pipeline.relations, pipeline.position);
             log!(
                 "pg_meili_sync task {task_id}: joined the shared decoding pass at {}",
                 catalog::format_lsn(pipeline.position)
@@ -456,16 +573,16 @@ impl SharedDecoder {
     fn check_stalls(&mut self) -> bool {
         let mut ready = false;
         for (task_id, pipeline) in self.pipelines.iter_mut() {
-            if pipeline.attached && pipeline.streamer.is_stalled() {
+            if pipeline.attached && pipeline.stream.is_stalled() {
                 pipeline.attached = false;
                 self.router.detach(*task_id);
-                pipeline.streamer.restart_mapping();
+                pipeline.stream.restart();
                 log!(
                     "pg_meili_sync task {task_id}: Meilisearch confirmed none of its batches for {} s; it leaves the shared decoding pass and reads again from {} once they are done, so that the other tasks go on",
                     STALL_LIMIT.as_secs(),
                     catalog::format_lsn(pipeline.position)
                 );
-            } else if !pipeline.attached && pipeline.streamer.dispatcher().is_idle() {
+            } else if !pipeline.attached && pipeline.stream.dispatcher().is_idle() {
                 ready = true;
             }
         }
@@ -482,7 +599,7 @@ impl SharedDecoder {
         self.live.set_phase(Phase::Streaming);
         let mut caught_up = false;
         let mut busy_nap = busy_nap();
-        let result = loop {
+        let result = 'round: loop {
             if should_stop() {
                 break Ok(());
             }
@@ -518,6 +635,9 @@ impl SharedDecoder {
                 break Err(stop);
             }
             self.share_memory();
+            if let Err(stop) = self.before_read(caught_up) {
+                break Err(stop);
+            }
             let mut fanout = Fanout {
                 router: &mut self.router,
                 pipelines: &mut self.pipelines,
@@ -535,7 +655,7 @@ impl SharedDecoder {
             let ended: Vec<i64> = self
                 .pipelines
                 .iter()
-                .filter(|(_, pipeline)| pipeline.streamer.has_ended())
+                .filter(|(_, pipeline)| pipeline.stream.has_ended())
                 .map(|(id, _)| *id)
                 .collect();
             for task_id in ended {
@@ -554,7 +674,7 @@ impl SharedDecoder {
                         continue;
                     }
                 }
-                if pipeline.streamer.is_quiet() {
+                if pipeline.stream.is_quiet() {
                     // Only the shown read position would move: at most once a second, unless a
                     // backend waits in meili_sync_wait for the task's position to move.
                     let awaited = pipeline.position != pipeline.published_position
@@ -563,27 +683,29 @@ impl SharedDecoder {
                         continue;
                     }
                 } else {
-                    pipeline.streamer.end_read(caught_up);
+                    match pipeline.stream.after_read(caught_up) {
+                        Ok(()) => {}
+                        Err(Stop::Terminated) => break 'round Err(Stop::Terminated),
+                        Err(Stop::Permanent(message)) => {
+                            gone.push((*task_id, message));
+                            continue;
+                        }
+                    }
                 }
-                pipeline.streamer.publish(read_position, pipeline.position);
+                pipeline.stream.publish(read_position, pipeline.position);
                 pipeline.published = Instant::now();
                 pipeline.published_position = pipeline.position;
             }
-            for (task_id, message) in gone {
-                if let Some(pipeline) = self.remove(task_id) {
-                    fail_task(&pipeline.task, pipeline.live, &message);
-                    pipeline.leave(Phase::Error);
-                }
-            }
+            self.fail(gone);
             self.live
                 .set_stream_position(read_position, confirmed, None);
             if caught_up {
                 let mut busy = false;
                 let mut moved = records > 0;
                 for pipeline in self.pipelines.values_mut() {
-                    if !pipeline.streamer.is_quiet() {
-                        busy |= !pipeline.streamer.dispatcher().is_idle();
-                        moved |= pipeline.streamer.finished_more();
+                    if !pipeline.stream.is_quiet() {
+                        busy |= pipeline.stream.waits_on_meilisearch();
+                        moved |= pipeline.stream.finished_more();
                     }
                 }
                 let nap = if busy {
@@ -604,9 +726,7 @@ impl SharedDecoder {
     /// a position: a slot must never decode WAL written before its publication existed.
     fn refresh_publication(&mut self) -> Result<(), Stop> {
         let tasks = self.read_tasks()?;
-        let mut relids: Vec<pg_sys::Oid> = tasks.iter().map(|task| task.relid).collect();
-        relids.sort_unstable_by_key(|relid| relid.to_u32());
-        relids.dedup();
+        let relids = self.tables_to_publish(&tasks)?;
         in_transaction(self.live, "publishing the shared tables", || {
             catalog::publish_exactly(&self.name, &relids)
         })?;
@@ -654,6 +774,18 @@ impl SharedDecoder {
     }
 }
 
+/// Checks again what `meili_sync_start` checked of the task's table or view (`recheck_source`);
+/// an ERROR of it, say of a broken view, stops the task and never the decoder.
+fn recheck(
+    live: LiveStatus,
+    task: &TaskRecord,
+    options: &TaskOptions,
+) -> Result<Option<ViewPlan>, Stop> {
+    in_user_transaction(live, "checking the table or view", RECHECK_HINT, || {
+        recheck_source(task, options)
+    })
+}
+
 /// Stops one task of the shared pass with `message`; the others stream on.
 fn fail_task(task: &TaskRecord, live: LiveStatus, message: &str) {
     warning!("pg_meili_sync task {} stopped: {message}", task.id);
@@ -688,6 +820,8 @@ fn run(live: LiveStatus, pid: i32) -> Result<(), Stop> {
         lowest_elsewhere: None,
         squeezed: false,
         squeeze_logged: None,
+        view_tables: HashMap::new(),
+        unplanned: HashSet::new(),
     };
     let result = decoder.run();
     let attached: Vec<i64> = decoder.pipelines.keys().copied().collect();

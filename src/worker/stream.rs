@@ -20,7 +20,7 @@ use crate::plan::ColumnRules;
 use crate::shmem::LiveStatus;
 use crate::state_change;
 use crate::worker::control::{should_stop, Stop};
-use crate::worker::drive::{publish_progress, settle_progress, TaskStream};
+use crate::worker::drive::{publish_progress, settle_progress, PassStream, TaskStream};
 
 /// One task's stream: maps its decoded changes to batches and hands them to its dispatcher
 /// (borrowed in a task worker, which used it for the copy first; owned in the shared decoder).
@@ -91,22 +91,9 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         self
     }
 
-    /// The task could not take more changes for the stall limit: it must leave the stream, and
-    /// join again (reading from its confirmed position) once its dispatcher is idle.
-    pub fn is_stalled(&self) -> bool {
-        self.stalled
-    }
-
-    /// Forgets every change mapped and not yet handed to the dispatcher (they are read again
-    /// from the slot when the task joins again) and takes changes again.
-    pub fn restart_mapping(&mut self) {
-        self.mapper = ChangeMapper::new(self.limits, self.upsert);
-        self.stalled = false;
-    }
-
     /// Batches Meilisearch finished (confirmed or failed): progress, for the stall limit.
-    fn batches_finished(&mut self) -> u64 {
-        let stats = self.dispatcher().writer().stats();
+    fn batches_finished(&self) -> u64 {
+        let stats = self.dispatcher.borrow().writer().stats();
         stats
             .batches_confirmed
             .load(std::sync::atomic::Ordering::Relaxed)
@@ -115,23 +102,10 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
                 .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Bytes of documents this stream holds: mapped and not yet sent, or sent and unconfirmed.
-    pub fn held_bytes(&self) -> usize {
-        self.mapper.held_bytes() + self.dispatcher.borrow().held_bytes()
-    }
-
-    pub fn dispatcher(&mut self) -> &mut Dispatcher {
-        self.dispatcher.borrow_mut()
-    }
-
-    pub fn into_dispatcher(self) -> D {
-        self.dispatcher
-    }
-
     fn pump(&mut self, wait: Option<Duration>) {
-        let progress = self.dispatcher().pump(wait);
+        let progress = self.dispatcher.borrow_mut().pump(wait);
         self.progress.absorb(progress);
-        if let Some(failure) = self.dispatcher().take_failure() {
+        if let Some(failure) = self.dispatcher.borrow_mut().take_failure() {
             self.failure.get_or_insert(failure);
         }
     }
@@ -143,7 +117,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     /// is taken: a request enqueued now would wait for the running batch anyway, and Meilisearch's
     /// auto-batcher turns a few large queued requests into fewer batches than many small ones
     /// (each batch has a large fixed cost).
-    pub fn end_read(&mut self, caught_up: bool) {
+    fn end_read(&mut self, caught_up: bool) {
         self.pump(None);
         let dispatcher = self.dispatcher.borrow();
         if dispatcher.has_room() {
@@ -164,19 +138,11 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         let mut progress_at = Instant::now();
         loop {
             self.pump(None);
-            while self.dispatcher().has_room() {
-                match self.mapper.next_ready() {
-                    Some(batch) => self.dispatcher.borrow_mut().push(batch),
-                    None => break,
-                }
-            }
-            if !self.mapper.has_ready() {
-                // Only now, behind every batch before it, may a commit that sent nothing count.
-                if let Some(checkpoint) = self.mapper.take_pending_checkpoint() {
-                    if let Some(lsn) = self.dispatcher().standalone(checkpoint) {
-                        self.progress.checkpoint = Some(lsn);
-                    }
-                }
+            if self
+                .dispatcher
+                .borrow_mut()
+                .take_closed(self.mapper.ready(), &mut self.progress)
+            {
                 return;
             }
             if !block || self.failure.is_some() {
@@ -217,17 +183,6 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
                     &self.primary_key,
                 ));
         }
-    }
-
-    /// Nothing mapped, sent or to report: `settle`, `end_read` and `publish` would change
-    /// nothing but the shown read position (the shared decoder skips such tasks).
-    pub fn is_quiet(&self) -> bool {
-        self.mapper.is_idle()
-            && self.dispatcher.borrow().is_quiet()
-            && self.progress.checkpoint.is_none()
-            && self.progress.retries.is_empty()
-            && self.progress.notices.is_empty()
-            && self.failure.is_none()
     }
 }
 
@@ -288,6 +243,32 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for Streamer<D> {
         let more = finished != self.finished_seen;
         self.finished_seen = finished;
         more
+    }
+}
+
+impl PassStream for Streamer<Dispatcher> {
+    fn dispatcher(&mut self) -> &mut Dispatcher {
+        &mut self.dispatcher
+    }
+
+    fn is_quiet(&self) -> bool {
+        self.mapper.is_idle()
+            && self.dispatcher.is_quiet()
+            && self.progress.is_empty()
+            && self.failure.is_none()
+    }
+
+    fn is_stalled(&self) -> bool {
+        self.stalled
+    }
+
+    fn restart(&mut self) {
+        self.mapper = ChangeMapper::new(self.limits, self.upsert);
+        self.stalled = false;
+    }
+
+    fn unsent_bytes(&self) -> usize {
+        self.mapper.held_bytes()
     }
 }
 

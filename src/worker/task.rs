@@ -11,7 +11,9 @@ use crate::dispatch::Dispatcher;
 use crate::error::{ErrorKind, SyncError};
 use crate::meili::client::Client;
 use crate::options::TaskOptions;
-use crate::plan::{build_plan, unfollowed_tables, view_plan, ColumnRules, SnapshotPlan, ViewPlan};
+use crate::plan::{
+    build_plan, recheck_source, unfollowed_tables, ColumnRules, SnapshotPlan, ViewPlan,
+};
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
     await_meili_task, in_transaction, open_dispatcher, permanent, retry_transient, with_retry,
@@ -200,29 +202,11 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
     // What meili_sync_start checked may have changed since: the table or view, what the view
     // reads, or the owner's grants.
     let view = in_transaction(live, "checking the table", || {
-        let checked = catalog::syncable_source(task.relid, task.owner).and_then(|info| {
-            if !info.is_view() {
-                return Ok(None);
-            }
-            view_plan(
-                &info,
-                task.relid,
-                &task.primary_key,
-                &options,
-                task.owner,
-                false,
-            )
-            .map(Some)
-        });
-        checked.map_err(|error| match error.hint {
-            Some(ref hint) => {
-                let hint = format!("{hint} Then run SELECT meili_sync_resume({task_id}).");
-                error.hint(hint)
-            }
-            None => error,
-        })
+        recheck_source(&task, &options)
     })?;
-    if let Some(view) = &view {
+    // A task of the shared pass (not moving) has no publication of its own: the shared
+    // decoder publishes what its view reads.
+    if let (Some(view), false) = (&view, task.shared && !task.moving) {
         follow_every_table(&task, view, live)?;
     }
     let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)

@@ -376,31 +376,31 @@ fn start_on_tables(
     (tasks, indexes)
 }
 
-/// `idle` tasks on tables nobody writes beside one busy task: one transaction of `rows` rows into
-/// the busy table, then the catch-up time (commit → every document in the busy index), the CPU the
-/// busy worker and the idle workers spent on it (until every slot confirmed past the commit), and
-/// the WAL the slots retain at the end. Each task decodes the whole database's WAL today, so the
-/// idle workers' CPU is the price of one decoding pass per task.
-/// One busy table beside `idle` tasks on tables nobody writes, all with their own slot or all in
-/// the shared decoding pass: what the idle ones cost while one transaction of `rows` streams.
-fn tasks(idle: usize, rows: i64, shared: bool) {
+/// One busy table beside `idle` tasks on tables nobody writes (with `views`, on views of such
+/// tables), all with their own slot or all in the shared decoding pass: one transaction of `rows`
+/// rows into the busy table, then the catch-up time (commit → every document in the busy index),
+/// the CPU the busy worker and the idle workers spent on it (until every slot confirmed past the
+/// commit), and the WAL the slots retain at the end. With their own slots the idle workers' CPU is
+/// the price of one decoding pass per task.
+fn tasks(idle: usize, rows: i64, shared: bool, views: bool) {
     let meili = Meili::from_env();
     let slots = format!("max_replication_slots={}", idle + 8);
     let workers = format!("max_worker_processes={}", idle + 8);
     let cluster = Cluster::start(&[&slots, &workers]);
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
-    let options = meili.options(json!({"decoding": if shared { "shared" } else { "own" }}));
-    let (idle_tasks, mut indexes) = start_on_tables(
-        &cluster,
-        &meili,
-        &options,
-        "idle",
-        idle,
-        |n| {
+    let decoding = if shared { "shared" } else { "own" };
+    let options = meili.options(json!({"decoding": decoding}));
+    let (idle_tasks, mut indexes) = if views {
+        let view_options = meili.options(json!({"decoding": decoding, "primary_key": "id"}));
+        start_on_tables(&cluster, &meili, &view_options, "idle_view", idle, |n| {
+            format!("CREATE TABLE idle_{n} (id int PRIMARY KEY, v text); INSERT INTO idle_{n} VALUES (1, 'x'); CREATE VIEW idle_view_{n} AS SELECT id, v FROM idle_{n}")
+        })
+    } else {
+        start_on_tables(&cluster, &meili, &options, "idle", idle, |n| {
             format!("CREATE TABLE idle_{n} (id int PRIMARY KEY, v text); INSERT INTO idle_{n} VALUES (1, 'x')")
-        },
-    );
+        })
+    };
     let busy_index = meili.unique_index("busy");
     let busy: i64 = cluster
         .psql(&format!(
@@ -459,8 +459,8 @@ fn tasks(idle: usize, rows: i64, shared: bool) {
     } else {
         meili.url.clone()
     };
-    let decoding = if shared { "shared" } else { "own" };
-    println!("tasks: {idle} idle + 1 busy, decoding {decoding} ({slots} slots), one transaction of {rows} rows, into {target}");
+    let idle_kind = if views { "view" } else { "table" };
+    println!("tasks: {idle} idle {idle_kind} tasks + 1 busy, decoding {decoding} ({slots} slots), one transaction of {rows} rows, into {target}");
     println!("catch-up          {catch_up:.2} s (commit → every document in the busy index)");
     println!("all slots past it {all_done:.2} s");
     println!("busy worker CPU   {busy_cpu:.2} s (the shared decoder's, idle tasks included, when shared)");
@@ -643,7 +643,12 @@ fn main() {
         "stream" => stream(arg(0, 50_000), arg(1, 500), arg(2, 8) as usize),
         "latency" => latency(arg(0, 200) as usize, arg(1, 10) as u64),
         "decoders" => decoders::run(arg(0, 200_000), arg(1, 500)),
-        "tasks" => tasks(arg(0, 10) as usize, arg(1, 200_000), arg(2, 0) != 0),
+        "tasks" => tasks(
+            arg(0, 10) as usize,
+            arg(1, 200_000),
+            arg(2, 0) != 0,
+            arg(3, 0) != 0,
+        ),
         "busy" => busy(arg(0, 4) as usize, arg(1, 100_000), arg(2, 256)),
         "view" => views::view(arg(0, 100_000), arg(1, 20_000)),
         "fanout" => views::fanout(arg(0, 1000), arg(1, 20), arg(2, 500)),

@@ -264,14 +264,14 @@ impl ChangeMapper {
         self.batcher.close();
     }
 
+    /// The batcher whose closed batches are ready to send (see `Dispatcher::take_closed`).
+    pub fn ready(&mut self) -> &mut ChangeBatcher {
+        &mut self.batcher
+    }
+
     /// The next batch to send, in order.
     pub fn next_ready(&mut self) -> Option<Batch> {
         self.batcher.next_closed()
-    }
-
-    /// Closed batches are waiting for `next_ready`.
-    pub fn has_ready(&self) -> bool {
-        self.batcher.has_closed()
     }
 
     /// Body bytes mapped and not yet handed over (the open window and closed batches).

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-use crate::batch::{Batch, Operation, Watermark};
+use crate::batch::{Batch, ChangeBatcher, Operation, Watermark};
 use crate::meili::client::{MeiliError, MeiliErrorBody};
 use crate::meili::retry::Backoff;
 use crate::meili::writer::{WriteError, Writer, WriterEvent};
@@ -69,6 +69,11 @@ pub struct Progress {
 }
 
 impl Progress {
+    /// Nothing to store or report.
+    pub fn is_empty(&self) -> bool {
+        self.checkpoint.is_none() && self.retries.is_empty() && self.notices.is_empty()
+    }
+
     /// Adds what a later `pump` reported: its checkpoint is the newer one.
     pub fn absorb(&mut self, later: Progress) {
         if later.checkpoint.is_some() {
@@ -256,6 +261,27 @@ impl Dispatcher {
     /// A checkpoint with no batch (a commit that sent nothing): safe once everything before it is.
     pub fn standalone(&mut self, checkpoint: u64) -> Option<u64> {
         self.watermark.standalone(checkpoint)
+    }
+
+    /// Queues `batcher`'s closed batches, in order, while there is room. True once every one is
+    /// queued: only then, behind every batch before it, does a commit that sent nothing count,
+    /// and `progress` gets the checkpoint that made safe.
+    pub fn take_closed(&mut self, batcher: &mut ChangeBatcher, progress: &mut Progress) -> bool {
+        while self.has_room() {
+            match batcher.next_closed() {
+                Some(batch) => self.push(batch),
+                None => break,
+            }
+        }
+        if batcher.has_closed() {
+            return false;
+        }
+        if let Some(checkpoint) = batcher.take_pending_checkpoint() {
+            if let Some(lsn) = self.standalone(checkpoint) {
+                progress.checkpoint = Some(lsn);
+            }
+        }
+        true
     }
 
     /// Batches queued or sent and not yet resolved. The owner produces no more while this is at
@@ -914,6 +940,27 @@ mod tests {
     use crate::meili::writer::WriterConfig;
 
     const KEY: &str = "masterKey";
+
+    #[test]
+    fn progress_is_empty_until_it_has_a_checkpoint_a_retry_or_a_notice() {
+        assert!(Progress::default().is_empty());
+        for progress in [
+            Progress {
+                checkpoint: Some(1),
+                ..Progress::default()
+            },
+            Progress {
+                retries: vec!["503".into()],
+                ..Progress::default()
+            },
+            Progress {
+                notices: vec!["limit".into()],
+                ..Progress::default()
+            },
+        ] {
+            assert!(!progress.is_empty(), "{:?}", progress.checkpoint);
+        }
+    }
 
     fn dispatcher(server: &TestServer) -> Dispatcher {
         Dispatcher::new(writer(server, 4), "id", 4, 1024)

@@ -266,8 +266,14 @@ fn settings_that_user_code_changes_never_outlive_the_identity_switch() {
     wait_index_matches_table(&cluster, &meili, &table_index, "public.items", CONVERGE);
     wait_index_matches_table(&cluster, &meili, &view_index, "public.item_docs", CONVERGE);
 
-    // The attack reached every place (so this test can fail) ...
-    let in_workers = places_in(&cluster, "pg_meili_sync task");
+    // The attack reached every place (so this test can fail) ... The copies run in the task
+    // workers; the view task's renders (view, cast, policy, mapping), in the shared decoder.
+    let mut in_workers = places_in(&cluster, "pg_meili_sync task");
+    in_workers.extend(places_in(&cluster, "pg_meili_sync shared decoder"));
+    assert!(
+        places_in(&cluster, "pg_meili_sync shared decoder").contains("mapping"),
+        "the shared decoder never rendered the view task"
+    );
     for place in [
         "policy",
         "operator",

@@ -3,7 +3,8 @@
 //! key, lookup and UNION tables through the "mappings" option), soft deletes through the view's
 //! WHERE, TRUNCATE, concurrent writers and a killed worker; the views `meili_sync_start` refuses
 //! (SQLSTATE and message), and `meili_sync_preview`, which creates nothing. Every streaming test
-//! ends with "the index holds exactly the view's rows".
+//! ends with "the index holds exactly the view's rows". View tasks stream in the shared decoding
+//! pass by default, as table tasks do; one test moves a view task there from a slot of its own.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -707,8 +708,6 @@ fn start_refuses_what_it_cannot_follow() {
     assert_refused(&cluster, &sql, "0A000", &["limited_documents", "LIMIT"]);
     let sql = start("ranked_documents", json!({"primary_key": "id"}));
     assert_refused(&cluster, &sql, "0A000", &["ranked_documents", "window"]);
-    let sql = start(VIEW, view_options(json!({"decoding": "shared"})));
-    assert_refused(&cluster, &sql, "0A000", &["shared", "decoding"]);
 
     // Nothing half-created.
     assert_nothing_created(&cluster);
@@ -1034,4 +1033,96 @@ fn writes_during_the_copy_reach_the_index() {
         index
     });
     converge(&cluster, &meili, &index);
+}
+
+/// The slots of the cluster, by name, comma-separated.
+fn slots(cluster: &Cluster) -> String {
+    cluster.psql("SELECT string_agg(slot_name, ',' ORDER BY slot_name) FROM pg_replication_slots")
+}
+
+#[test]
+fn view_tasks_stream_in_the_shared_pass_and_one_moves_there_from_its_own_slot() {
+    let (cluster, meili) = shop();
+    let shared_slot =
+        cluster.psql("SELECT format('meili_sync_%s_shared', 'meili_sync.tasks'::regclass::oid)");
+    let (shared_index, shared_task) = start_view_task(&cluster, &meili, json!({}));
+    let (own_index, own_task) = start_view_task(&cluster, &meili, json!({"decoding": "own"}));
+    // A table task in the same pass: the view tasks' tables are published beside its table.
+    let (table_index, _) = start_task(&cluster, &meili, "brands", json!({}));
+    let decoding = |task: i64| cluster.status(task).get("decoding").cloned();
+    assert_eq!(decoding(shared_task).as_deref(), Some("shared"));
+    assert_eq!(decoding(own_task).as_deref(), Some("own"));
+    let own_slot = cluster.psql(&format!(
+        "SELECT format('meili_sync_%s_{own_task}', 'meili_sync.tasks'::regclass::oid)"
+    ));
+    let mut both = [own_slot.clone(), shared_slot.clone()];
+    both.sort();
+    assert_eq!(
+        slots(&cluster),
+        both.join(","),
+        "one slot for the shared pass, one of its own"
+    );
+    // Every table of the shared pass is in its publication: the view's root, children and
+    // lookups, and the table task's table.
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT string_agg(tablename, ',' ORDER BY tablename) FROM pg_publication_tables WHERE pubname = '{shared_slot}'"
+        )),
+        "brands,product_tags,products,reviews,tags"
+    );
+
+    std::thread::scope(|scope| {
+        let cluster = &cluster;
+        // Changes to every table the view reads, all through the move.
+        let writer = scope.spawn(move || {
+            for round in 0..40 {
+                cluster.psql(&format!(
+                    "UPDATE products SET price = price + 1 WHERE id % 10 = {}; \
+                     UPDATE reviews SET stars = 1 + (stars + {round}) % 5 WHERE id % 7 = {}; \
+                     UPDATE brands SET name = 'Brand ' || id || ' r{round}' WHERE id = {}; \
+                     UPDATE tags SET label = 'tag-' || lpad(id::text, 2, '0') || '-r{round}' WHERE id = {}",
+                    round % 10,
+                    round % 7,
+                    1 + round % 10,
+                    1 + round % 20
+                ));
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        cluster.psql(&format!(
+            "SELECT meili_sync_alter({own_task}, '{{\"decoding\": \"shared\"}}')"
+        ));
+        wait_for(
+            "the view task to move into the shared pass",
+            CONVERGE,
+            || {
+                (decoding(own_task).as_deref() == Some("shared")
+                    && cluster.status(own_task).get("state").map(String::as_str)
+                        == Some("streaming")
+                    && slots(cluster) == shared_slot)
+                    .then_some(())
+            },
+        );
+        writer.join().expect("the writer");
+    });
+    cluster.psql("INSERT INTO product_tags VALUES (11, 1)");
+    cluster.psql("UPDATE products SET deleted = true WHERE id = 13");
+    converge(&cluster, &meili, &shared_index);
+    converge(&cluster, &meili, &own_index);
+    wait_index_matches_table(&cluster, &meili, &table_index, "brands", CONVERGE);
+    assert_eq!(
+        document(&meili, &shared_index, "3").map(|d| d["brand"].clone()),
+        Some(json!(cluster.psql("SELECT name FROM brands WHERE id = 4")))
+    );
+    assert_eq!(document(&meili, &own_index, "13"), None, "soft-deleted");
+    assert_eq!(slots(&cluster), shared_slot, "only the shared slot is left");
+    assert_eq!(
+        cluster.psql(
+            "SELECT count(*) FROM pg_stat_activity WHERE backend_type = 'pg_meili_sync task'"
+        ),
+        "0",
+        "no task worker: the shared decoder streams every task"
+    );
+    assert_no_crash(&cluster);
 }
