@@ -36,8 +36,6 @@ SELECT meili_sync_start('v_docs', 'x', '{"url": "http://127.0.0.1:1", "primary_k
 SELECT meili_sync_start('v_items', 'x', '{"url": "http://127.0.0.1:1", "mappings": {"v_brands": "SELECT 1"}}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 ALTER TABLE v_notes REPLICA IDENTITY FULL;
-SELECT meili_sync_start('v_docs', 'x', '{"url": "http://127.0.0.1:1", "primary_key": "id", "decoding": "shared", "mappings": {"v_brands": "SELECT i.id FROM public.v_items i WHERE i.brand_id = ANY($1::int[])"}}');
-\echo SQLSTATE :LAST_ERROR_SQLSTATE
 -- Views whose rows depend on other rows, or that multiply rows.
 CREATE VIEW v_limited AS SELECT i.id, i.name FROM v_items i ORDER BY i.id LIMIT 2;
 CREATE VIEW v_ranked AS SELECT i.id, rank() OVER (ORDER BY i.name) AS rank FROM v_items i;

@@ -1,0 +1,140 @@
+//! The SQL functions, by topic: tasks (start, preview, state changes, alter, resync, drop),
+//! search (and `meili_sync_wait`), dead letters, verify/repair, and statistics. This module holds
+//! what they share: the checks of who may call them and of the server's settings, and the wake-up
+//! of the launcher at COMMIT.
+
+mod dead_letters;
+mod search;
+mod stats;
+mod tasks;
+mod verify;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use pgrx::{register_xact_callback, PgXactCallbackEvent};
+
+use crate::catalog;
+use crate::error::{ErrorKind, SyncError};
+use crate::{gucs, security, shmem};
+
+static WAKE_PENDING: AtomicBool = AtomicBool::new(false);
+
+/// Wakes the launcher when this transaction commits, so a new or changed task takes effect at once.
+pub(super) fn wake_launcher_at_commit() {
+    if !WAKE_PENDING.swap(true, Ordering::Relaxed) {
+        register_xact_callback(PgXactCallbackEvent::Commit, || {
+            WAKE_PENDING.store(false, Ordering::Relaxed);
+            shmem::wake_launcher();
+        });
+        register_xact_callback(PgXactCallbackEvent::Abort, || {
+            WAKE_PENDING.store(false, Ordering::Relaxed);
+        });
+    }
+}
+
+pub(super) fn require_admin() -> Result<(), SyncError> {
+    if catalog::current_role_is_admin()? {
+        Ok(())
+    } else {
+        Err(SyncError::new(
+            ErrorKind::Privilege,
+            "permission denied to manage meili_sync tasks",
+        )
+        .hint("Only superusers and members of the meili_sync_admin role can manage tasks."))
+    }
+}
+
+/// The caller must be able to read the task's table: these functions copy, compare or re-send
+/// its rows, and a task must not be a way around the table's privileges.
+pub(super) fn require_select(record: &catalog::TaskRecord) -> Result<(), SyncError> {
+    if catalog::may_select(security::current_role(), record.relid)? {
+        return Ok(());
+    }
+    Err(select_denied(record)?)
+}
+
+pub(super) fn select_denied(record: &catalog::TaskRecord) -> Result<SyncError, SyncError> {
+    let role = catalog::role_name(security::current_role())?;
+    Ok(SyncError::new(
+        ErrorKind::Privilege,
+        format!("permission denied for table {}", record.relation),
+    )
+    .detail(format!(
+        "Task {} syncs {}, which role {role} may not read.",
+        record.id, record.relation
+    ))
+    .hint(format!(
+        "Ask the table's owner for SELECT: GRANT SELECT ON {} TO {role}.",
+        record.relation
+    )))
+}
+
+/// The functions are not STRICT: a NULL argument is a mistake to report, not a silent NULL result.
+pub(super) fn required<T>(value: Option<T>, name: &str, hint: &str) -> Result<T, SyncError> {
+    value.ok_or_else(|| {
+        SyncError::new(
+            ErrorKind::NullArgument,
+            format!("argument \"{name}\" must not be NULL"),
+        )
+        .hint(hint)
+    })
+}
+
+pub(super) const TASK_HINT: &str =
+    "Pass a task id, as listed in the \"task\" column of meili_sync_status.";
+
+pub(super) fn require_task(task: Option<i64>) -> Result<catalog::TaskRecord, SyncError> {
+    catalog::require_task(required(task, "task", TASK_HINT)?)
+}
+
+pub(super) fn require_preloaded() -> Result<(), SyncError> {
+    if crate::preloaded() {
+        Ok(())
+    } else {
+        Err(SyncError::new(ErrorKind::Prerequisite, "pg_meili_sync is not loaded by shared_preload_libraries")
+            .hint("Add pg_meili_sync to shared_preload_libraries in postgresql.conf and restart the server."))
+    }
+}
+
+pub(super) fn require_logical_wal() -> Result<(), SyncError> {
+    let level = catalog::wal_level()?;
+    if level == "logical" {
+        Ok(())
+    } else {
+        Err(SyncError::new(
+            ErrorKind::Prerequisite,
+            format!("wal_level is \"{level}\", not \"logical\""),
+        )
+        .hint("Set wal_level = logical in postgresql.conf and restart the server."))
+    }
+}
+
+/// The launcher runs the tasks of one database only; a task created elsewhere would never run.
+pub(super) fn require_launcher_database() -> Result<(), SyncError> {
+    let current = catalog::current_database()?;
+    let configured = gucs::database();
+    if current == configured {
+        Ok(())
+    } else {
+        Err(SyncError::new(
+            ErrorKind::Prerequisite,
+            format!("meili_sync tasks run in database \"{configured}\", not in \"{current}\""),
+        )
+        .hint(format!(
+            "Connect to database \"{configured}\", or set meili_sync.database = '{current}' in postgresql.conf and restart the server."
+        )))
+    }
+}
+
+/// Each task (resync helpers too) keeps a slot of shared memory for its live state and counters.
+pub(super) fn require_task_room() -> Result<(), SyncError> {
+    let limit = gucs::max_tasks();
+    if catalog::task_count()? < limit as i64 {
+        return Ok(());
+    }
+    Err(SyncError::new(
+        ErrorKind::Limit,
+        format!("there are already {limit} meili_sync tasks, as many as meili_sync.max_tasks allows"),
+    )
+    .hint("Drop tasks you no longer need, or raise meili_sync.max_tasks (and max_worker_processes) in postgresql.conf and restart the server."))
+}

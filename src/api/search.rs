@@ -1,0 +1,305 @@
+//! Searching a task's index from SQL, and waiting for a task to confirm a position.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use pgrx::prelude::*;
+use pgrx::JsonB;
+
+use super::{require_admin, required, select_denied, TASK_HINT};
+use crate::catalog;
+use crate::error::{ErrorKind, OrRaise, SyncError};
+use crate::jsonb::DirectJsonb;
+use crate::meili::client::Client;
+use crate::options::validate_index_uid;
+use crate::{search, shmem};
+
+/// A task for any role that may read its table or view (`42501` otherwise): the search functions
+/// and `meili_sync_wait` are granted to PUBLIC. The task comes from the backend's cache and the
+/// privilege is checked on every call, both without SPI.
+fn readable_target(task: Option<i64>) -> Result<Rc<catalog::SearchTarget>, SyncError> {
+    let task_id = required(task, "task", TASK_HINT)?;
+    let no_task = || {
+        SyncError::new(
+            ErrorKind::UndefinedTask,
+            format!("meili_sync task {task_id} does not exist"),
+        )
+        .hint("SELECT task FROM meili_sync_status lists the tasks (ask a meili_sync_admin member).")
+    };
+    let target = catalog::search_target(task_id)?.ok_or_else(no_task)?;
+    if catalog::current_role_may_select(target.relid) {
+        if let Some(refusal) = &target.refusal {
+            return Err(refusal.clone());
+        }
+        return Ok(target);
+    }
+    // Admins may read the catalog anyway: their refusal names the table and role. Any other role
+    // learns nothing of a table it may not read.
+    if catalog::current_role_is_admin()? {
+        let record = catalog::load_task_for_search(task_id)?.ok_or_else(no_task)?;
+        return Err(select_denied(&record)?);
+    }
+    Err(SyncError::new(
+        ErrorKind::Privilege,
+        format!("permission denied for meili_sync task {task_id}"),
+    )
+    .detail("Searching through a task, or waiting for it, needs SELECT on the table or view it syncs.")
+    .hint(format!(
+        "Ask a meili_sync_admin member which table task {task_id} syncs, and that table's owner for SELECT on it."
+    )))
+}
+
+/// The task to search through, for a caller that may read its table (or view), and the
+/// backend's client for its URL and key (its `search_api_key` when it has one, never then its
+/// `api_key`).
+fn search_target(task: Option<i64>) -> Result<(Client, Rc<catalog::SearchTarget>), SyncError> {
+    let target = readable_target(task)?;
+    let client = search::client(&target.url, target.api_key.as_deref())?;
+    Ok((client, target))
+}
+
+fn search_options(options: Option<JsonB>) -> Result<serde_json::Value, SyncError> {
+    Ok(required(
+        options,
+        "options",
+        "Pass '{}', or Meilisearch search parameters such as '{\"limit\": 10}'.",
+    )?
+    .0)
+}
+
+type HitRows = TableIterator<
+    'static,
+    (
+        name!(id, Option<String>),
+        name!(key, Option<Vec<String>>),
+        name!(score, Option<f64>),
+        name!(document, DirectJsonb),
+        name!(formatted, Option<DirectJsonb>),
+    ),
+>;
+
+/// Searches and returns one row per hit, in Meilisearch's order.
+fn hit_rows(
+    client: &Client,
+    index_uid: &str,
+    key_columns: &[String],
+    query: Option<&str>,
+    options: serde_json::Value,
+) -> Result<HitRows, SyncError> {
+    let body = crate::meili::search::search_body(query, &options).map_err(|message| {
+        SyncError::new(ErrorKind::InvalidParameter, message)
+            .hint("For example '{\"limit\": 10, \"filter\": \"price > 10\"}'.")
+    })?;
+    let answer = search::run(client, index_uid, body)?;
+    let hits = crate::meili::search::hits(&answer, search::id_attribute(key_columns))
+        .map_err(|message| SyncError::new(ErrorKind::Meilisearch, message))?;
+    let key_count = key_columns.len().max(1);
+    Ok(TableIterator::new(hits.into_iter().map(move |hit| {
+        let key = hit
+            .id
+            .as_deref()
+            .and_then(|id| crate::encode::key_of_id(id, key_count));
+        (
+            hit.id,
+            key,
+            hit.score,
+            DirectJsonb(hit.document),
+            hit.formatted.map(DirectJsonb),
+        )
+    })))
+}
+
+/// Searches the index of a task: one row per hit with the document id, its key values (to join
+/// with the table: `key[1]` compares with a one-column key after a cast), the ranking score
+/// (with `"showRankingScore": true`), the document, and the highlighted document (with
+/// `attributesToHighlight`). Options are Meilisearch's search parameters as they are. Needs
+/// SELECT on the task's table.
+// pgrx must see the row type in the signature itself (an alias does not resolve in its SQL).
+#[allow(clippy::type_complexity)]
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_search(
+    task: Option<i64>,
+    query: Option<&str>,
+    options: default!(Option<JsonB>, "'{}'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(id, Option<String>),
+        name!(key, Option<Vec<String>>),
+        name!(score, Option<f64>),
+        name!(document, DirectJsonb),
+        name!(formatted, Option<DirectJsonb>),
+    ),
+> {
+    let result = (|| {
+        let (client, target) = search_target(task)?;
+        hit_rows(
+            &client,
+            &target.index_uid,
+            &target.primary_key,
+            query,
+            search_options(options)?,
+        )
+    })();
+    result.or_raise()
+}
+
+/// Searches any index at any URL (one the extension does not sync): only for meili_sync_admin.
+/// `id_attribute` names the documents' id field for the `id` and `key` columns. (The result type
+/// is spelled out again, not named by an alias: pgrx reads it from the signature to write SQL.)
+#[allow(clippy::type_complexity)]
+#[pg_extern(name = "meili_search", volatile, parallel_unsafe)]
+fn meili_search_index(
+    url: Option<&str>,
+    index_uid: Option<&str>,
+    query: Option<&str>,
+    options: default!(Option<JsonB>, "'{}'"),
+    api_key: default!(Option<&str>, "NULL"),
+    id_attribute: default!(Option<&str>, "'id'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(id, Option<String>),
+        name!(key, Option<Vec<String>>),
+        name!(score, Option<f64>),
+        name!(document, DirectJsonb),
+        name!(formatted, Option<DirectJsonb>),
+    ),
+> {
+    let result = (|| {
+        require_admin()?;
+        let url = required(
+            url,
+            "url",
+            "Pass the Meilisearch URL, for example 'http://127.0.0.1:7700'.",
+        )?;
+        crate::options::validate_url(url)?;
+        let index_uid = required(
+            index_uid,
+            "index_uid",
+            "Pass the uid of the index to search.",
+        )?;
+        validate_index_uid(index_uid)?;
+        let id_attribute = required(
+            id_attribute,
+            "id_attribute",
+            "Pass the documents' id field, for example 'id'.",
+        )?;
+        let client = search::client(url.trim_end_matches('/'), api_key)?;
+        hit_rows(
+            &client,
+            index_uid,
+            &[id_attribute.to_owned()],
+            query,
+            search_options(options)?,
+        )
+    })();
+    result.or_raise()
+}
+
+/// The facet distribution of a search of a task's index, one row per facet value. The facets
+/// must be filterable in the index (`settings`). Needs SELECT on the task's table.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_facets(
+    task: Option<i64>,
+    query: Option<&str>,
+    facets: Option<Vec<String>>,
+    options: default!(Option<JsonB>, "'{}'"),
+) -> TableIterator<
+    'static,
+    (
+        name!(facet, String),
+        name!(value, String),
+        name!(count, i64),
+    ),
+> {
+    let result = (|| {
+        let (client, target) = search_target(task)?;
+        let facets = required(
+            facets,
+            "facets",
+            "Pass the facets to count, for example ARRAY['category'].",
+        )?;
+        let mut options = search_options(options)?;
+        if let Some(object) = options.as_object_mut() {
+            object.insert("facets".into(), serde_json::Value::from(facets));
+            object
+                .entry("limit")
+                .or_insert_with(|| serde_json::Value::from(0));
+        }
+        let body = crate::meili::search::search_body(query, &options)
+            .map_err(|message| SyncError::new(ErrorKind::InvalidParameter, message))?;
+        let answer = search::run(&client, &target.index_uid, body)?;
+        Ok(TableIterator::new(crate::meili::search::facet_counts(
+            &answer,
+        )))
+    })();
+    result.or_raise()
+}
+
+/// A search request passed through as it is (`POST /indexes/<uid>/search` with `body`), and
+/// Meilisearch's whole answer: for what the other functions do not cover. Needs SELECT on the
+/// task's table.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_search_raw(task: Option<i64>, body: Option<JsonB>) -> DirectJsonb {
+    let result = (|| {
+        let (client, target) = search_target(task)?;
+        let body = required(
+            body,
+            "body",
+            "Pass a search request, for example '{\"q\": \"kettle\"}'.",
+        )?;
+        Ok(DirectJsonb(search::run(
+            &client,
+            &target.index_uid,
+            body.0,
+        )?))
+    })();
+    result.or_raise()
+}
+
+/// The engine of `meili_sync_wait` (which `sql/views.sql` defines with `pg_lsn` and `interval`
+/// arguments): true once the task confirmed every change committed up to `lsn` (a WAL position
+/// in bytes), false after `timeout_ms`. Needs SELECT on the task's table.
+#[pg_extern(volatile, parallel_unsafe)]
+fn meili_sync_wait_at(task: Option<i64>, lsn: Option<i64>, timeout_ms: Option<f64>) -> bool {
+    let result = (|| {
+        let target = readable_target(task)?;
+        let lsn = required(
+            lsn,
+            "lsn",
+            "Pass a WAL position, for example pg_current_wal_lsn().",
+        )?;
+        let timeout_ms = required(
+            timeout_ms,
+            "timeout",
+            "Pass how long to wait, for example '30 seconds'.",
+        )?;
+        if !(0.0..=86_400_000.0).contains(&timeout_ms) {
+            return Err(SyncError::new(
+                ErrorKind::InvalidParameter,
+                format!("timeout {timeout_ms} ms is out of range"),
+            )
+            .hint("Wait between 0 seconds and 1 day."));
+        }
+        Ok(shmem::wait_confirmed(
+            target.task_id,
+            u64::try_from(lsn).unwrap_or(0),
+            Duration::from_millis(timeout_ms as u64),
+        ))
+    })();
+    result.or_raise()
+}
+
+/// The triggers on `meili_sync.tasks` and `meili_sync.task_secrets` that keep every backend's
+/// cache of search targets true: a change to a task's URL, index, key columns, table or keys
+/// invalidates them at commit.
+#[pg_trigger]
+fn meili_sync_invalidate_search_targets<'a>(
+    trigger: &'a PgTrigger<'a>,
+) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, std::convert::Infallible> {
+    if let Ok(table) = trigger.relation() {
+        catalog::invalidate_search_targets(table.oid());
+    }
+    Ok(None)
+}
