@@ -3,6 +3,7 @@
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
+use crate::failure::{Failure, FailureKind};
 use crate::meili::client::MeiliError;
 
 /// What went wrong, in terms the caller can act on; `raise` turns it into a Postgres ERROR.
@@ -175,6 +176,23 @@ impl<T> OrRaise<T> for Result<T, SyncError> {
         match self {
             Ok(value) => value,
             Err(error) => error.raise(),
+        }
+    }
+}
+
+impl From<SyncError> for Failure {
+    /// A catalog or input error met by a worker: the task stops with the message, and the hint
+    /// when there is one.
+    fn from(error: SyncError) -> Self {
+        let kind = match error.kind {
+            ErrorKind::Internal => FailureKind::Internal,
+            ErrorKind::Meilisearch => FailureKind::Meilisearch,
+            _ => FailureKind::Source,
+        };
+        let failure = Failure::new(kind, error.message);
+        match error.hint {
+            Some(hint) => failure.hint(hint),
+            None => failure,
         }
     }
 }

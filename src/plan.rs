@@ -10,9 +10,11 @@ use crate::affected::{KeyRoute, KeySource, TableRoutes};
 use crate::batch::BatchLimits;
 use crate::catalog::{self, RelationInfo, TaskRecord};
 use crate::changes::RelationShape;
-use crate::encode::{Column, DocumentShape, ValueKind};
+use crate::encode::{Column, DocumentShape};
 use crate::error::{ErrorKind, SyncError};
+use crate::failure::{Failure, FailureKind};
 use crate::options::TaskOptions;
+use crate::pg_catalog::{RelationKind, ReplicaIdentity};
 use crate::pgoutput::Relation;
 use crate::security;
 
@@ -44,13 +46,13 @@ impl ColumnRules {
     }
 
     /// The document shape of a Relation message; a missing key column stops the task.
-    pub fn relation_shape(&self, relation: &Relation) -> Result<RelationShape, String> {
+    pub fn relation_shape(&self, relation: &Relation) -> Result<RelationShape, Failure> {
         let mut columns = Vec::new();
         let mut source_columns = Vec::new();
         for (position, column) in relation.columns.iter().enumerate() {
             if self.includes(&column.name) {
                 let kind = catalog::value_kind(pg_sys::Oid::from(column.type_oid))
-                    .map_err(|error| error.message)?;
+                    .map_err(Failure::from)?;
                 columns.push(Column {
                     name: column.name.clone(),
                     kind,
@@ -61,14 +63,19 @@ impl ColumnRules {
         let mut key_columns = Vec::new();
         for name in &self.key {
             let position = columns.iter().position(|column| &column.name == name).ok_or_else(|| {
-                format!(
-                    "key column \"{name}\" of table {} was dropped or renamed; the task stopped so as not to corrupt the index (drop it and start a new one)",
-                    self.relation_name
+                Failure::new(
+                    FailureKind::Source,
+                    format!(
+                        "key column \"{name}\" of table {} was dropped or renamed; the task stopped so as not to corrupt the index",
+                        self.relation_name
+                    ),
                 )
+                .hint("drop the task and start a new one")
             })?;
             key_columns.push(position);
         }
-        let shape = DocumentShape::new(columns, key_columns).map_err(|error| error.to_string())?;
+        let shape = DocumentShape::new(columns, key_columns)
+            .map_err(|error| Failure::new(FailureKind::Source, error.to_string()))?;
         Ok(RelationShape {
             table: self.relation_name.clone(),
             shape,
@@ -106,20 +113,7 @@ pub fn recheck_source(
     task: &TaskRecord,
     options: &TaskOptions,
 ) -> Result<Option<ViewPlan>, SyncError> {
-    let checked = catalog::syncable_source(task.relid, task.owner).and_then(|info| {
-        if !info.is_view() {
-            return Ok(None);
-        }
-        view_plan(
-            &info,
-            task.relid,
-            &task.primary_key,
-            options,
-            task.owner,
-            false,
-        )
-        .map(Some)
-    });
+    let checked = check_task_source(task, options).map(|(_, view)| view);
     checked.map_err(|error| match error.hint {
         Some(ref hint) => {
             let hint = format!("{hint} Then run SELECT meili_sync_resume({}).", task.id);
@@ -127,6 +121,28 @@ pub fn recheck_source(
         }
         None => error,
     })
+}
+
+/// What is checked of an existing task's table or view before work on it (a worker's copy or
+/// stream, a resync): an ordinary table or a view that the task's owner may read, and a view
+/// that can still be followed. Its catalog facts, and the plan of a view (None for a table).
+pub fn check_task_source(
+    task: &TaskRecord,
+    options: &TaskOptions,
+) -> Result<(RelationInfo, Option<ViewPlan>), SyncError> {
+    let info = catalog::syncable_source(task.relid, task.owner)?;
+    if !info.is_view() {
+        return Ok((info, None));
+    }
+    let view = view_plan(
+        &info,
+        task.relid,
+        &task.primary_key,
+        options,
+        task.owner,
+        false,
+    )?;
+    Ok((info, Some(view)))
 }
 
 /// The copy's plan of a table or view (`relid`) by its document key `key`.
@@ -263,11 +279,11 @@ fn identity_carries(info: &RelationInfo, columns: &[String]) -> bool {
             .as_ref()
             .is_some_and(|index| columns.iter().all(|column| index.contains(column)))
     };
-    match info.replica_identity.as_str() {
-        "f" => true,
-        "d" => within(&info.primary_key),
-        "i" => within(&info.replica_identity_index),
-        _ => false,
+    match info.replica_identity {
+        ReplicaIdentity::Full => true,
+        ReplicaIdentity::Default => within(&info.primary_key),
+        ReplicaIdentity::Index => within(&info.replica_identity_index),
+        ReplicaIdentity::Nothing => false,
     }
 }
 
@@ -320,10 +336,7 @@ pub fn view_plan(
             )
             .hint("Name the view's key columns, as its select list names them."));
         };
-        if matches!(
-            catalog::value_kind(column.type_oid)?,
-            ValueKind::Json | ValueKind::Float | ValueKind::Array(_)
-        ) {
+        if !catalog::value_kind(column.type_oid)?.can_be_document_id() {
             return Err(SyncError::new(
                 ErrorKind::UnsupportedType,
                 format!("key column \"{name}\" of view {view} has type {}, which cannot be a Meilisearch document id", column.type_name),
@@ -335,10 +348,13 @@ pub fn view_plan(
     let query = catalog::view_query(relid, view, key)?;
     catalog::refuse_rows_by_who_asks(relid, view)?;
     let tables = catalog::base_tables(relid)?;
-    if let Some(table) = tables.iter().find(|table| table.relkind != "r") {
+    if let Some(table) = tables
+        .iter()
+        .find(|table| table.relkind != RelationKind::Table)
+    {
         return Err(SyncError::new(
             ErrorKind::UnsupportedType,
-            format!("view {view} reads {}, which is not an ordinary table (relkind '{}')", table.qualified_name, table.relkind),
+            format!("view {view} reads {}, which is not an ordinary table (relkind '{}')", table.qualified_name, table.relkind.code()),
         )
         .hint("A view task follows the changes of ordinary tables only: materialized views, foreign and partitioned tables have no row changes in the WAL it could follow."));
     }
@@ -398,10 +414,10 @@ pub fn view_plan(
         let name = table.qualified_name.clone();
         let mut routes = Vec::new();
         if let Some((_, sql)) = mapped.iter().find(|(relid, _)| *relid == table.relid) {
-            let own_key = match table_info.replica_identity.as_str() {
-                "i" => table_info.replica_identity_index.clone(),
-                "d" | "f" => table_info.primary_key.clone(),
-                _ => None,
+            let own_key = match table_info.replica_identity {
+                ReplicaIdentity::Index => table_info.replica_identity_index.clone(),
+                ReplicaIdentity::Default | ReplicaIdentity::Full => table_info.primary_key.clone(),
+                ReplicaIdentity::Nothing => None,
             };
             let Some(own_key) = own_key else {
                 return Err(SyncError::new(

@@ -110,10 +110,57 @@ impl Counters {
     }
 }
 
+/// Whose process a worker is: a task's own, or the database's shared decoder, which has no task
+/// row. Shared-memory entries are keyed by it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum WorkerId {
+    Task(i64),
+    SharedDecoder,
+}
+
+impl WorkerId {
+    /// An entry's key: the task's id, and for the shared decoder a key no task has (task ids
+    /// start at 1; 0 marks a free entry).
+    fn key(self) -> i64 {
+        match self {
+            WorkerId::Task(id) => id,
+            WorkerId::SharedDecoder => -1,
+        }
+    }
+
+    fn from_key(key: i64) -> Self {
+        if key > 0 {
+            WorkerId::Task(key)
+        } else {
+            WorkerId::SharedDecoder
+        }
+    }
+
+    /// The task whose worker this is; None for the shared decoder.
+    pub fn task(self) -> Option<i64> {
+        match self {
+            WorkerId::Task(id) => Some(id),
+            WorkerId::SharedDecoder => None,
+        }
+    }
+}
+
+impl std::fmt::Display for WorkerId {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WorkerId::Task(id) => write!(formatter, "task {id}"),
+            WorkerId::SharedDecoder => formatter.write_str("shared decoder"),
+        }
+    }
+}
+
 #[derive(Clone, Copy)]
 pub struct LiveEntry {
     task_id: i64,
     pid: i32,
+    /// The entry of a task that the shared decoder streams: its pid is the decoder's, so it is
+    /// no worker of its own for the launcher to follow.
+    served_by_shared_decoder: bool,
     /// The task's catalog generation the worker runs with, so that a restarted launcher can
     /// tell whether a worker it did not start is still the right one.
     generation: i32,
@@ -171,6 +218,7 @@ impl LiveEntry {
     const EMPTY: LiveEntry = LiveEntry {
         task_id: 0,
         pid: 0,
+        served_by_shared_decoder: false,
         generation: 0,
         latch: 0,
         phase: 0,
@@ -465,7 +513,8 @@ pub fn wake_launcher() {
 }
 
 /// Claims the task's entry (or a free one) for the calling worker; None when all are taken.
-pub fn attach(task_id: i64, pid: i32) -> Option<usize> {
+pub fn attach(worker: WorkerId, pid: i32) -> Option<usize> {
+    let task_id = worker.key();
     let mut state = STATE.exclusive();
     let usable = &state.entries[..crate::gucs::max_tasks()];
     let index = usable
@@ -509,11 +558,12 @@ pub fn attach(task_id: i64, pid: i32) -> Option<usize> {
     Some(index)
 }
 
-/// Frees the entries of tasks that no longer exist.
-pub fn release_missing(existing: &[i64]) {
+/// Frees the entries of workers no longer wanted: of tasks that no longer exist, and of the shared
+/// decoder once no task shares the decoding pass.
+pub fn release_missing(existing: &[WorkerId]) {
     let mut state = STATE.exclusive();
     for entry in state.entries.iter_mut() {
-        if entry.task_id != 0 && !existing.contains(&entry.task_id) {
+        if entry.task_id != 0 && !existing.contains(&WorkerId::from_key(entry.task_id)) {
             *entry = LiveEntry::EMPTY;
         }
     }
@@ -650,6 +700,11 @@ impl LiveStatus {
         self.update(|entry| entry.generation = generation);
     }
 
+    /// The shared decoder streams this task (see `attached_workers`).
+    pub fn set_served_by_shared_decoder(&self) {
+        self.update(|entry| entry.served_by_shared_decoder = true);
+    }
+
     pub fn detach(&self, phase: Phase) {
         self.update(|entry| {
             entry.pid = 0;
@@ -676,21 +731,29 @@ pub fn attached_pid(task_id: i64) -> Option<i32> {
         .map(|entry| entry.pid)
 }
 
-/// The generation of an entry whose task the shared decoder streams: it is not a worker of its
-/// own for the launcher to follow (the shared decoder has an entry of its own).
-pub const SERVED_BY_SHARED_DECODER: i32 = -1;
-
-/// A task worker running now: (task, pid, the catalog generation it runs with).
-pub fn attached_workers() -> Vec<(i64, i32, i32)> {
+/// A worker running now: (whose, pid, the catalog generation it runs with).
+pub fn attached_workers() -> Vec<(WorkerId, i32, i32)> {
     let state = STATE.share();
     state
         .entries
         .iter()
-        .filter(|entry| {
-            entry.task_id != 0 && entry.pid > 0 && entry.generation != SERVED_BY_SHARED_DECODER
+        .filter(|entry| entry.task_id != 0 && entry.pid > 0 && !entry.served_by_shared_decoder)
+        .map(|entry| {
+            (
+                WorkerId::from_key(entry.task_id),
+                entry.pid,
+                entry.generation,
+            )
         })
-        .map(|entry| (entry.task_id, entry.pid, entry.generation))
         .collect()
+}
+
+/// The last error a worker reported.
+pub fn last_error(worker: WorkerId) -> Option<String> {
+    live_tasks()
+        .into_iter()
+        .find(|live| live.task_id == worker.key())
+        .and_then(|live| live.last_error)
 }
 
 /// Every entry in use, for the status view.

@@ -123,11 +123,10 @@ fn castable(text: &str, kind: &ValueKind, type_name: &str) -> bool {
     }
 }
 
+/// A Meilisearch failure while doing `what`, with the SQLSTATE and hint every SQL function gives
+/// one (`From<MeiliError>`).
 fn meili_error(what: &str) -> impl Fn(MeiliError) -> SyncError + '_ {
-    move |error| {
-        SyncError::new(ErrorKind::Meilisearch, format!("{what}: {error}"))
-            .hint("Check that Meilisearch is reachable and the task's key may read documents.")
-    }
+    move |error| SyncError::from(error).context(what)
 }
 
 /// Called with the key values of each page's missing or different rows.

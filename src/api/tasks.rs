@@ -10,10 +10,11 @@ use super::{
     require_select, require_task, require_task_room, required, wake_launcher_at_commit,
 };
 use crate::catalog::{self, NewTask, RelationInfo, TaskState};
-use crate::encode::{encode_row, ColumnValue, ValueKind};
+use crate::encode::{encode_row, ColumnValue};
 use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::meili::client::{Client, MeiliError};
 use crate::options::{validate_index_uid, TaskOptions};
+use crate::pg_catalog::ReplicaIdentity;
 use crate::worker::resync;
 use crate::{gucs, plan, security};
 
@@ -65,19 +66,19 @@ fn resolve_key(
     };
     let mut sorted_key = key.clone();
     sorted_key.sort();
-    let identity_covers_key = match info.replica_identity.as_str() {
-        "f" => true,
-        "d" => info.primary_key.as_ref().is_some_and(|pk| {
+    let identity_covers_key = match info.replica_identity {
+        ReplicaIdentity::Full => true,
+        ReplicaIdentity::Default => info.primary_key.as_ref().is_some_and(|pk| {
             let mut pk = pk.clone();
             pk.sort();
             pk == sorted_key
         }),
-        "i" => info.replica_identity_index.as_ref().is_some_and(|index| {
+        ReplicaIdentity::Index => info.replica_identity_index.as_ref().is_some_and(|index| {
             let mut index = index.clone();
             index.sort();
             index == sorted_key
         }),
-        _ => false,
+        ReplicaIdentity::Nothing => false,
     };
     if !identity_covers_key {
         return Err(SyncError::new(
@@ -94,10 +95,7 @@ fn resolve_key(
             continue;
         };
         let kind = catalog::value_kind(column.type_oid)?;
-        if matches!(
-            kind,
-            ValueKind::Json | ValueKind::Float | ValueKind::Array(_)
-        ) {
+        if !kind.can_be_document_id() {
             return Err(SyncError::new(
                 ErrorKind::UnsupportedType,
                 format!("key column \"{name}\" has type {}, which cannot be a Meilisearch document id", column.type_name),
@@ -106,6 +104,22 @@ fn resolve_key(
         }
     }
     Ok(key)
+}
+
+/// What start and preview check of the source the caller names, before anything is created or
+/// read: a syncable table or view that the caller may read, the option's column names, its key
+/// and the tables its publication would hold (`source_plan`).
+fn checked_source(
+    relid: pg_sys::Oid,
+    options: &TaskOptions,
+) -> Result<(RelationInfo, Vec<String>, Vec<String>), SyncError> {
+    let info = catalog::syncable_source(relid, security::current_role())?;
+    if let Some(columns) = &options.columns {
+        check_column_names(&info, "columns", columns)?;
+    }
+    check_column_names(&info, "exclude_columns", &options.exclude_columns)?;
+    let (key, published) = source_plan(&info, relid, options)?;
+    Ok((info, key, published))
 }
 
 /// The key of a task's documents and the tables its publication holds: for a table, its key
@@ -192,12 +206,7 @@ fn start_task(
     let url = url.trim_end_matches('/').to_owned();
 
     let mut parsed = parsed;
-    let info = catalog::syncable_source(source.oid(), security::current_role())?;
-    if let Some(columns) = &parsed.columns {
-        check_column_names(&info, "columns", columns)?;
-    }
-    check_column_names(&info, "exclude_columns", &parsed.exclude_columns)?;
-    let (key, published) = source_plan(&info, source.oid(), &parsed)?;
+    let (info, key, published) = checked_source(source.oid(), &parsed)?;
     if info.is_view() {
         parsed.mappings = stored_mappings(&info, source.oid(), &key, &parsed)?;
     } else if !parsed.mappings.is_empty() {
@@ -373,13 +382,7 @@ fn meili_sync_preview(
             .hint("Preview between 0 and 10000 documents."));
         }
         let parsed = TaskOptions::parse(&options.0)?;
-        let caller = security::current_role();
-        let info = catalog::syncable_source(source.oid(), caller)?;
-        if let Some(columns) = &parsed.columns {
-            check_column_names(&info, "columns", columns)?;
-        }
-        check_column_names(&info, "exclude_columns", &parsed.exclude_columns)?;
-        let (key, _) = source_plan(&info, source.oid(), &parsed)?;
+        let (_, key, _) = checked_source(source.oid(), &parsed)?;
         catalog::set_output_formats(true)?;
         let plan = plan::source_plan(source.oid(), &key, &parsed)?;
         let width = plan.shape.columns().len();
@@ -593,20 +596,11 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
             .hint(format!("Drop task {existing} first.")));
         }
         require_task_room()?;
-        let info = catalog::relation_info(record.relid)?;
         let options = TaskOptions::parse(&record.options)?;
-        let published = if info.is_view() {
-            plan::view_plan(
-                &info,
-                record.relid,
-                &record.primary_key,
-                &options,
-                record.owner,
-                false,
-            )?
-            .published_tables()
-        } else {
-            vec![info.qualified_name.clone()]
+        // Checked as the task's worker checks it: the helper copies with the owner's rights.
+        let published = match plan::check_task_source(&record, &options)? {
+            (_, Some(view)) => view.published_tables(),
+            (info, None) => vec![info.qualified_name],
         };
         let helper = catalog::insert_task(
             NewTask {

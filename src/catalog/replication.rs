@@ -6,22 +6,24 @@ use pgrx::spi::quote_identifier;
 
 use super::shared::{SHARED_NAME_SQL, SHARED_TASK_SQL};
 use super::{select_one, CatalogResult, OBJECT_NAME_SQL};
+use crate::pg_catalog::SlotStatus;
 
 /// A task's slot as the launcher's WAL guard sees it.
 pub struct SlotHealth {
     pub task_id: i64,
     pub slot_name: String,
-    pub wal_status: String,
+    pub wal_status: SlotStatus,
     /// None once the slot was invalidated (it no longer has a restart position).
     pub retained_bytes: Option<i64>,
 }
 
-/// The slot's `wal_status` (`lost` once `max_slot_wal_keep_size` invalidated it); None if missing.
-pub fn slot_wal_status(name: &str) -> CatalogResult<Option<String>> {
-    select_one::<String>(
+/// The slot's `wal_status` (`Lost` once `max_slot_wal_keep_size` invalidated it); None if missing.
+pub fn slot_wal_status(name: &str) -> CatalogResult<Option<SlotStatus>> {
+    let status = select_one::<String>(
         "SELECT coalesce(wal_status, 'unknown') FROM pg_catalog.pg_replication_slots WHERE slot_name OPERATOR(pg_catalog.=) $1",
         &[name.into()],
-    )
+    )?;
+    Ok(status.map(|status| SlotStatus::from_stored(Some(&status))))
 }
 
 /// Retained WAL and `wal_status` of every task's slot, for the launcher's warnings.
@@ -55,7 +57,7 @@ pub fn slot_health() -> CatalogResult<Vec<SlotHealth>> {
                 health.push(SlotHealth {
                     task_id,
                     slot_name,
-                    wal_status,
+                    wal_status: SlotStatus::from_stored(Some(&wal_status)),
                     retained_bytes: row.get::<i64>(4)?,
                 });
             }

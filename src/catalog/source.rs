@@ -10,6 +10,7 @@ use pgrx::spi::quote_identifier;
 use super::{may_select, names_from, role_name, select_one, CatalogResult};
 use crate::encode::ValueKind;
 use crate::error::{ErrorKind, SyncError};
+use crate::pg_catalog::{RelationKind, ReplicaIdentity};
 
 /// A column of the source table as the catalog describes it.
 #[derive(Debug, Clone)]
@@ -26,9 +27,9 @@ pub struct RelationInfo {
     pub qualified_name: String,
     /// The table's owner: work on its rows runs with this role's rights.
     pub owner: pg_sys::Oid,
-    pub relkind: String,
+    pub relkind: RelationKind,
     pub persistence: String,
-    pub replica_identity: String,
+    pub replica_identity: ReplicaIdentity,
     pub columns: Vec<ColumnInfo>,
     pub primary_key: Option<Vec<String>>,
     pub replica_identity_index: Option<Vec<String>>,
@@ -51,9 +52,10 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
                 format!("relation with OID {relid} does not exist"),
             ));
         };
-        let relkind: String = row.get(1)?.unwrap_or_default();
+        let relkind = RelationKind::from_code(&row.get::<String>(1)?.unwrap_or_default());
         let persistence: String = row.get(2)?.unwrap_or_default();
-        let replica_identity: String = row.get(3)?.unwrap_or_default();
+        let replica_identity =
+            ReplicaIdentity::from_code(&row.get::<String>(3)?.unwrap_or_default());
         let qualified_name: String = row.get(4)?.unwrap_or_default();
         let owner: pg_sys::Oid = row.get(5)?.unwrap_or(pg_sys::InvalidOid);
 
@@ -128,7 +130,7 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
 pub fn syncable_source(relid: pg_sys::Oid, role: pg_sys::Oid) -> CatalogResult<RelationInfo> {
     let info = relation_info(relid)?;
     let table = &info.qualified_name;
-    if info.relkind != "r" && info.relkind != "v" {
+    if !matches!(info.relkind, RelationKind::Table | RelationKind::View) {
         return Err(SyncError::new(ErrorKind::InvalidParameter, format!("{table} is not an ordinary table or a view"))
             .hint("Sync an ordinary table or a view; partitioned tables, materialized views and foreign tables are not supported."));
     }
@@ -163,7 +165,7 @@ pub fn syncable_source(relid: pg_sys::Oid, role: pg_sys::Oid) -> CatalogResult<R
 
 impl RelationInfo {
     pub fn is_view(&self) -> bool {
-        self.relkind == "v"
+        self.relkind == RelationKind::View
     }
 
     /// How queries name it: `ONLY t` for a table (not its inheritance children), the view itself.

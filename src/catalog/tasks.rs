@@ -12,6 +12,46 @@ use super::{
 use crate::error::{ErrorKind, SyncError};
 use crate::state_change;
 
+/// Where a resync helper is in its swap, recorded before each step so that a helper restarted
+/// between them resumes it (`meili_sync.tasks.resync_phase` with `swap_lsn` and
+/// `swap_created_at`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ResyncPhase {
+    /// The swap was asked for with the stream stopped at `position`, when the new index had been
+    /// created at `created_at`: after the swap the live index has that `createdAt`.
+    Swapping { position: u64, created_at: String },
+    /// The swap happened and the task streams on; the old index and the helper are left to go.
+    Swapped,
+}
+
+impl ResyncPhase {
+    fn from_stored(
+        phase: Option<&str>,
+        position: Option<u64>,
+        created_at: Option<String>,
+    ) -> CatalogResult<Option<Self>> {
+        match (phase, position, created_at) {
+            (None, _, _) => Ok(None),
+            (Some("swapped"), _, _) => Ok(Some(ResyncPhase::Swapped)),
+            (Some("swapping"), Some(position), Some(created_at)) => {
+                Ok(Some(ResyncPhase::Swapping {
+                    position,
+                    created_at,
+                }))
+            }
+            (Some(phase), position, created_at) => Err(SyncError::new(
+                ErrorKind::Internal,
+                format!(
+                    "meili_sync.tasks has resync_phase '{phase}' with swap_lsn {} and swap_created_at {}",
+                    position.map_or("NULL".to_owned(), format_lsn),
+                    created_at.as_deref().unwrap_or("NULL")
+                ),
+            )
+            .hint("drop the resync helper with meili_sync_drop and run meili_sync_resync again")),
+        }
+    }
+}
+
 /// What a task should be doing: `meili_sync.tasks.state`, whose CHECK constraint allows exactly
 /// these. (Not to be confused with a worker's live [`crate::shmem::Phase`], nor with the status of a
 /// Meilisearch task.)
@@ -84,9 +124,8 @@ pub struct TaskRecord {
     pub rows_copied: i64,
     /// Set on a resync helper: the task whose index it rebuilds.
     pub resync_of: Option<i64>,
-    pub resync_phase: Option<String>,
-    pub swap_lsn: Option<u64>,
-    pub swap_created_at: Option<String>,
+    /// A resync helper's swap, once it is recorded (None before, and for every other task).
+    pub resync_phase: Option<ResyncPhase>,
     /// In the database's shared decoding pass (`slot_name` and `publication_name` are then the
     /// shared ones, unless it is `moving`).
     pub shared: bool,
@@ -260,9 +299,11 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
             snapshot_key: names_from(row.get(10)?),
             rows_copied: row.get(11)?.unwrap_or(0),
             resync_of: row.get(13)?,
-            resync_phase: row.get(14)?,
-            swap_lsn: row.get::<i64>(15)?.map(|lsn| lsn as u64),
-            swap_created_at: row.get(16)?,
+            resync_phase: ResyncPhase::from_stored(
+                row.get::<String>(14)?.as_deref(),
+                row.get::<i64>(15)?.map(|lsn| lsn as u64),
+                row.get(16)?,
+            )?,
             owner: row.get(17)?.unwrap_or(pg_sys::InvalidOid),
             generation: row.get(18)?.unwrap_or(0),
             shared,

@@ -8,6 +8,7 @@ use pgrx::PgList;
 
 use super::{key_arrays, page_text_values, CatalogResult};
 use crate::error::{ErrorKind, SyncError};
+use crate::pg_catalog::RelationKind;
 
 /// A table the view reads, directly or through other views.
 #[derive(Debug, Clone)]
@@ -16,7 +17,7 @@ pub struct BaseTable {
     /// The table's own name, unqualified.
     pub name: String,
     pub qualified_name: String,
-    pub relkind: String,
+    pub relkind: RelationKind,
 }
 
 /// `read(relid)`: the view `$1` and every relation its rewrite rule depends on, following the
@@ -58,7 +59,7 @@ pub fn base_tables(view: pg_sys::Oid) -> CatalogResult<Vec<BaseTable>> {
             tables.push(BaseTable {
                 relid: row.get(1)?.unwrap_or(pg_sys::InvalidOid),
                 qualified_name: row.get(2)?.unwrap_or_default(),
-                relkind: row.get(3)?.unwrap_or_default(),
+                relkind: RelationKind::from_code(&row.get::<String>(3)?.unwrap_or_default()),
                 name: row.get(4)?.unwrap_or_default(),
             });
         }

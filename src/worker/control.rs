@@ -16,11 +16,12 @@ use pgrx::bgworkers::SignalWakeFlags;
 use crate::catalog::{self, TaskRecord};
 use crate::dispatch::{Dispatcher, Progress};
 use crate::error::SyncError;
+use crate::failure::{Advice, Failure, FailureKind};
 use crate::meili::client::{Client, MeiliError, MeiliTaskStatus};
 use crate::meili::retry::{Backoff, RETRY_BASE, RETRY_CAP};
 use crate::meili::writer::{Writer, WriterConfig};
 use crate::options::TaskOptions;
-use crate::shmem::{self, LiveStatus, Phase};
+use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 
 pub const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long an enqueued Meilisearch task may be missing from its task list before its batch is
@@ -38,24 +39,26 @@ pub fn should_stop() -> bool {
     terminated || !BackgroundWorker::wait_latch(Some(Duration::ZERO))
 }
 
-/// Why the worker ended without finishing: a permanent error stops the task, anything else is retried.
+/// Why the worker ended without finishing: a failure stops the task, anything else is retried.
 pub enum Stop {
     Terminated,
-    Permanent(String),
+    Failed(Failure),
 }
 
-pub fn permanent(message: impl Into<String>) -> Stop {
-    Stop::Permanent(message.into())
+/// A permanent failure of `kind`, with its kind's advice.
+pub fn fail(kind: FailureKind, message: impl Into<String>) -> Stop {
+    Stop::Failed(Failure::new(kind, message))
+}
+
+impl From<Failure> for Stop {
+    fn from(failure: Failure) -> Self {
+        Stop::Failed(failure)
+    }
 }
 
 impl From<SyncError> for Stop {
-    /// A catalog or input error that trying again cannot cure: the task stops with the message,
-    /// and the hint when there is one, as its `last_error`.
     fn from(error: SyncError) -> Self {
-        Stop::Permanent(match error.hint {
-            Some(hint) => format!("{}; {hint}", error.message),
-            None => error.message,
-        })
+        Stop::Failed(Failure::from(error))
     }
 }
 
@@ -85,14 +88,14 @@ pub fn in_transaction<T>(
 
 /// Like [`in_transaction`], for work that runs the user's SQL (a view's query, a mapping query):
 /// any other ERROR is the user's to fix, so it rolls the transaction back and stops the task with
-/// the message and `hint`, instead of ending the worker for the launcher to restart in a loop.
+/// the message and `advice`, instead of ending the worker for the launcher to restart in a loop.
 pub fn in_user_transaction<T>(
     live: LiveStatus,
     what: &str,
-    hint: &str,
+    advice: Advice,
     work: impl FnMut() -> Result<T, SyncError>,
 ) -> Result<T, Stop> {
-    run_transaction(live, what, Some(hint), work)
+    run_transaction(live, what, Some(advice), work)
 }
 
 /// How a transaction's ERROR was caught.
@@ -106,7 +109,7 @@ enum Caught {
 fn run_transaction<T>(
     live: LiveStatus,
     what: &str,
-    stop_hint: Option<&str>,
+    user_advice: Option<Advice>,
     mut work: impl FnMut() -> Result<T, SyncError>,
 ) -> Result<T, Stop> {
     let mut backoff = Backoff::policy();
@@ -120,7 +123,7 @@ fn run_transaction<T>(
         for code in PASSING_ERRORS {
             guarded = guarded.catch_when(code, |error| roll_back(error).map_err(Caught::Passing));
         }
-        guarded = if stop_hint.is_some() {
+        guarded = if user_advice.is_some() {
             guarded.catch_others(|error| roll_back(error).map_err(Caught::Permanent))
         } else {
             guarded.catch_others(|error| {
@@ -140,10 +143,11 @@ fn run_transaction<T>(
                 return Ok(result?);
             }
             Err(Caught::Permanent(message)) => {
-                return Err(Stop::Permanent(format!(
-                    "{what}: {message}; {}",
-                    stop_hint.unwrap_or(PERMANENT_HINT)
-                )))
+                let failure = Failure::new(FailureKind::Source, message).context(what);
+                return Err(Stop::Failed(match user_advice {
+                    Some(advice) => failure.advice(advice),
+                    None => failure,
+                }));
             }
             Err(Caught::Passing(message)) => {
                 let delay = backoff.delay(attempt);
@@ -165,10 +169,6 @@ fn run_transaction<T>(
 /// privilege, object or operator (42), a violated check option (44). The task stops with the
 /// message at once instead of crashing its worker into the launcher's restart loop.
 const PERMANENT_CLASSES: [&str; 8] = ["0A", "22", "23", "2B", "3D", "3F", "42", "44"];
-
-/// What a task's `last_error` says after an ERROR of [`PERMANENT_CLASSES`].
-const PERMANENT_HINT: &str =
-    "it fails the same way on every try: fix the cause, then run SELECT meili_sync_resume(task)";
 
 /// An ERROR raised by Postgres (not a panic of ours) whose SQLSTATE class is in
 /// [`PERMANENT_CLASSES`].
@@ -225,7 +225,7 @@ pub fn with_retry<T>(
         what,
         |error: &MeiliError| error.is_retryable() || error.is_auth(),
         call,
-        |error| permanent(format!("{what}: {error}")),
+        |error| fail(FailureKind::Meilisearch, format!("{what}: {error}")),
     )
 }
 
@@ -263,13 +263,16 @@ pub fn await_meili_task(
     let state = with_retry(live, what, || client.wait_task(uid, SETUP_TIMEOUT))?;
     match state.status {
         MeiliTaskStatus::Succeeded => Ok(()),
-        _ => Err(permanent(format!(
-            "{what}: Meilisearch task {uid} {}",
-            state
-                .error
-                .map(|error| format!("failed: {} ({})", error.message, error.code))
-                .unwrap_or_else(|| "did not succeed".into())
-        ))),
+        _ => Err(fail(
+            FailureKind::Meilisearch,
+            format!(
+                "{what}: Meilisearch task {uid} {}",
+                state
+                    .error
+                    .map(|error| format!("failed: {} ({})", error.message, error.code))
+                    .unwrap_or_else(|| "did not succeed".into())
+            ),
+        )),
     }
 }
 
@@ -360,15 +363,15 @@ fn start_writer(config: WriterConfig) -> Writer {
 /// A worker process's life around `work(live, pid)`: signal handlers, the connection, the pinned
 /// search path, its shared-memory entry, and how it ends. A permanent failure of a task sets the
 /// task's state `error`; an ERROR is logged and ends the process (the launcher restarts it).
-pub fn worker_main(entry: i64, who: &str, work: impl FnOnce(LiveStatus, i32) -> Result<(), Stop>) {
+pub fn worker_main(worker: WorkerId, work: impl FnOnce(LiveStatus, i32) -> Result<(), Stop>) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
     BackgroundWorker::connect_worker_to_spi(Some(BackgroundWorker::get_extra()), None);
     crate::security::pin_search_path();
     // SAFETY: reading this process's own pid.
     let pid = unsafe { pg_sys::MyProcPid };
-    let Some(index) = shmem::attach(entry, pid) else {
+    let Some(index) = shmem::attach(worker, pid) else {
         warning!(
-            "pg_meili_sync: no free shared-memory entry for the {who} (meili_sync.max_tasks is {})",
+            "pg_meili_sync: no free shared-memory entry for the {worker} (meili_sync.max_tasks is {})",
             crate::gucs::max_tasks()
         );
         return;
@@ -384,14 +387,14 @@ pub fn worker_main(entry: i64, who: &str, work: impl FnOnce(LiveStatus, i32) -> 
             if should_stop() {
                 // Told to stop inside a transaction replay, where an ERROR is the only way out:
                 // a stop, not a failure of the task.
-                log!("pg_meili_sync {who}: stopped inside a transaction replay; the slot has not moved past it, so the next worker decodes it again");
+                log!("pg_meili_sync {worker}: stopped inside a transaction replay; the slot has not moved past it, so the next worker decodes it again");
                 live.detach(Phase::Exited);
                 error.rethrow()
             }
             let message = crate::error::caught_message(&error);
             // An ERROR escaping a background worker's main function ends the process without
             // reaching the server log: say it here, before it does.
-            warning!("pg_meili_sync {who}: {message}");
+            warning!("pg_meili_sync {worker}: {message}");
             live.set_error(&message);
             live.detach(Phase::Error);
             error.rethrow()
@@ -399,20 +402,24 @@ pub fn worker_main(entry: i64, who: &str, work: impl FnOnce(LiveStatus, i32) -> 
         .execute();
     match outcome {
         Ok(()) | Err(Stop::Terminated) => live.detach(Phase::Exited),
-        Err(Stop::Permanent(message)) => {
-            warning!("pg_meili_sync {who} stopped: {message}");
+        Err(Stop::Failed(failure)) => {
+            let message = failure.last_error(worker.task());
+            warning!(
+                "pg_meili_sync {worker} stopped ({}): {message}",
+                failure.kind.as_str()
+            );
             live.set_error(&message);
             live.detach(Phase::Error);
-            // Entries of tasks are positive; the shared decoder's has no task row.
-            if entry <= 0 {
+            // The shared decoder has no task row.
+            let Some(task_id) = worker.task() else {
                 return;
-            }
+            };
             if let Err(error) =
-                BackgroundWorker::transaction(|| catalog::set_error_state(entry, &message))
+                BackgroundWorker::transaction(|| catalog::set_error_state(task_id, &message))
             {
                 // The launcher then restarts the worker, which meets the same failure again.
                 warning!(
-                    "pg_meili_sync {who}: could not set state error: {}",
+                    "pg_meili_sync {worker}: could not set state error: {}",
                     error.message
                 );
             }

@@ -10,21 +10,26 @@ use std::time::{Duration, Instant};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
+use crate::batch::ChangeBatcher;
 use crate::catalog::TaskRecord;
 use crate::decode::session::{DecodingSession, MessageSink};
 use crate::dispatch::{Dispatcher, Progress};
+use crate::failure::{Failure, FailureKind};
 use crate::gucs;
 use crate::meili::client::Client;
 use crate::meter::CommitAges;
-use crate::pacing::BusyNap;
+use crate::pacing::{BusyNap, Throttle};
 use crate::shmem::{LiveStatus, Phase};
-use crate::worker::control::{permanent, report_progress, should_stop, Stop};
+use crate::worker::control::{fail, report_progress, should_stop, Stop};
 
 /// WAL records decoded between two looks at confirmations and signals.
 pub const RECORDS_PER_ROUND: usize = 2000;
 
 /// The nap of a round that read nothing while Meilisearch has nothing of the task's to do.
 const IDLE_NAP: Duration = Duration::from_secs(1);
+
+/// How often the drive loop asks a `SwapGate` at most: each look reads the catalog.
+const GATE_CHECK_INTERVAL: Duration = Duration::from_millis(200);
 
 /// The nap of a round while a resync drains: the swap waits on it.
 const DRAIN_NAP: Duration = Duration::from_millis(5);
@@ -106,49 +111,119 @@ pub trait PassStream: TaskStream {
     fn unsent_bytes(&self) -> usize;
 }
 
-/// `TaskStream::settle` for any stream: stores the dead letters and progress of `progress` (before
-/// the slot may move past them), then fails with the task's `failure` if it has one, and returns
-/// the position its index is now complete up to.
-pub fn settle_progress(
-    task_id: i64,
-    live: LiveStatus,
-    dispatcher: &mut Dispatcher,
+/// What a task's stream keeps for the loop between reads, since decoding callbacks cannot act on
+/// it: the progress Meilisearch reported (dead letters first), the failure that stops the task,
+/// and the times of the commits read and not yet confirmed (for the lag in seconds).
+#[derive(Default)]
+pub struct Settlement {
     progress: Progress,
-    failure: &mut Option<String>,
-    ages: &mut CommitAges,
-) -> Result<Option<u64>, Stop> {
-    report_progress(task_id, live, dispatcher, &progress, Phase::Streaming)?;
-    if let Some(failure) = failure.take() {
-        return Err(permanent(failure));
-    }
-    if let Some(lsn) = progress.checkpoint {
-        ages.confirmed(lsn);
-    }
-    Ok(progress.checkpoint)
+    failure: Option<Failure>,
+    ages: CommitAges,
 }
 
-/// `TaskStream::publish` for any stream.
-pub fn publish_progress(
-    live: LiveStatus,
-    rows_copied: i64,
-    dispatcher: &Dispatcher,
-    positions: (u64, u64),
-    ages: &CommitAges,
-) {
-    let (read_position, confirmed) = positions;
-    live.set_progress(
-        rows_copied,
-        dispatcher.backlog(),
-        dispatcher.writer().stats(),
-    );
-    live.set_stream_position(read_position, confirmed, ages.oldest());
+impl Settlement {
+    /// Takes in what Meilisearch finished, waiting up to `wait`, and the dispatcher's failure.
+    pub fn pump(&mut self, dispatcher: &mut Dispatcher, wait: Option<Duration>) {
+        let progress = dispatcher.pump(wait);
+        self.progress.absorb(progress);
+        if let Some(failure) = dispatcher.take_failure() {
+            self.fail(Failure::new(FailureKind::Meilisearch, failure));
+        }
+    }
+
+    /// Hands `closed` batches to the dispatcher while it has room (see
+    /// `Dispatcher::take_closed`); true when none is left.
+    pub fn hand_over(&mut self, dispatcher: &mut Dispatcher, closed: &mut ChangeBatcher) -> bool {
+        dispatcher.take_closed(closed, &mut self.progress)
+    }
+
+    /// The task fails with `failure` (the first failure is the one reported).
+    pub fn fail(&mut self, failure: Failure) {
+        self.failure.get_or_insert(failure);
+    }
+
+    pub fn has_failed(&self) -> bool {
+        self.failure.is_some()
+    }
+
+    /// The failure, once: a read that failed the task ends the stream with it.
+    pub fn take_failure(&mut self) -> Option<Failure> {
+        self.failure.take()
+    }
+
+    /// Nothing to store and no failure.
+    pub fn is_empty(&self) -> bool {
+        self.progress.is_empty() && self.failure.is_none()
+    }
+
+    /// The commit times, noted while parsing.
+    pub fn ages(&mut self) -> &mut CommitAges {
+        &mut self.ages
+    }
+
+    /// `TaskStream::settle` for any stream: stores the dead letters and progress taken in (before
+    /// the slot may move past them), then fails with the task's failure if it has one, and
+    /// returns the position its index is now complete up to.
+    pub fn settle(
+        &mut self,
+        task_id: i64,
+        live: LiveStatus,
+        dispatcher: &mut Dispatcher,
+    ) -> Result<Option<u64>, Stop> {
+        let progress = std::mem::take(&mut self.progress);
+        report_progress(task_id, live, dispatcher, &progress, Phase::Streaming)?;
+        if let Some(failure) = self.failure.take() {
+            return Err(Stop::Failed(failure));
+        }
+        if let Some(lsn) = progress.checkpoint {
+            self.ages.confirmed(lsn);
+        }
+        Ok(progress.checkpoint)
+    }
+
+    /// `TaskStream::confirm_idle` for any stream, given whether it holds nothing unconfirmed.
+    pub fn confirm_idle(&mut self, idle: bool, read_position: u64) -> Option<u64> {
+        idle.then(|| {
+            self.ages.confirmed(read_position);
+            read_position
+        })
+    }
+
+    /// `TaskStream::publish` for any stream.
+    pub fn publish(
+        &self,
+        live: LiveStatus,
+        rows_copied: i64,
+        dispatcher: &Dispatcher,
+        positions: (u64, u64),
+    ) {
+        let (read_position, confirmed) = positions;
+        live.set_progress(
+            rows_copied,
+            dispatcher.backlog(),
+            dispatcher.writer().stats(),
+        );
+        live.set_stream_position(read_position, confirmed, self.ages.oldest());
+    }
 }
 
-/// Decides when a resync helper stops streaming so that its index can be swapped in.
+/// Where a stream's reading is, for its `SwapGate`.
+pub struct Reading {
+    /// The stream's shared-memory status.
+    pub live: LiveStatus,
+    /// The position read so far.
+    pub position: u64,
+    /// The last read found the end of the WAL.
+    pub caught_up: bool,
+}
+
+/// Decides when a resync helper stops streaming so that its index can be swapped in, or a task
+/// moving to the shared pass stops reading its own slot.
 pub trait SwapGate {
-    /// Called with the position read so far, and whether the last read found the end of the WAL;
-    /// true to stop reading, drain, and end the stream at that position.
-    fn ready_to_drain(&mut self, read_position: u64, caught_up: bool) -> Result<bool, Stop>;
+    /// Called with the stream's status, the position read so far, and whether the last read found the end of the WAL,
+    /// at most once per `GATE_CHECK_INTERVAL`; true to stop reading, drain, and end the stream at
+    /// that position.
+    fn ready_to_drain(&mut self, reading: &Reading) -> Result<bool, Stop>;
 }
 
 /// A stream read its task's state change (pause, stop, alter, re-copy or drop) in the WAL.
@@ -166,8 +241,8 @@ pub fn drive(
     watch: &mut IndexWatch,
     gate: Option<&mut dyn SwapGate>,
 ) -> Result<Option<u64>, Stop> {
-    let mut session =
-        DecodingSession::open(&task.slot_name, &task.publication_name).map_err(permanent)?;
+    let mut session = DecodingSession::open(&task.slot_name, &task.publication_name)
+        .map_err(|error| fail(FailureKind::Decoding, error))?;
     stream.live().set_phase(Phase::Streaming);
     let result = rounds(&mut session, stream, task.id, watch, gate);
     session.close();
@@ -184,6 +259,7 @@ fn rounds(
     let mut caught_up = false;
     let mut draining = false;
     let mut busy_nap = busy_nap();
+    let mut gate_checks = Throttle::new(GATE_CHECK_INTERVAL);
     loop {
         if should_stop() {
             return Ok(None);
@@ -204,14 +280,21 @@ fn rounds(
                 session.confirm(session.read_position());
                 return Ok(Some(session.read_position()));
             }
-            if !draining {
-                draining = gate.ready_to_drain(session.read_position(), caught_up)?;
+            if !draining && gate_checks.due(Instant::now()) {
+                let reading = Reading {
+                    live: stream.live(),
+                    position: session.read_position(),
+                    caught_up,
+                };
+                draining = gate.ready_to_drain(&reading)?;
             }
         }
         stream.before_read(caught_up || draining)?;
         let mut records = 0;
         if !draining && stream.may_read() {
-            records = session.read(stream, RECORDS_PER_ROUND).map_err(permanent)?;
+            records = session
+                .read(stream, RECORDS_PER_ROUND)
+                .map_err(|error| fail(FailureKind::Decoding, error))?;
             caught_up = records == 0;
         }
         if stream.has_ended() {
@@ -221,7 +304,7 @@ fn rounds(
             return Ok(None);
         }
         if caught_up {
-            watch.check(task_id).map_err(permanent)?;
+            watch.check()?;
         }
         stream.after_read(caught_up || draining)?;
         // Published before any nap, so that the status view shows a confirmation at once.
@@ -263,7 +346,7 @@ impl IndexWatch {
 
     /// Checks at most once per `meili_sync.index_check_interval`; unreachable servers are the
     /// writer's business, not a verdict here.
-    pub fn check(&mut self, task_id: i64) -> Result<(), String> {
+    pub fn check(&mut self) -> Result<(), Failure> {
         if self.created_at.is_none() || self.last_check.elapsed() < gucs::index_check_interval() {
             return Ok(());
         }
@@ -276,10 +359,17 @@ impl IndexWatch {
         if created_at == self.created_at {
             return Ok(());
         }
-        Err(format!(
-            "index \"{}\" was deleted{} outside pg_meili_sync, so it no longer holds every row; run meili_sync_snapshot({task_id}) to copy the table again",
-            self.uid,
-            if created_at.is_some() { " and re-created" } else { "" }
+        Err(Failure::new(
+            FailureKind::Index,
+            format!(
+                "index \"{}\" was deleted{} outside pg_meili_sync, so it no longer holds every row",
+                self.uid,
+                if created_at.is_some() {
+                    " and re-created"
+                } else {
+                    ""
+                }
+            ),
         ))
     }
 }

@@ -5,48 +5,24 @@
 //! decoder then streams the task from there: nothing is skipped, because the shared slot is held
 //! at or before the given position, and nothing before the hand-over is sent twice.
 
-use std::time::{Duration, Instant};
-
 use pgrx::prelude::*;
 
 use crate::catalog::{self, TaskRecord};
 use crate::shmem::{self, LiveStatus};
 use crate::worker::control::{in_transaction, Stop};
-use crate::worker::drive::SwapGate;
+use crate::worker::drive::{Reading, SwapGate};
 
-/// How often the moving task looks for the position the shared decoder gives it.
-const CHECK_INTERVAL: Duration = Duration::from_millis(500);
-
-/// Ends the moving task's own stream once it has read past its position in the shared pass.
-pub struct MoveGate {
-    task_id: i64,
-    live: LiveStatus,
-    last_check: Option<Instant>,
-}
-
-impl MoveGate {
-    pub fn new(task_id: i64, live: LiveStatus) -> Self {
-        Self {
-            task_id,
-            live,
-            last_check: None,
-        }
-    }
-}
+/// Ends the moving task's own stream once it has read past its position in the shared pass; holds
+/// the moving task's id.
+pub struct MoveGate(pub i64);
 
 impl SwapGate for MoveGate {
-    fn ready_to_drain(&mut self, read_position: u64, _caught_up: bool) -> Result<bool, Stop> {
-        if self
-            .last_check
-            .is_some_and(|at| at.elapsed() < CHECK_INTERVAL)
-        {
-            return Ok(false);
-        }
-        self.last_check = Some(Instant::now());
-        let position = in_transaction(self.live, "reading the task's shared position", || {
-            catalog::stream_position(self.task_id)
+    fn ready_to_drain(&mut self, reading: &Reading) -> Result<bool, Stop> {
+        let task_id = self.0;
+        let position = in_transaction(reading.live, "reading the task's shared position", || {
+            catalog::stream_position(task_id)
         })?;
-        Ok(position.is_some_and(|position| position <= read_position))
+        Ok(position.is_some_and(|position| position <= reading.position))
     }
 }
 

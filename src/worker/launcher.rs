@@ -13,7 +13,9 @@ use pgrx::bgworkers::{
 use pgrx::prelude::*;
 
 use crate::catalog::{self, TaskSummary};
-use crate::worker::shared::SHARED_DECODER;
+use crate::pacing::Throttle;
+use crate::pg_catalog::SlotStatus;
+use crate::shmem::WorkerId;
 use crate::{gucs, shmem};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -75,9 +77,15 @@ struct Backoff {
     not_before: Option<Instant>,
 }
 
+/// A worker that should run, with the catalog generation it must run with.
+struct Wanted {
+    worker: WorkerId,
+    generation: i32,
+}
+
 struct Launcher {
-    running: HashMap<i64, Running>,
-    backoff: HashMap<i64, Backoff>,
+    running: HashMap<WorkerId, Running>,
+    backoff: HashMap<WorkerId, Backoff>,
     database: String,
     /// The install whose tasks the workers run. Task ids start again at 1 in a new one, so after
     /// a DROP and CREATE EXTENSION within one round every worker of the old install is stopped.
@@ -86,20 +94,15 @@ struct Launcher {
 
 impl Launcher {
     /// Reaps exited workers; an exit while the task should still run counts as a crash.
-    fn reap(&mut self, tasks: &[TaskSummary]) {
-        let exited: Vec<i64> = self
+    fn reap(&mut self, wanted: &[Wanted]) {
+        let exited: Vec<(WorkerId, Running)> = self
             .running
-            .iter()
-            .filter(|(_, running)| running.handle.has_exited())
-            .map(|(id, _)| *id)
+            .extract_if(|_, running| running.handle.has_exited())
             .collect();
-        for id in exited {
-            let Some(running) = self.running.remove(&id) else {
-                continue;
-            };
-            let still_wanted = tasks
+        for (id, running) in exited {
+            let still_wanted = wanted
                 .iter()
-                .any(|task| task.id == id && task.active && task.generation == running.generation);
+                .any(|want| want.worker == id && want.generation == running.generation);
             if still_wanted && !running.terminating {
                 let backoff = self.backoff.entry(id).or_default();
                 if running.started.elapsed() >= HEALTHY_RUN {
@@ -112,29 +115,32 @@ impl Launcher {
                 backoff.not_before = Some(Instant::now() + delay);
                 // The shared decoder has no task row to stop: the tasks it streams stop instead,
                 // and it is restarted after the longest backoff for as long as tasks share it.
-                if backoff.crashes >= CRASH_LOOP && id == SHARED_DECODER {
-                    stop_shared_crash_loop(backoff.crashes);
-                } else if backoff.crashes >= CRASH_LOOP {
-                    stop_crash_loop(id, backoff.crashes);
-                    continue;
+                if backoff.crashes >= CRASH_LOOP {
+                    match id {
+                        WorkerId::SharedDecoder => stop_shared_crash_loop(backoff.crashes),
+                        WorkerId::Task(task_id) => {
+                            stop_crash_loop(task_id, backoff.crashes);
+                            continue;
+                        }
+                    }
                 }
                 log!(
-                    "pg_meili_sync: worker of task {id} exited; restarting in {} ms",
+                    "pg_meili_sync: worker of {id} exited; restarting in {} ms",
                     delay.as_millis()
                 );
             }
         }
     }
 
-    fn reconcile(&mut self, tasks: &[TaskSummary]) {
-        let stale: Vec<i64> = self
+    fn reconcile(&mut self, wanted: &[Wanted]) {
+        let stale: Vec<WorkerId> = self
             .running
             .iter()
             .filter(|(id, running)| {
                 !running.terminating
-                    && !tasks.iter().any(|task| {
-                        task.id == **id && task.active && task.generation == running.generation
-                    })
+                    && !wanted
+                        .iter()
+                        .any(|want| want.worker == **id && want.generation == running.generation)
             })
             .map(|(id, _)| *id)
             .collect();
@@ -144,46 +150,46 @@ impl Launcher {
                 running.terminating = true;
             }
         }
-        for task in tasks.iter().filter(|task| task.active) {
-            if self.running.contains_key(&task.id) {
+        for want in wanted {
+            if self.running.contains_key(&want.worker) {
                 continue;
             }
-            let backoff = self.backoff.entry(task.id).or_default();
+            let backoff = self.backoff.entry(want.worker).or_default();
             if backoff.not_before.is_some_and(|at| Instant::now() < at) {
                 continue;
             }
-            match start_worker(task.id, &self.database) {
+            match start_worker(want.worker, &self.database) {
                 Ok(handle) => {
                     self.running.insert(
-                        task.id,
+                        want.worker,
                         Running {
                             handle: Worker::Started(handle),
-                            generation: task.generation,
+                            generation: want.generation,
                             started: Instant::now(),
                             terminating: false,
                         },
                     );
                 }
                 Err(()) => {
-                    warning!("pg_meili_sync: could not start a worker for task {}: no background worker slot free", task.id);
+                    warning!("pg_meili_sync: could not start the worker of {}: no background worker slot free", want.worker);
                     backoff.not_before = Some(Instant::now() + gucs::restart_backoff());
                 }
             }
         }
         self.backoff
-            .retain(|id, _| tasks.iter().any(|task| task.id == *id && task.active));
+            .retain(|id, _| wanted.iter().any(|want| want.worker == *id));
     }
 
     /// Follows the workers that run already: a launcher that exited (an ERROR, a kill) left them
     /// running, and starting a second worker for their task would fight over its slot.
     fn adopt_running_workers(&mut self) {
-        for (task_id, pid, generation) in shmem::attached_workers() {
+        for (worker, pid, generation) in shmem::attached_workers() {
             if !shmem::backend_alive(pid) {
                 continue;
             }
-            log!("pg_meili_sync launcher: the worker of task {task_id} (pid {pid}) still runs; following it");
+            log!("pg_meili_sync launcher: the worker of {worker} (pid {pid}) still runs; following it");
             self.running.insert(
-                task_id,
+                worker,
                 Running {
                     handle: Worker::Adopted(pid),
                     generation,
@@ -198,7 +204,7 @@ impl Launcher {
     /// False when the catalog could not be read (the extension is being created, say).
     fn round(&mut self, guard: &mut WalGuard) -> bool {
         let Some(CatalogRead {
-            mut tasks,
+            tasks,
             orphans,
             installed,
             install,
@@ -214,27 +220,43 @@ impl Launcher {
         if install.is_some() {
             self.install = install;
         }
+        let mut wanted: Vec<Wanted> = tasks
+            .iter()
+            .filter(|task| task.active)
+            .map(|task| Wanted {
+                worker: WorkerId::Task(task.id),
+                generation: task.generation,
+            })
+            .collect();
+        // Entries of inactive tasks stay too: they show the task's last error.
+        let mut existing: Vec<WorkerId> =
+            tasks.iter().map(|task| WorkerId::Task(task.id)).collect();
         if tasks.iter().any(|task| task.shared) {
             // The shared decoder runs while any task shares the decoding pass: it gives new tasks
             // their position, streams the streaming ones, and holds the slot for the others.
-            tasks.push(TaskSummary {
-                id: SHARED_DECODER,
-                active: true,
+            wanted.push(Wanted {
+                worker: WorkerId::SharedDecoder,
                 generation: 0,
-                shared: false,
             });
+            existing.push(WorkerId::SharedDecoder);
         }
-        self.reap(&tasks);
-        self.reconcile(&tasks);
-        let existing: Vec<i64> = tasks.iter().map(|task| task.id).collect();
+        self.reap(&wanted);
+        self.reconcile(&wanted);
         shmem::release_missing(&existing);
         for (kind, name) in orphans {
             let dropped = BackgroundWorker::transaction(|| match kind.as_str() {
-                "slot" => catalog::drop_slot(&name).is_ok(),
-                _ => catalog::drop_publication(&name).is_ok(),
+                "slot" => catalog::drop_slot(&name),
+                _ => catalog::drop_publication(&name),
             });
-            if dropped {
-                log!("pg_meili_sync: dropped {kind} \"{name}\" of a task that no longer exists");
+            match dropped {
+                Ok(()) => {
+                    log!("pg_meili_sync: dropped {kind} \"{name}\" of a task that no longer exists")
+                }
+                // An active slot, say, whose worker is still exiting.
+                Err(error) => warn_once_a_minute(format!(
+                    "could not drop {kind} \"{name}\" of a task that no longer exists: {}",
+                    error.message
+                )),
             }
         }
         // The WAL guard reads the catalog, which exists only with the extension.
@@ -258,51 +280,53 @@ impl Launcher {
 
 /// Warns in the server log about slots that retain more WAL than `meili_sync.max_retained_wal`
 /// and changes older than `meili_sync.lag_warning` (the status view shows the same as flags).
-#[derive(Default)]
 struct WalGuard {
-    last_check: Option<Instant>,
+    checks: Throttle,
     warned: HashMap<(i64, &'static str), Instant>,
 }
 
 impl WalGuard {
+    fn new() -> Self {
+        WalGuard {
+            checks: Throttle::new(GUARD_INTERVAL),
+            warned: HashMap::new(),
+        }
+    }
+
     fn check(&mut self) {
-        if self
-            .last_check
-            .is_some_and(|at| at.elapsed() < GUARD_INTERVAL)
-        {
+        if !self.checks.due(Instant::now()) {
             return;
         }
-        self.last_check = Some(Instant::now());
-        let health = BackgroundWorker::transaction(catalog::slot_health).unwrap_or_default();
+        let health = match BackgroundWorker::transaction(catalog::slot_health) {
+            Ok(health) => health,
+            Err(error) => {
+                warning!(
+                    "pg_meili_sync launcher: could not read the replication slots' health: {}",
+                    error.message
+                );
+                return;
+            }
+        };
         let mut standing = Vec::new();
         if let Some(limit) = gucs::max_retained_wal_bytes() {
             for slot in &health {
                 let Some(retained) = slot.retained_bytes.filter(|bytes| *bytes > limit) else {
                     continue;
                 };
-                standing.push((slot.task_id, "wal"));
-                if self.due(slot.task_id, "wal") {
-                    warn_with_hint(
-                        format!(
-                            "pg_meili_sync task {}: replication slot \"{}\" retains {} MB of WAL, more than meili_sync.max_retained_wal ({} MB)",
-                            slot.task_id, slot.slot_name, retained >> 20, limit >> 20
-                        ),
-                        "Meilisearch has not confirmed the task's changes (see last_error in meili_sync_status), or the task is paused or stopped. Resume it, fix Meilisearch, or drop the task. max_slot_wal_keep_size caps the WAL a slot may keep, at the price of a new snapshot.",
-                    );
-                }
+                self.warn(&mut standing, (slot.task_id, "wal"), || format!(
+                    "pg_meili_sync task {}: replication slot \"{}\" retains {} MB of WAL, more than meili_sync.max_retained_wal ({} MB)",
+                    slot.task_id, slot.slot_name, retained >> 20, limit >> 20
+                ), "Meilisearch has not confirmed the task's changes (see last_error in meili_sync_status), or the task is paused or stopped. Resume it, fix Meilisearch, or drop the task. max_slot_wal_keep_size caps the WAL a slot may keep, at the price of a new snapshot.");
             }
         }
-        for slot in health.iter().filter(|slot| slot.wal_status == "unreserved") {
-            standing.push((slot.task_id, "unreserved"));
-            if self.due(slot.task_id, "unreserved") {
-                warn_with_hint(
-                    format!(
-                        "pg_meili_sync task {}: replication slot \"{}\" is past max_slot_wal_keep_size and will be invalidated at the next checkpoint",
-                        slot.task_id, slot.slot_name
-                    ),
-                    "An invalidated slot loses changes and the task then needs meili_sync_snapshot. Let the task catch up, or raise max_slot_wal_keep_size.",
-                );
-            }
+        for slot in health
+            .iter()
+            .filter(|slot| slot.wal_status == SlotStatus::Unreserved)
+        {
+            self.warn(&mut standing, (slot.task_id, "unreserved"), || format!(
+                "pg_meili_sync task {}: replication slot \"{}\" is past max_slot_wal_keep_size and will be invalidated at the next checkpoint",
+                slot.task_id, slot.slot_name
+            ), "An invalidated slot loses changes and the task then needs meili_sync_snapshot. Let the task catch up, or raise max_slot_wal_keep_size.");
         }
         if let Some(limit) = gucs::lag_warning() {
             // SAFETY: reads the transaction-independent wall clock.
@@ -315,33 +339,38 @@ impl WalGuard {
                 if lag <= limit {
                     continue;
                 }
-                standing.push((live.task_id, "lag"));
-                if self.due(live.task_id, "lag") {
-                    warn_with_hint(
-                        format!(
-                            "pg_meili_sync task {}: its oldest change not yet confirmed by Meilisearch committed {} s ago, more than meili_sync.lag_warning ({} s)",
-                            live.task_id,
-                            lag.as_secs(),
-                            limit.as_secs()
-                        ),
-                        "See state, last_error and retries in meili_sync_status; the slot keeps every change until Meilisearch confirms it.",
-                    );
-                }
+                self.warn(&mut standing, (live.task_id, "lag"), || format!(
+                    "pg_meili_sync task {}: its oldest change not yet confirmed by Meilisearch committed {} s ago, more than meili_sync.lag_warning ({} s)",
+                    live.task_id,
+                    lag.as_secs(),
+                    limit.as_secs()
+                ), "See state, last_error and retries in meili_sync_status; the slot keeps every change until Meilisearch confirms it.");
             }
         }
         // A condition that cleared warns again at once if it comes back.
         self.warned.retain(|key, _| standing.contains(key));
     }
 
-    fn due(&mut self, task_id: i64, kind: &'static str) -> bool {
+    /// Notes that condition `key` (a task and what is wrong) stands, and warns of it unless it
+    /// did so less than `WARNING_REPEAT` ago.
+    fn warn(
+        &mut self,
+        standing: &mut Vec<(i64, &'static str)>,
+        key: (i64, &'static str),
+        message: impl FnOnce() -> String,
+        hint: &str,
+    ) {
+        standing.push(key);
         let now = Instant::now();
-        match self.warned.get(&(task_id, kind)) {
-            Some(at) if now.duration_since(*at) < WARNING_REPEAT => false,
-            _ => {
-                self.warned.insert((task_id, kind), now);
-                true
-            }
+        if self
+            .warned
+            .get(&key)
+            .is_some_and(|at| now.duration_since(*at) < WARNING_REPEAT)
+        {
+            return;
         }
+        self.warned.insert(key, now);
+        warn_with_hint(message(), hint);
     }
 }
 
@@ -374,7 +403,7 @@ fn warn_with_hint(message: String, hint: &str) {
 /// Puts a task whose worker keeps crashing in state `error`, with its last error, instead of
 /// restarting it forever; `meili_sync_resume` tries again.
 fn stop_crash_loop(task_id: i64, crashes: u32) {
-    let last_error = last_error_of(task_id);
+    let last_error = last_error_of(WorkerId::Task(task_id));
     let message = format!(
         "worker crashed {crashes} times in a row; last error: {last_error}; fix the cause, then run SELECT meili_sync_resume({task_id})"
     );
@@ -392,7 +421,7 @@ fn stop_crash_loop(task_id: i64, crashes: u32) {
 /// The shared decoder keeps crashing: every task it streams stops in state `error` with the
 /// decoder's last error, so that the tasks show why their changes do not arrive.
 fn stop_shared_crash_loop(crashes: u32) {
-    let last_error = last_error_of(SHARED_DECODER);
+    let last_error = last_error_of(WorkerId::SharedDecoder);
     let stopped = BackgroundWorker::transaction(|| -> Result<Vec<i64>, crate::error::SyncError> {
         let mut stopped = Vec::new();
         for task in catalog::shared_tasks()?
@@ -420,12 +449,8 @@ fn stop_shared_crash_loop(crashes: u32) {
     }
 }
 
-fn last_error_of(worker: i64) -> String {
-    shmem::live_tasks()
-        .into_iter()
-        .find(|live| live.task_id == worker)
-        .and_then(|live| live.last_error)
-        .unwrap_or_else(|| "unknown error".to_owned())
+fn last_error_of(worker: WorkerId) -> String {
+    shmem::last_error(worker).unwrap_or_else(|| "unknown error".to_owned())
 }
 
 /// Sends SIGTERM to a task worker (its handler only sets a flag that the worker checks).
@@ -440,27 +465,22 @@ fn terminate(handle: &Worker) {
     }
 }
 
-fn start_worker(task_id: i64, database: &str) -> Result<DynamicBackgroundWorker, ()> {
+fn start_worker(worker: WorkerId, database: &str) -> Result<DynamicBackgroundWorker, ()> {
     // SAFETY: reading this process's own pid.
     let launcher_pid = unsafe { pg_sys::MyProcPid };
-    let (name, kind, function) = if task_id == SHARED_DECODER {
-        (
-            "pg_meili_sync shared decoder".to_owned(),
+    let (kind, function, argument) = match worker {
+        WorkerId::SharedDecoder => (
             "pg_meili_sync shared decoder",
             "meili_sync_shared_decoder_main",
-        )
-    } else {
-        (
-            format!("pg_meili_sync task {task_id}"),
-            "pg_meili_sync task",
-            "meili_sync_task_main",
-        )
+            0,
+        ),
+        WorkerId::Task(task_id) => ("pg_meili_sync task", "meili_sync_task_main", task_id),
     };
-    BackgroundWorkerBuilder::new(&name)
+    BackgroundWorkerBuilder::new(&format!("pg_meili_sync {worker}"))
         .set_type(kind)
         .set_library("pg_meili_sync")
         .set_function(function)
-        .set_argument(Some(pg_sys::Datum::from(task_id)))
+        .set_argument(Some(pg_sys::Datum::from(argument)))
         .set_extra(database)
         .enable_spi_access()
         .set_notify_pid(launcher_pid)
@@ -525,12 +545,13 @@ fn read_catalog() -> Option<CatalogRead> {
     })
 }
 
-/// How often the launcher logs the same failure to read the catalog, at most.
-const READ_FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
+/// How often the launcher logs the same failure of a round (reading the catalog, dropping an
+/// orphan), at most.
+const ROUND_FAILURE_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 thread_local! {
     /// The failure last logged, and when.
-    static LAST_READ_FAILURE: std::cell::RefCell<Option<(String, Instant)>> =
+    static LAST_ROUND_FAILURE: std::cell::RefCell<Option<(String, Instant)>> =
         const { std::cell::RefCell::new(None) };
 }
 
@@ -541,11 +562,17 @@ fn read<T>(what: &str, result: catalog::CatalogResult<T>) -> Option<T> {
         Ok(value) => return Some(value),
         Err(error) => error,
     };
-    let message = format!("could not read {what}: {error}");
-    let repeated = LAST_READ_FAILURE.with(|last| {
+    warn_once_a_minute(format!("could not read {what}: {error}"));
+    None
+}
+
+/// Warns of a failure of a round, which the next round tries again; the same failure is logged
+/// once a minute at most.
+fn warn_once_a_minute(message: String) {
+    let repeated = LAST_ROUND_FAILURE.with(|last| {
         let mut last = last.borrow_mut();
         let repeated = last.as_ref().is_some_and(|(logged, at)| {
-            *logged == message && at.elapsed() < READ_FAILURE_LOG_INTERVAL
+            *logged == message && at.elapsed() < ROUND_FAILURE_LOG_INTERVAL
         });
         if !repeated {
             *last = Some((message.clone(), Instant::now()));
@@ -555,7 +582,6 @@ fn read<T>(what: &str, result: catalog::CatalogResult<T>) -> Option<T> {
     if !repeated {
         warning!("pg_meili_sync launcher: {message}; it tries again in its next round");
     }
-    None
 }
 
 #[pg_guard]
@@ -575,7 +601,7 @@ pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
         install: None,
     };
     launcher.adopt_running_workers();
-    let mut guard = WalGuard::default();
+    let mut guard = WalGuard::new();
     let mut wait = Duration::ZERO;
     while BackgroundWorker::wait_latch(Some(wait)) {
         if BackgroundWorker::sighup_received() {

@@ -19,20 +19,26 @@ use crate::affected::{AffectedKeys, Window};
 use crate::batch::{BatchLimits, ChangeBatcher, Operation};
 use crate::catalog;
 use crate::decode::session::MessageSink;
-use crate::dispatch::{DeadLetter, Dispatcher, Progress};
+use crate::dispatch::{DeadLetter, Dispatcher};
 use crate::encode::{encode_id, encode_row, ColumnValue};
-use crate::meter::CommitAges;
+use crate::failure::Advice;
 use crate::options::TaskOptions;
 use crate::plan::{self, SnapshotPlan, ViewPlan};
 use crate::security;
 use crate::shmem::LiveStatus;
 use crate::state_change;
-use crate::worker::control::{in_transaction, in_user_transaction, permanent, should_stop, Stop};
-use crate::worker::drive::{publish_progress, settle_progress, PassStream, TaskStream};
+use crate::worker::control::{in_transaction, in_user_transaction, should_stop, Stop};
+use crate::worker::drive::{PassStream, Settlement, TaskStream};
 use crate::worker::stream::parse_noting_commits;
 
-/// What to do when the view's or a mapping's query fails at run time.
-const RENDER_HINT: &str = "the view or a mapping query of the task fails; fix it (or drop the task and start a new one with other mappings), then run SELECT meili_sync_snapshot(task) to render every document again";
+/// What to do when the view's or a mapping's query fails at run time: a render failed, so the
+/// documents are rendered again from the source.
+fn render_advice() -> Advice {
+    Advice::FixThenSnapshot(
+        "fix the view or the mapping query (or drop the task and start a new one with other mappings)"
+            .to_owned(),
+    )
+}
 
 /// Keys rendered by one query (and handed to one mapping query) at most.
 const RENDER_CHUNK: usize = 1000;
@@ -63,9 +69,7 @@ pub struct ViewStream<D: BorrowMut<Dispatcher>> {
     keys: AffectedKeys,
     batcher: ChangeBatcher,
     limits: BatchLimits,
-    progress: Progress,
-    failure: Option<String>,
-    ages: CommitAges,
+    settlement: Settlement,
     /// Read a state change of the task (`state_change`): nothing after it is collected, and
     /// the window it interrupted is never rendered (the slot keeps it).
     ended: bool,
@@ -90,19 +94,13 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
             keys,
             batcher: ChangeBatcher::new(limits),
             limits,
-            progress: Progress::default(),
-            failure: None,
-            ages: CommitAges::default(),
+            settlement: Settlement::default(),
             ended: false,
         }
     }
 
     fn pump(&mut self) {
-        let progress = self.dispatcher.borrow_mut().pump(None);
-        self.progress.absorb(progress);
-        if let Some(failure) = self.dispatcher.borrow_mut().take_failure() {
-            self.failure.get_or_insert(failure);
-        }
+        self.settlement.pump(self.dispatcher.borrow_mut(), None);
     }
 
     /// Whether the collected window should be rendered now: at once when nothing else is coming
@@ -146,7 +144,7 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
         let rendered = in_user_transaction(
             self.live,
             "rendering documents from the view",
-            RENDER_HINT,
+            render_advice(),
             || {
                 if !catalog::wait_for_transactions(&window.xids, should_stop) {
                     return Ok(None);
@@ -237,12 +235,16 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
                 Some(key) => (&plan.next_page_query, Some(key.as_slice())),
                 None => (&plan.first_page_query, None),
             };
-            let rows =
-                in_user_transaction(self.live, "rendering the whole view", RENDER_HINT, || {
+            let rows = in_user_transaction(
+                self.live,
+                "rendering the whole view",
+                render_advice(),
+                || {
                     security::as_table_owner(plan.table_owner, || {
                         catalog::read_page(query, key, plan.page_rows, width)
                     })
-                })?;
+                },
+            )?;
             let Some(last) = rows.last() else {
                 return Ok(());
             };
@@ -285,9 +287,8 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
     /// counts once everything before it is confirmed.
     fn send_ready(&mut self) {
         self.pump();
-        self.dispatcher
-            .borrow_mut()
-            .take_closed(&mut self.batcher, &mut self.progress);
+        self.settlement
+            .hand_over(self.dispatcher.borrow_mut(), &mut self.batcher);
     }
 
     /// Sends every closed batch, waiting for room (and storing progress meanwhile).
@@ -315,22 +316,13 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for ViewStream<D> {
 
     fn settle(&mut self) -> Result<Option<u64>, Stop> {
         self.pump();
-        let progress = std::mem::take(&mut self.progress);
-        settle_progress(
-            self.task.id,
-            self.live,
-            self.dispatcher.borrow_mut(),
-            progress,
-            &mut self.failure,
-            &mut self.ages,
-        )
+        self.settlement
+            .settle(self.task.id, self.live, self.dispatcher.borrow_mut())
     }
 
     fn confirm_idle(&mut self, read_position: u64) -> Option<u64> {
-        self.is_idle().then(|| {
-            self.ages.confirmed(read_position);
-            read_position
-        })
+        let idle = self.is_idle();
+        self.settlement.confirm_idle(idle, read_position)
     }
 
     fn is_idle(&self) -> bool {
@@ -360,19 +352,18 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for ViewStream<D> {
 
     /// A message the collector could not take fails the task.
     fn after_read(&mut self, _nothing_coming: bool) -> Result<(), Stop> {
-        match self.failure.take() {
-            Some(failure) => Err(permanent(failure)),
+        match self.settlement.take_failure() {
+            Some(failure) => Err(Stop::Failed(failure)),
             None => Ok(()),
         }
     }
 
     fn publish(&mut self, read_position: u64, confirmed: u64) {
-        publish_progress(
+        self.settlement.publish(
             self.live,
             self.task.rows_copied,
             self.dispatcher.borrow(),
             (read_position, confirmed),
-            &self.ages,
         );
     }
 
@@ -392,8 +383,7 @@ impl PassStream for ViewStream<Dispatcher> {
             && self.batcher.is_empty()
             && !self.batcher.has_closed()
             && self.dispatcher.is_quiet()
-            && self.progress.is_empty()
-            && self.failure.is_none()
+            && self.settlement.is_empty()
     }
 
     /// Decoding does not wait for a view's renders in the shared pass: a task that collected as
@@ -414,11 +404,11 @@ impl PassStream for ViewStream<Dispatcher> {
 
 impl<D: BorrowMut<Dispatcher>> MessageSink for ViewStream<D> {
     fn message(&mut self, _lsn: u64, data: &[u8]) {
-        if self.failure.is_some() || self.ended {
+        if self.settlement.has_failed() || self.ended {
             return;
         }
         let (task_id, generation) = (self.task.id, i64::from(self.task.generation));
-        let applied = parse_noting_commits(data, &mut self.ages).and_then(|message| {
+        let applied = parse_noting_commits(data, self.settlement.ages()).and_then(|message| {
             if state_change::ends_stream(&message, task_id, generation) {
                 self.ended = true;
                 return Ok(());
@@ -426,7 +416,7 @@ impl<D: BorrowMut<Dispatcher>> MessageSink for ViewStream<D> {
             self.keys.apply(&message, &Instant::now)
         });
         if let Err(error) = applied {
-            self.failure = Some(error);
+            self.settlement.fail(error);
         }
     }
 }

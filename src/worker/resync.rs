@@ -14,22 +14,20 @@
 //! after P. A crash between the steps is resumed from `resync_phase`: the index's `createdAt`
 //! moves with its content, so it tells whether the swap happened.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use serde_json::Value;
 
-use crate::catalog::{self, TaskRecord, TaskState};
+use crate::catalog::{self, ResyncPhase, TaskRecord, TaskState};
+use crate::failure::{Failure, FailureKind};
 use crate::meili::client::{Client, MeiliTaskStatus};
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
-    await_meili_task, in_transaction, permanent, should_stop, with_retry, Stop, SETUP_TIMEOUT,
+    await_meili_task, in_transaction, should_stop, with_retry, Stop, SETUP_TIMEOUT,
 };
-use crate::worker::drive::SwapGate;
-
-/// How often the helper looks at the task it waits for.
-const GATE_INTERVAL: Duration = Duration::from_millis(200);
+use crate::worker::drive::{Reading, SwapGate};
 
 /// The uid of the index a resync builds for `index_uid`.
 pub fn helper_index_uid(index_uid: &str) -> String {
@@ -116,35 +114,23 @@ fn try_settings(
 
 /// Holds the rebuilt task once the helper has caught up with the WAL, and opens the gate when the
 /// helper has applied everything the held task's slot confirmed and no worker holds that slot.
-pub struct ResyncGate {
-    held_task: i64,
-    live: LiveStatus,
-    last_check: Option<Instant>,
-}
-
-impl ResyncGate {
-    pub fn new(held_task: i64, live: LiveStatus) -> Self {
-        ResyncGate {
-            held_task,
-            live,
-            last_check: None,
-        }
-    }
-}
+/// Its field is the held task's id.
+pub struct ResyncGate(pub i64);
 
 impl SwapGate for ResyncGate {
-    fn ready_to_drain(&mut self, read_position: u64, caught_up: bool) -> Result<bool, Stop> {
-        if self
-            .last_check
-            .is_some_and(|at| at.elapsed() < GATE_INTERVAL)
-        {
-            return Ok(false);
-        }
-        self.last_check = Some(Instant::now());
-        let held = in_transaction(self.live, "reading the task to swap", || {
-            catalog::held_task(self.held_task)
+    fn ready_to_drain(&mut self, reading: &Reading) -> Result<bool, Stop> {
+        let live = reading.live;
+        let held_task = self.0;
+        let held = in_transaction(live, "reading the task to swap", || {
+            catalog::held_task(held_task)
         })?
-        .ok_or_else(|| permanent(format!("task {} no longer exists", self.held_task)))?;
+        .ok_or_else(|| {
+            Failure::new(
+                FailureKind::Source,
+                format!("task {held_task}, which this resync rebuilds, no longer exists"),
+            )
+            .hint("drop this resync helper with meili_sync_drop")
+        })?;
         // Held only once the helper has caught up, so that the task pauses for a moment, not
         // for the helper's catch-up after its copy: when it has read all the WAL there is, or at
         // least all the task has confirmed. Under a steady write load and a slow sink (a real
@@ -152,30 +138,30 @@ impl SwapGate for ResyncGate {
         // always WAL the back-pressured reader has not read yet.
         let abreast = held
             .confirmed
-            .is_some_and(|confirmed| confirmed <= read_position);
+            .is_some_and(|confirmed| confirmed <= reading.position);
         match held.state {
-            TaskState::Streaming if caught_up || abreast => {
-                in_transaction(self.live, "holding the task for the swap", || {
-                    catalog::hold_for_swap(self.held_task)
+            TaskState::Streaming if reading.caught_up || abreast => {
+                in_transaction(live, "holding the task for the swap", || {
+                    catalog::hold_for_swap(held_task)
                 })?;
                 shmem::wake_launcher();
                 log!(
                     "pg_meili_sync task {}: resync caught up; the task is held for the swap",
-                    self.held_task
+                    held_task
                 );
                 Ok(false)
             }
             TaskState::Swapping => {
                 // A shared task is let go by the shared decoder, which stores its position first.
                 let still_streamed = if held.shared {
-                    shmem::attached_pid(self.held_task).is_some_and(shmem::backend_alive)
+                    shmem::attached_pid(held_task).is_some_and(shmem::backend_alive)
                 } else {
                     held.slot_active
                 };
                 Ok(!still_streamed
                     && held
                         .confirmed
-                        .is_some_and(|confirmed| confirmed <= read_position))
+                        .is_some_and(|confirmed| confirmed <= reading.position))
             }
             // Paused, stopped or failed: the swap waits until it streams again.
             _ => Ok(false),
@@ -196,137 +182,142 @@ fn await_quiet(live: LiveStatus, client: &Client, filters: &[(&str, &str)]) -> R
     Ok(())
 }
 
-/// The stream stopped at `position`: swap the helper's index with the live one and hand over.
-pub fn swap(
-    helper: &TaskRecord,
-    held: &TaskRecord,
-    client: &Client,
-    live: LiveStatus,
-    position: u64,
-) -> Result<(), Stop> {
-    live.set_phase(Phase::Swapping);
-    await_quiet(live, client, &[("indexUids", &held.index_uid)])?;
-    let fresh = with_retry(live, "reading the resync index", || {
-        client.get_index(&helper.index_uid)
-    })?;
-    let Some(fresh_created_at) = fresh.and_then(|index| index.created_at) else {
-        return Err(permanent(format!(
-            "resync index \"{}\" no longer exists",
-            helper.index_uid
-        )));
-    };
-    in_transaction(live, "recording the swap", || {
-        catalog::record_swap(helper.id, Some(position), Some(&fresh_created_at))
-    })?;
-    let uid = with_retry(live, "swapping the indexes", || {
-        client.swap_indexes(&held.index_uid, &helper.index_uid)
-    })?;
-    if let Err(stop) = await_meili_task(live, client, uid, "swapping the indexes") {
-        // Forget the recorded swap so that a restarted helper tries it again; should that fail
-        // too, the restarted helper reads the index's createdAt to tell whether it happened.
-        if let Err(error) =
-            BackgroundWorker::transaction(|| catalog::record_swap(helper.id, None, None))
-        {
-            warning!(
-                "pg_meili_sync task {}: could not clear the recorded swap: {}",
-                helper.id,
-                error.message
-            );
-        }
-        return Err(stop);
-    }
-    hand_over(helper, held, client, live, position)
+/// A resync helper's swap of its index with the live index of the task it rebuilds.
+pub struct Swap<'a> {
+    pub helper: &'a TaskRecord,
+    pub held: &'a TaskRecord,
+    pub client: &'a Client,
+    pub live: LiveStatus,
 }
 
-/// A helper that restarts in phase `swapping` finds out whether its swap happened; if not, it
-/// streams on and tries again.
-pub fn recover(
-    helper: &mut TaskRecord,
-    held: &TaskRecord,
-    client: &Client,
-    live: LiveStatus,
-) -> Result<bool, Stop> {
-    match helper.resync_phase.as_deref() {
-        Some("swapped") => {
-            clean_up(helper, client, live)?;
-            Ok(true)
+impl Swap<'_> {
+    /// The stream stopped at `position`: swap the helper's index with the live one and hand over.
+    pub fn run(&self, position: u64) -> Result<(), Stop> {
+        let Swap {
+            helper,
+            held,
+            client,
+            live,
+        } = *self;
+        live.set_phase(Phase::Swapping);
+        await_quiet(live, client, &[("indexUids", &held.index_uid)])?;
+        let Some(fresh_created_at) =
+            self.created_at(&helper.index_uid, "reading the resync index")?
+        else {
+            return Err(Failure::new(
+                FailureKind::Index,
+                format!("resync index \"{}\" no longer exists", helper.index_uid),
+            )
+            .hint(format!(
+                "drop this resync helper with SELECT meili_sync_drop({}), then run SELECT meili_sync_resync({}) again",
+                helper.id, held.id
+            ))
+            .into());
+        };
+        in_transaction(live, "recording the swap", || {
+            catalog::record_swap(helper.id, Some(position), Some(&fresh_created_at))
+        })?;
+        let uid = with_retry(live, "swapping the indexes", || {
+            client.swap_indexes(&held.index_uid, &helper.index_uid)
+        })?;
+        if let Err(stop) = await_meili_task(live, client, uid, "swapping the indexes") {
+            // Forget the recorded swap so that a restarted helper tries it again; should that
+            // fail too, the restarted helper reads the index's createdAt to tell whether it
+            // happened.
+            if let Err(error) =
+                BackgroundWorker::transaction(|| catalog::record_swap(helper.id, None, None))
+            {
+                warning!(
+                    "pg_meili_sync task {}: could not clear the recorded swap: {}",
+                    helper.id,
+                    error.message
+                );
+            }
+            return Err(stop);
         }
-        Some("swapping") => {
-            await_quiet(live, client, &[("types", "indexSwap")])?;
-            let live_index = with_retry(live, "reading the index", || {
-                client.get_index(&held.index_uid)
-            })?;
-            match (
-                helper.swap_lsn,
-                live_index.and_then(|index| index.created_at),
-            ) {
-                (Some(position), Some(created_at))
-                    if Some(&created_at) == helper.swap_created_at.as_ref() =>
-                {
+        self.hand_over(position)
+    }
+
+    /// When index `uid` was created (its identity across a swap); None if it does not exist.
+    fn created_at(&self, uid: &str, what: &str) -> Result<Option<String>, Stop> {
+        let index = with_retry(self.live, what, || self.client.get_index(uid))?;
+        Ok(index.and_then(|index| index.created_at))
+    }
+
+    /// A helper that restarts with its swap recorded finishes it: true when it happened and the
+    /// helper is done. False when it did not (the recorded swap is cleared): the helper streams on
+    /// and tries again.
+    pub fn recover(&self) -> Result<bool, Stop> {
+        let (helper, live) = (self.helper, self.live);
+        match &helper.resync_phase {
+            None => Ok(false),
+            Some(ResyncPhase::Swapped) => {
+                self.clean_up()?;
+                Ok(true)
+            }
+            Some(ResyncPhase::Swapping {
+                position,
+                created_at,
+            }) => {
+                await_quiet(live, self.client, &[("types", "indexSwap")])?;
+                let live_created_at = self.created_at(&self.held.index_uid, "reading the index")?;
+                if live_created_at.as_ref() == Some(created_at) {
                     log!(
                         "pg_meili_sync task {}: the swap of the interrupted resync happened; handing over",
                         helper.id
                     );
-                    hand_over(helper, held, client, live, position)?;
-                    Ok(true)
+                    self.hand_over(*position)?;
+                    return Ok(true);
                 }
-                _ => {
-                    log!(
-                        "pg_meili_sync task {}: the swap of the interrupted resync did not happen; it will be tried again",
-                        helper.id
-                    );
-                    in_transaction(live, "clearing the recorded swap", || {
-                        catalog::record_swap(helper.id, None, None)
-                    })?;
-                    helper.resync_phase = None;
-                    Ok(false)
-                }
+                log!(
+                    "pg_meili_sync task {}: the swap of the interrupted resync did not happen; it will be tried again",
+                    helper.id
+                );
+                in_transaction(live, "clearing the recorded swap", || {
+                    catalog::record_swap(helper.id, None, None)
+                })?;
+                Ok(false)
             }
         }
-        _ => Ok(false),
     }
-}
 
-/// After the swap: the held task streams on from `position`, and the old index and the helper go.
-fn hand_over(
-    helper: &TaskRecord,
-    held: &TaskRecord,
-    client: &Client,
-    live: LiveStatus,
-    position: u64,
-) -> Result<(), Stop> {
-    in_transaction(live, "handing the swapped index over", || {
-        catalog::finish_swap(helper.id, held, position)
-    })?;
-    shmem::wake_launcher();
-    log!(
-        "pg_meili_sync task {}: resync swapped in the new index \"{}\"; streaming goes on from {}",
-        held.id,
-        held.index_uid,
-        catalog::format_lsn(position)
-    );
-    clean_up(helper, client, live)
-}
-
-/// Deletes the old index (now under the helper's uid), then the helper with its slot.
-fn clean_up(helper: &TaskRecord, client: &Client, live: LiveStatus) -> Result<(), Stop> {
-    while with_retry(live, "reading the old index", || {
-        client.get_index(&helper.index_uid)
-    })?
-    .is_some()
-    {
-        let uid = with_retry(live, "deleting the old index", || {
-            client.delete_index(&helper.index_uid)
+    /// After the swap: the held task streams on from `position`, and the old index and the
+    /// helper go.
+    fn hand_over(&self, position: u64) -> Result<(), Stop> {
+        let (helper, held) = (self.helper, self.held);
+        in_transaction(self.live, "handing the swapped index over", || {
+            catalog::finish_swap(helper.id, held, position)
         })?;
-        await_meili_task(live, client, uid, "deleting the old index")?;
+        shmem::wake_launcher();
+        log!(
+            "pg_meili_sync task {}: resync swapped in the new index \"{}\"; streaming goes on from {}",
+            held.id,
+            held.index_uid,
+            catalog::format_lsn(position)
+        );
+        self.clean_up()
     }
-    in_transaction(live, "removing the resync helper", || {
-        catalog::delete_task(helper)?;
-        if catalog::slot_wal_status(&helper.slot_name)?.is_some() {
-            catalog::drop_slot(&helper.slot_name)?;
+
+    /// Deletes the old index (now under the helper's uid), then the helper with its slot.
+    fn clean_up(&self) -> Result<(), Stop> {
+        let (helper, client, live) = (self.helper, self.client, self.live);
+        while self
+            .created_at(&helper.index_uid, "reading the old index")?
+            .is_some()
+        {
+            let uid = with_retry(live, "deleting the old index", || {
+                client.delete_index(&helper.index_uid)
+            })?;
+            await_meili_task(live, client, uid, "deleting the old index")?;
         }
+        in_transaction(live, "removing the resync helper", || {
+            catalog::delete_task(helper)?;
+            if catalog::slot_wal_status(&helper.slot_name)?.is_some() {
+                catalog::drop_slot(&helper.slot_name)?;
+            }
+            Ok(())
+        })?;
+        shmem::wake_launcher();
         Ok(())
-    })?;
-    shmem::wake_launcher();
-    Ok(())
+    }
 }

@@ -19,24 +19,20 @@ use pgrx::prelude::*;
 use crate::catalog::{self, SharedTask, TaskRecord};
 use crate::decode::session::{DecodingSession, MessageSink};
 use crate::error::SyncError;
+use crate::failure::{Advice, Failure, FailureKind};
 use crate::meili::client::Client;
 use crate::options::TaskOptions;
+use crate::pg_catalog::SlotStatus;
 use crate::plan::{build_plan, recheck_source, unfollowed_tables, ColumnRules, ViewPlan};
 use crate::route::Router;
-use crate::shmem::{self, LiveStatus, Phase};
+use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 use crate::worker::control::{
-    in_transaction, in_user_transaction, open_dispatcher, permanent, should_stop, worker_main,
-    Stop, HTTP_TIMEOUT,
+    fail, in_transaction, in_user_transaction, open_dispatcher, should_stop, worker_main, Stop,
+    HTTP_TIMEOUT,
 };
 use crate::worker::drive::{busy_nap, log_state_change, IndexWatch, PassStream, RECORDS_PER_ROUND};
 use crate::worker::render::ViewStream;
 use crate::worker::stream::Streamer;
-
-/// The launcher's and shared memory's key for the shared decoder (task ids are positive).
-pub const SHARED_DECODER: i64 = -1;
-
-/// What to do when checking a task's table or view fails with an ERROR.
-const RECHECK_HINT: &str = "checking the table or view of the task, or what the view reads, fails; fix it, then run SELECT meili_sync_resume(task)";
 
 /// How often the decoder looks at the catalog for tasks that join or leave.
 const REFRESH_INTERVAL: Duration = Duration::from_millis(500);
@@ -92,7 +88,7 @@ impl Pipeline {
 struct Fanout<'a> {
     router: &'a mut Router,
     pipelines: &'a mut HashMap<i64, Pipeline>,
-    failure: Option<String>,
+    failure: Option<Failure>,
 }
 
 impl MessageSink for Fanout<'_> {
@@ -104,8 +100,10 @@ impl MessageSink for Fanout<'_> {
             }
         });
         if let Err(error) = routed {
-            self.failure
-                .get_or_insert(format!("cannot parse a pgoutput message: {error}"));
+            self.failure.get_or_insert(Failure::new(
+                FailureKind::Decoding,
+                format!("cannot parse a pgoutput message: {error}"),
+            ));
         }
     }
 }
@@ -240,7 +238,7 @@ impl SharedDecoder {
             return Ok(Vec::new());
         };
         let planned = TaskOptions::parse(&record.options)
-            .map_err(|error| permanent(error.to_string()))
+            .map_err(|error| Stop::from(SyncError::from(error)))
             .and_then(|options| recheck(self.live, &record, &options));
         match planned {
             Ok(view) => {
@@ -253,9 +251,13 @@ impl SharedDecoder {
                 Ok(tables)
             }
             Err(Stop::Terminated) => Err(Stop::Terminated),
-            Err(Stop::Permanent(message)) => {
+            Err(Stop::Failed(failure)) => {
                 if self.unplanned.insert((task.id, task.generation)) {
-                    warning!("pg_meili_sync task {}: the tables its view reads are not published: {message}", task.id);
+                    warning!(
+                        "pg_meili_sync task {}: the tables its view reads are not published: {}",
+                        task.id,
+                        failure.last_error(Some(task.id))
+                    );
                 }
                 Ok(Vec::new())
             }
@@ -291,7 +293,7 @@ impl SharedDecoder {
         else {
             return Ok(None);
         };
-        let Some(index) = shmem::attach(task.id, self.pid) else {
+        let Some(index) = shmem::attach(WorkerId::Task(task.id), self.pid) else {
             warning!(
                 "pg_meili_sync: no free shared-memory entry for task {} (meili_sync.max_tasks is {})",
                 task.id,
@@ -300,12 +302,12 @@ impl SharedDecoder {
             return Ok(None);
         };
         let live = LiveStatus::new(index);
-        live.set_generation(shmem::SERVED_BY_SHARED_DECODER);
+        live.set_served_by_shared_decoder();
         match self.prepare(&task, live) {
             Ok(pipeline) => Ok(Some(pipeline)),
             Err(Stop::Terminated) => Err(Stop::Terminated),
-            Err(Stop::Permanent(message)) => {
-                fail_task(&task, live, &message);
+            Err(Stop::Failed(failure)) => {
+                fail_task(&task, live, &failure);
                 Ok(None)
             }
         }
@@ -333,7 +335,7 @@ impl SharedDecoder {
             build_plan(task, &options)
         })?;
         let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
-            .map_err(|error| permanent(error.to_string()))?;
+            .map_err(|error| fail(FailureKind::Source, error.to_string()))?;
         // The index's createdAt, to notice when someone deletes it; unknown while Meilisearch is
         // unreachable (the writer retries the task's batches meanwhile).
         let created_at = client
@@ -427,8 +429,8 @@ impl SharedDecoder {
                 }
                 Ok(None) => {}
                 Err(Stop::Terminated) => return Err(Stop::Terminated),
-                Err(Stop::Permanent(message)) => {
-                    failed.push((*task_id, message));
+                Err(Stop::Failed(failure)) => {
+                    failed.push((*task_id, failure));
                     continue;
                 }
             }
@@ -453,7 +455,7 @@ impl SharedDecoder {
             match pipeline.stream.before_read(caught_up) {
                 Ok(()) => {}
                 Err(Stop::Terminated) => return Err(Stop::Terminated),
-                Err(Stop::Permanent(message)) => failed.push((*task_id, message)),
+                Err(Stop::Failed(failure)) => failed.push((*task_id, failure)),
             }
         }
         self.fail(failed);
@@ -461,10 +463,10 @@ impl SharedDecoder {
     }
 
     /// Stops each task of `failed` with its message; the others stream on.
-    fn fail(&mut self, failed: Vec<(i64, String)>) {
-        for (task_id, message) in failed {
+    fn fail(&mut self, failed: Vec<(i64, Failure)>) {
+        for (task_id, failure) in failed {
             if let Some(pipeline) = self.remove(task_id) {
-                fail_task(&pipeline.task, pipeline.live, &message);
+                fail_task(&pipeline.task, pipeline.live, &failure);
                 pipeline.leave(Phase::Error);
             }
         }
@@ -565,7 +567,7 @@ impl SharedDecoder {
                 catalog::format_lsn(pipeline.position)
             );
         }
-        DecodingSession::open(&self.name, &self.name).map_err(permanent)
+        open_session(&self.name)
     }
 
     /// Tasks whose Meilisearch stalled leave the stream; those whose dispatcher is idle again
@@ -595,7 +597,7 @@ impl SharedDecoder {
         })?;
         self.refresh_publication()?;
         self.ensure_slot()?;
-        let mut session = DecodingSession::open(&self.name, &self.name).map_err(permanent)?;
+        let mut session = open_session(&self.name)?;
         self.live.set_phase(Phase::Streaming);
         let mut caught_up = false;
         let mut busy_nap = busy_nap();
@@ -645,10 +647,10 @@ impl SharedDecoder {
             };
             let records = match session.read(&mut fanout, RECORDS_PER_ROUND) {
                 Ok(records) => records,
-                Err(error) => break Err(permanent(error)),
+                Err(error) => break Err(fail(FailureKind::Decoding, error)),
             };
             if let Some(failure) = fanout.failure {
-                break Err(permanent(failure));
+                break Err(Stop::Failed(failure));
             }
             // Tasks whose state change this read reached leave before anything moves their
             // position past it.
@@ -669,8 +671,8 @@ impl SharedDecoder {
             let mut gone = Vec::new();
             for (task_id, pipeline) in self.pipelines.iter_mut() {
                 if caught_up {
-                    if let Err(error) = pipeline.watch.check(*task_id) {
-                        gone.push((*task_id, error));
+                    if let Err(failure) = pipeline.watch.check() {
+                        gone.push((*task_id, failure));
                         continue;
                     }
                 }
@@ -686,8 +688,8 @@ impl SharedDecoder {
                     match pipeline.stream.after_read(caught_up) {
                         Ok(()) => {}
                         Err(Stop::Terminated) => break 'round Err(Stop::Terminated),
-                        Err(Stop::Permanent(message)) => {
-                            gone.push((*task_id, message));
+                        Err(Stop::Failed(failure)) => {
+                            gone.push((*task_id, failure));
                             continue;
                         }
                     }
@@ -740,7 +742,7 @@ impl SharedDecoder {
         let status = in_transaction(self.live, "reading the shared slot", || {
             catalog::slot_wal_status(&self.name)
         })?;
-        if status.as_deref().is_some_and(|status| status != "lost") {
+        if status.is_some_and(|status| status != SlotStatus::Lost) {
             return Ok(());
         }
         // Their positions go too: a position in the old slot means nothing in the new one, and a
@@ -781,16 +783,25 @@ fn recheck(
     task: &TaskRecord,
     options: &TaskOptions,
 ) -> Result<Option<ViewPlan>, Stop> {
-    in_user_transaction(live, "checking the table or view", RECHECK_HINT, || {
-        recheck_source(task, options)
-    })
+    in_user_transaction(
+        live,
+        "checking the table or view",
+        Advice::FixThenResume,
+        || recheck_source(task, options),
+    )
 }
 
 /// Stops one task of the shared pass with `message`; the others stream on.
-fn fail_task(task: &TaskRecord, live: LiveStatus, message: &str) {
-    warning!("pg_meili_sync task {} stopped: {message}", task.id);
-    live.set_error(message);
-    if let Err(error) = BackgroundWorker::transaction(|| catalog::set_error_state(task.id, message))
+fn fail_task(task: &TaskRecord, live: LiveStatus, failure: &Failure) {
+    let message = failure.last_error(Some(task.id));
+    warning!(
+        "pg_meili_sync task {} stopped ({}): {message}",
+        task.id,
+        failure.kind.as_str()
+    );
+    live.set_error(&message);
+    if let Err(error) =
+        BackgroundWorker::transaction(|| catalog::set_error_state(task.id, &message))
     {
         warning!(
             "pg_meili_sync task {}: could not set state error: {}",
@@ -800,10 +811,15 @@ fn fail_task(task: &TaskRecord, live: LiveStatus, message: &str) {
     }
 }
 
+/// The shared slot's decoding session (the publication has the slot's name).
+fn open_session(name: &str) -> Result<DecodingSession, Stop> {
+    DecodingSession::open(name, name).map_err(|error| fail(FailureKind::Decoding, error))
+}
+
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn meili_sync_shared_decoder_main(_arg: pg_sys::Datum) {
-    worker_main(SHARED_DECODER, "shared decoder", run);
+    worker_main(WorkerId::SharedDecoder, run);
 }
 
 fn run(live: LiveStatus, pid: i32) -> Result<(), Stop> {

@@ -15,9 +15,10 @@ use pgrx::prelude::*;
 use crate::batch::{Batch, Batcher, Operation};
 use crate::dispatch::{DeadLetter, Dispatcher, Progress};
 use crate::encode::{encode_row, ColumnValue};
+use crate::failure::FailureKind;
 use crate::plan::{PageSizer, SnapshotPlan};
 use crate::shmem::{LiveStatus, Phase};
-use crate::worker::control::{in_transaction, permanent, report_progress, should_stop, Stop};
+use crate::worker::control::{fail, in_transaction, report_progress, should_stop, Stop};
 use crate::{catalog, security};
 
 pub enum SnapshotOutcome {
@@ -96,10 +97,10 @@ impl Copy<'_> {
     fn reread_failed(&mut self, plan: &SnapshotPlan) -> Result<(), Stop> {
         for seq in self.dispatcher.take_rereads() {
             let Some(range) = self.ranges.get(&seq) else {
-                return Err(permanent(format!(
-                    "internal error: no key range for batch {seq} of the copy, which Meilisearch failed; run meili_sync_snapshot({}) to copy the table again",
-                    self.task_id
-                )));
+                return Err(fail(
+                    FailureKind::Internal,
+                    format!("no key range for batch {seq} of the copy, which Meilisearch failed"),
+                ));
             };
             let (query, after) = match &range.after {
                 Some(key) => (&plan.next_range_query, Some(key.as_slice())),
@@ -129,9 +130,12 @@ impl Copy<'_> {
 
 /// The key of the last row read, which a batch closed between pages ends with.
 fn last_read(after: &Option<Vec<String>>) -> Result<Vec<String>, Stop> {
-    after
-        .clone()
-        .ok_or_else(|| permanent("internal error: the copy closed a batch before reading any row"))
+    after.clone().ok_or_else(|| {
+        fail(
+            FailureKind::Internal,
+            "the copy closed a batch before reading any row",
+        )
+    })
 }
 
 /// The NDJSON body of rows read again. Rows that cannot become documents are left out: they went

@@ -12,7 +12,8 @@ use crate::batch::BatchLimits;
 use crate::catalog;
 use crate::changes::ChangeMapper;
 use crate::decode::session::MessageSink;
-use crate::dispatch::{DeadLetter, Dispatcher, Progress};
+use crate::dispatch::{DeadLetter, Dispatcher};
+use crate::failure::{Failure, FailureKind};
 use crate::meter::CommitAges;
 use crate::options::{TaskOptions, WriteMode};
 use crate::pgoutput;
@@ -20,7 +21,7 @@ use crate::plan::ColumnRules;
 use crate::shmem::LiveStatus;
 use crate::state_change;
 use crate::worker::control::{should_stop, Stop};
-use crate::worker::drive::{publish_progress, settle_progress, PassStream, TaskStream};
+use crate::worker::drive::{PassStream, Settlement, TaskStream};
 
 /// One task's stream: maps its decoded changes to batches and hands them to its dispatcher
 /// (borrowed in a task worker, which used it for the copy first; owned in the shared decoder).
@@ -37,11 +38,8 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
     rules: ColumnRules,
     primary_key: String,
     mapper: ChangeMapper,
-    /// Collected inside decoding callbacks, acted on by the main loop (dead letters first).
-    progress: Progress,
-    failure: Option<String>,
-    /// For the lag in seconds: commits decoded and not yet confirmed.
-    ages: CommitAges,
+    /// Collected inside decoding callbacks, acted on by the main loop.
+    settlement: Settlement,
     limits: BatchLimits,
     upsert: bool,
     /// In the shared decoder: how long the task may hold up the shared reader while Meilisearch
@@ -73,9 +71,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             primary_key,
             rules,
             mapper: ChangeMapper::new(limits, options.write_mode == WriteMode::Upsert),
-            progress: Progress::default(),
-            failure: None,
-            ages: CommitAges::default(),
+            settlement: Settlement::default(),
             limits,
             upsert: options.write_mode == WriteMode::Upsert,
             stall_limit: None,
@@ -103,11 +99,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     }
 
     fn pump(&mut self, wait: Option<Duration>) {
-        let progress = self.dispatcher.borrow_mut().pump(wait);
-        self.progress.absorb(progress);
-        if let Some(failure) = self.dispatcher.borrow_mut().take_failure() {
-            self.failure.get_or_insert(failure);
-        }
+        self.settlement.pump(self.dispatcher.borrow_mut(), wait);
     }
 
     /// After a read: closes the open window, then sends whatever closed batches the dispatcher
@@ -139,13 +131,12 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         loop {
             self.pump(None);
             if self
-                .dispatcher
-                .borrow_mut()
-                .take_closed(self.mapper.ready(), &mut self.progress)
+                .settlement
+                .hand_over(self.dispatcher.borrow_mut(), self.mapper.ready())
             {
                 return;
             }
-            if !block || self.failure.is_some() {
+            if !block || self.settlement.has_failed() {
                 return;
             }
             if should_stop() {
@@ -193,22 +184,13 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for Streamer<D> {
 
     fn settle(&mut self) -> Result<Option<u64>, Stop> {
         self.pump(None);
-        let progress = std::mem::take(&mut self.progress);
-        settle_progress(
-            self.task_id,
-            self.live,
-            self.dispatcher.borrow_mut(),
-            progress,
-            &mut self.failure,
-            &mut self.ages,
-        )
+        self.settlement
+            .settle(self.task_id, self.live, self.dispatcher.borrow_mut())
     }
 
     fn confirm_idle(&mut self, read_position: u64) -> Option<u64> {
-        (self.is_idle() && !self.ended).then(|| {
-            self.ages.confirmed(read_position);
-            read_position
-        })
+        let idle = self.is_idle() && !self.ended;
+        self.settlement.confirm_idle(idle, read_position)
     }
 
     fn is_idle(&self) -> bool {
@@ -225,12 +207,11 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for Streamer<D> {
     }
 
     fn publish(&mut self, read_position: u64, confirmed: u64) {
-        publish_progress(
+        self.settlement.publish(
             self.live,
             self.rows_copied,
             self.dispatcher.borrow(),
             (read_position, confirmed),
-            &self.ages,
         );
     }
 
@@ -252,10 +233,7 @@ impl PassStream for Streamer<Dispatcher> {
     }
 
     fn is_quiet(&self) -> bool {
-        self.mapper.is_idle()
-            && self.dispatcher.is_quiet()
-            && self.progress.is_empty()
-            && self.failure.is_none()
+        self.mapper.is_idle() && self.dispatcher.is_quiet() && self.settlement.is_empty()
     }
 
     fn is_stalled(&self) -> bool {
@@ -277,9 +255,13 @@ impl PassStream for Streamer<Dispatcher> {
 pub fn parse_noting_commits<'a>(
     data: &'a [u8],
     ages: &mut CommitAges,
-) -> Result<pgoutput::Message<'a>, String> {
-    let message = pgoutput::parse(data)
-        .map_err(|error| format!("cannot parse a pgoutput message: {error}"))?;
+) -> Result<pgoutput::Message<'a>, Failure> {
+    let message = pgoutput::parse(data).map_err(|error| {
+        Failure::new(
+            FailureKind::Decoding,
+            format!("cannot parse a pgoutput message: {error}"),
+        )
+    })?;
     if let pgoutput::Message::Commit {
         end_lsn,
         commit_time,
@@ -293,13 +275,13 @@ pub fn parse_noting_commits<'a>(
 
 impl<D: BorrowMut<Dispatcher>> MessageSink for Streamer<D> {
     fn message(&mut self, _lsn: u64, data: &[u8]) {
-        if self.failure.is_some() || self.stalled || self.ended {
+        if self.settlement.has_failed() || self.stalled || self.ended {
             return;
         }
-        let message = match parse_noting_commits(data, &mut self.ages) {
+        let message = match parse_noting_commits(data, self.settlement.ages()) {
             Ok(message) => message,
             Err(error) => {
-                self.failure = Some(error);
+                self.settlement.fail(error);
                 return;
             }
         };
@@ -311,7 +293,7 @@ impl<D: BorrowMut<Dispatcher>> MessageSink for Streamer<D> {
         if let Err(error) = self.mapper.apply(message, &Instant::now, &mut |relation| {
             rules.relation_shape(relation)
         }) {
-            self.failure = Some(error);
+            self.settlement.fail(error);
             return;
         }
         self.report_skipped();

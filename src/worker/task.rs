@@ -9,14 +9,16 @@ use pgrx::prelude::*;
 use crate::catalog::{self, TaskRecord, TaskState};
 use crate::dispatch::Dispatcher;
 use crate::error::{ErrorKind, SyncError};
+use crate::failure::{Failure, FailureKind};
 use crate::meili::client::Client;
 use crate::options::TaskOptions;
+use crate::pg_catalog::SlotStatus;
 use crate::plan::{
     build_plan, recheck_source, unfollowed_tables, ColumnRules, SnapshotPlan, ViewPlan,
 };
-use crate::shmem::{self, LiveStatus, Phase};
+use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 use crate::worker::control::{
-    await_meili_task, in_transaction, open_dispatcher, permanent, retry_transient, with_retry,
+    await_meili_task, fail, in_transaction, open_dispatcher, retry_transient, with_retry,
     worker_main, Stop, HTTP_TIMEOUT,
 };
 use crate::worker::drive::{drive, IndexWatch, SwapGate};
@@ -49,14 +51,22 @@ fn prepare_index(
             // Someone else may have created it meanwhile; the check below covers that case.
             let _ = await_meili_task(live, client, task_uid, "creating the index");
             if with_retry(live, "reading the index", || client.get_index(uid))?.is_none() {
-                return Err(permanent(format!("index \"{uid}\" could not be created")));
+                return Err(fail(
+                    FailureKind::Meilisearch,
+                    format!("index \"{uid}\" could not be created"),
+                ));
             }
         }
         Some(index) => match index.primary_key.as_deref() {
             Some(existing) if existing != key_attribute => {
-                return Err(permanent(format!(
-                    "index \"{uid}\" has primary key \"{existing}\" but this task sends \"{key_attribute}\"; drop the index or use another index uid"
-                )))
+                return Err(Failure::new(
+                    FailureKind::Index,
+                    format!(
+                        "index \"{uid}\" has primary key \"{existing}\" but this task sends \"{key_attribute}\""
+                    ),
+                )
+                .hint("drop the index, or drop the task and start it with another index uid")
+                .into())
             }
             _ => {}
         },
@@ -89,12 +99,15 @@ fn ensure_slot(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
     match in_transaction(live, "reading the replication slot", || {
         catalog::slot_wal_status(&task.slot_name)
     })? {
-        Some(status) if status == "lost" => {
+        Some(SlotStatus::Lost) => {
             if task.state != TaskState::Snapshot {
-                return Err(permanent(format!(
-                    "replication slot \"{}\" was invalidated because it retained more WAL than max_slot_wal_keep_size allows, so changes were lost; run SELECT meili_sync_snapshot({}) to copy the table again",
-                    task.slot_name, task.id
-                )));
+                return Err(fail(
+                    FailureKind::Slot,
+                    format!(
+                        "replication slot \"{}\" was invalidated because it retained more WAL than max_slot_wal_keep_size allows, so changes were lost",
+                        task.slot_name
+                    ),
+                ));
             }
             in_transaction(live, "dropping the invalidated slot", || {
                 catalog::drop_slot(&task.slot_name)
@@ -105,10 +118,13 @@ fn ensure_slot(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
         // A failover to a standby, a restore, pg_upgrade or a manual drop: the changes the slot
         // kept since Meilisearch last confirmed are gone, and a new slot would silently skip them.
         None if task.state != TaskState::Snapshot => {
-            return Err(permanent(format!(
-                "replication slot \"{}\" is missing (dropped, or lost in a failover, restore or upgrade), so the changes it kept since the last confirmation are lost; run SELECT meili_sync_snapshot({}) to copy the table again",
-                task.slot_name, task.id
-            )));
+            return Err(fail(
+                FailureKind::Slot,
+                format!(
+                    "replication slot \"{}\" is missing (dropped, or lost in a failover, restore or upgrade), so the changes it kept since the last confirmation are lost",
+                    task.slot_name
+                ),
+            ));
         }
         // Mid-copy, the pages already copied may have changed since: the copy starts over.
         None if task.snapshot_key.is_some() => copy_over(task, live, "is missing")?,
@@ -210,16 +226,24 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
         follow_every_table(&task, view, live)?;
     }
     let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
-        .map_err(|error| permanent(error.to_string()))?;
+        .map_err(|error| fail(FailureKind::Source, error.to_string()))?;
     let held = match task.resync_of {
         Some(held_id) => {
             let held = in_transaction(live, "reading the task to rebuild", || {
                 catalog::load_task(held_id)
             })?
             .ok_or(Stop::Terminated)?;
-            if resync::recover(&mut task, &held, &client, live)? {
+            let swap = resync::Swap {
+                helper: &task,
+                held: &held,
+                client: &client,
+                live,
+            };
+            if swap.recover()? {
                 return Err(Stop::Terminated);
             }
+            // Not swapped: it streams on, and records its next swap afresh.
+            task.resync_phase = None;
             Some(held)
         }
         None => None,
@@ -253,8 +277,8 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
 
     let mut dispatcher = open_dispatcher(&client, &task, &options, &key_attribute);
     // A stream ends at a position for a resync's swap, or for the hand-over of a moving task.
-    let mut resync_gate = held.as_ref().map(|held| ResyncGate::new(held.id, live));
-    let mut move_gate = task.moving.then(|| MoveGate::new(task.id, live));
+    let mut resync_gate = held.as_ref().map(|held| ResyncGate(held.id));
+    let mut move_gate = task.moving.then_some(MoveGate(task.id));
     let gate = match (&mut resync_gate, &mut move_gate) {
         (Some(gate), _) => Some(gate as &mut dyn SwapGate),
         (None, Some(gate)) => Some(gate as &mut dyn SwapGate),
@@ -273,7 +297,13 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
     );
     dispatcher.shutdown();
     match (result?, &held) {
-        (Some(position), Some(held)) => resync::swap(&task, held, &client, live, position),
+        (Some(position), Some(held)) => resync::Swap {
+            helper: &task,
+            held,
+            client: &client,
+            live,
+        }
+        .run(position),
         (Some(position), None) if task.moving => handover::hand_over(&task, live, position),
         _ => Err(Stop::Terminated),
     }
@@ -309,7 +339,9 @@ fn copy_then_stream(
                 );
             }
             SnapshotOutcome::Interrupted => return Err(Stop::Terminated),
-            SnapshotOutcome::Failed(message) => return Err(permanent(message)),
+            SnapshotOutcome::Failed(message) => {
+                return Err(fail(FailureKind::Meilisearch, message))
+            }
         }
     }
     if task.shared && !task.moving {
@@ -349,7 +381,5 @@ fn prune_index(task: &TaskRecord, live: LiveStatus) -> Result<(), Stop> {
 #[no_mangle]
 pub extern "C-unwind" fn meili_sync_task_main(arg: pg_sys::Datum) {
     let task_id = arg.value() as i64;
-    worker_main(task_id, &format!("task {task_id}"), |live, _| {
-        run(task_id, live)
-    });
+    worker_main(WorkerId::Task(task_id), |live, _| run(task_id, live));
 }

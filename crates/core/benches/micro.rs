@@ -21,6 +21,7 @@ use pg_meili_sync_core::changes::{ChangeMapper, RelationShape};
 use pg_meili_sync_core::encode::{
     encode_document, write_value, Column, ColumnValue, DocumentShape, ValueKind,
 };
+use pg_meili_sync_core::failure::{Failure, FailureKind};
 use pg_meili_sync_core::meili::writer::gzip;
 use pg_meili_sync_core::pgoutput::{parse, Message, Relation};
 use pg_meili_sync_e2e::products;
@@ -81,7 +82,7 @@ fn value_kind(type_oid: u32) -> ValueKind {
 
 /// The worker's `ColumnRules::relation_shape` for a task with default options: every column, the
 /// primary key `id` as key.
-fn products_shape(relation: &Relation) -> Result<RelationShape, String> {
+fn products_shape(relation: &Relation) -> Result<RelationShape, Failure> {
     let columns: Vec<Column> = relation
         .columns
         .iter()
@@ -93,9 +94,10 @@ fn products_shape(relation: &Relation) -> Result<RelationShape, String> {
     let key = columns
         .iter()
         .position(|column| column.name == "id")
-        .ok_or("no id column")?;
+        .ok_or_else(|| Failure::new(FailureKind::Source, "no id column"))?;
     let source_columns = (0..columns.len()).collect();
-    let shape = DocumentShape::new(columns, vec![key]).map_err(|error| error.to_string())?;
+    let shape = DocumentShape::new(columns, vec![key])
+        .map_err(|error| Failure::new(FailureKind::Source, error.to_string()))?;
     Ok(RelationShape {
         table: "public.products".to_owned(),
         shape,

@@ -15,6 +15,7 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
+use crate::failure::{Advice, Failure, FailureKind};
 use crate::pgoutput::{Message, Relation, Tuple, TupleValue};
 
 /// Where a route's key values go.
@@ -112,7 +113,7 @@ impl AffectedKeys {
         &mut self,
         message: &Message<'_>,
         now: &dyn Fn() -> Instant,
-    ) -> Result<(), String> {
+    ) -> Result<(), Failure> {
         match message {
             Message::Begin { xid, .. } => self.open = Some((*xid, false)),
             Message::Relation(relation) => self.resolve(relation)?,
@@ -149,7 +150,7 @@ impl AffectedKeys {
         Ok(())
     }
 
-    fn resolve(&mut self, relation: &Relation) -> Result<(), String> {
+    fn resolve(&mut self, relation: &Relation) -> Result<(), Failure> {
         let Some(planned) = self.planned.get(&relation.oid) else {
             return Ok(());
         };
@@ -158,25 +159,33 @@ impl AffectedKeys {
             let mut positions = Vec::new();
             for name in &route.columns {
                 let Some(position) = relation.columns.iter().position(|c| &c.name == name) else {
-                    return Err(format!(
-                        "column \"{name}\" of table {} was dropped or renamed, and the task needs it to know which documents a change affects; the task stopped so as not to leave documents stale (drop it and start a new one)",
-                        planned.table
-                    ));
+                    return Err(Failure::new(
+                        FailureKind::Source,
+                        format!(
+                            "column \"{name}\" of table {} was dropped or renamed, and the task needs it to know which documents a change affects; the task stopped so as not to leave documents stale",
+                            planned.table
+                        ),
+                    )
+                    .hint("drop the task and start a new one"));
                 };
                 // The old row of an UPDATE or DELETE carries only replica-identity columns.
                 if relation.columns[position].flags & 1 == 0 {
-                    return Err(format!(
-                        "the replica identity of table {} no longer carries column \"{name}\", so the documents a DELETE affects cannot be known; run ALTER TABLE {} REPLICA IDENTITY FULL, then SELECT meili_sync_snapshot(task) to copy the view again",
-                        planned.table, planned.table
-                    ));
+                    return Err(Failure::new(
+                        FailureKind::Source,
+                        format!(
+                            "the replica identity of table {} no longer carries column \"{name}\", so the documents a DELETE affects cannot be known",
+                            planned.table
+                        ),
+                    )
+                    .advice(replica_identity_full(&planned.table)));
                 }
                 positions.push(position);
             }
             if let KeySource::Mapping(index) = route.source {
                 if index >= self.mappings {
-                    return Err(format!(
-                        "internal error: mapping {index} of table {} does not exist",
-                        planned.table
+                    return Err(Failure::new(
+                        FailureKind::Internal,
+                        format!("mapping {index} of table {} does not exist", planned.table),
                     ));
                 }
             }
@@ -198,13 +207,14 @@ impl AffectedKeys {
         row: &Tuple<'_>,
         old: bool,
         now: &dyn Fn() -> Instant,
-    ) -> Result<(), String> {
+    ) -> Result<(), Failure> {
         if !self.planned.contains_key(&relation) {
             return Ok(());
         }
         let Some(resolved) = self.resolved.get(&relation) else {
-            return Err(format!(
-                "a change for relation {relation} came before its Relation message"
+            return Err(Failure::new(
+                FailureKind::Decoding,
+                format!("a change for relation {relation} came before its Relation message"),
             ));
         };
         let mut touched = false;
@@ -217,10 +227,14 @@ impl AffectedKeys {
                     Some(TupleValue::Null) | None => break,
                     Some(TupleValue::UnchangedToast) if !old => break,
                     Some(TupleValue::UnchangedToast | TupleValue::Binary(_)) => {
-                        return Err(format!(
-                            "a change on {} came without the value of a key column (stored out of line or binary), so the documents it affects cannot be known; run ALTER TABLE {} REPLICA IDENTITY FULL, then SELECT meili_sync_snapshot(task)",
-                            resolved.table, resolved.table
-                        ))
+                        return Err(Failure::new(
+                            FailureKind::Source,
+                            format!(
+                                "a change on {} came without the value of a key column (stored out of line or binary), so the documents it affects cannot be known",
+                                resolved.table
+                            ),
+                        )
+                        .advice(replica_identity_full(&resolved.table)))
                     }
                 }
             }
@@ -255,14 +269,18 @@ impl AffectedKeys {
         }
     }
 
-    fn lost_old_row(&self, relation: u32, change: &str) -> String {
+    fn lost_old_row(&self, relation: u32, change: &str) -> Failure {
         let table = self
             .planned
             .get(&relation)
             .map_or("a table of the view", |planned| planned.table.as_str());
-        format!(
-            "{change} on {table} came without its old row, so the documents it affects cannot be known; run ALTER TABLE {table} REPLICA IDENTITY FULL, then SELECT meili_sync_snapshot(task) to copy the view again"
+        Failure::new(
+            FailureKind::Source,
+            format!(
+                "{change} on {table} came without its old row, so the documents it affects cannot be known"
+            ),
         )
+        .advice(replica_identity_full(table))
     }
 
     /// Distinct keys collected (documents and mapping inputs).
@@ -313,6 +331,11 @@ impl AffectedKeys {
             checkpoint: self.checkpoint.take(),
         }
     }
+}
+
+/// What to do when a table of a view task no longer logs the old rows its changes need.
+fn replica_identity_full(table: &str) -> Advice {
+    Advice::FixThenSnapshot(format!("run ALTER TABLE {table} REPLICA IDENTITY FULL"))
 }
 
 #[cfg(test)]
@@ -535,7 +558,8 @@ mod tests {
                 &relation(REVIEWS, "reviews", &[("id", true), ("product_id", false)]),
                 &Instant::now,
             )
-            .unwrap_err();
+            .unwrap_err()
+            .last_error(Some(5));
         assert!(error.contains("REPLICA IDENTITY FULL"), "{error}");
         assert!(error.contains("public.reviews"), "{error}");
         let mut collected = collector();
@@ -544,7 +568,8 @@ mod tests {
                 &relation(REVIEWS, "reviews", &[("id", true), ("stars", true)]),
                 &Instant::now,
             )
-            .unwrap_err();
+            .unwrap_err()
+            .last_error(Some(5));
         assert!(error.contains("\"product_id\""), "{error}");
         let error = collector()
             .apply(
@@ -555,7 +580,8 @@ mod tests {
                 },
                 &Instant::now,
             )
-            .unwrap_err();
+            .unwrap_err()
+            .last_error(Some(5));
         assert!(error.contains("without its old row"), "{error}");
     }
 }

@@ -13,6 +13,7 @@ use std::time::Instant;
 
 use crate::batch::{Batch, BatchLimits, ChangeBatcher, Operation};
 use crate::encode::{encode_id, encode_row, ColumnValue, DocumentShape};
+use crate::failure::{Advice, Failure, FailureKind};
 use crate::pgoutput::{Message, Relation, Tuple, TupleValue};
 
 /// How one published relation's columns become a document.
@@ -68,8 +69,8 @@ impl ChangeMapper {
         &mut self,
         message: Message<'_>,
         now: &dyn Fn() -> Instant,
-        shape_for: &mut dyn FnMut(&Relation) -> Result<RelationShape, String>,
-    ) -> Result<(), String> {
+        shape_for: &mut dyn FnMut(&Relation) -> Result<RelationShape, Failure>,
+    ) -> Result<(), Failure> {
         match message {
             Message::Relation(relation) => {
                 let shape = shape_for(&relation)?;
@@ -117,7 +118,7 @@ impl ChangeMapper {
     /// The key columns are NOT NULL, so a NULL among them in an old-key tuple means the replica
     /// identity no longer carries them: the document to delete cannot be known, and going on
     /// would leave it in the index for good.
-    fn require_old_key(&self, relation: u32, old: &Tuple<'_>, change: &str) -> Result<(), String> {
+    fn require_old_key(&self, relation: u32, old: &Tuple<'_>, change: &str) -> Result<(), Failure> {
         let Some(shape) = self.relations.get(&relation) else {
             return Ok(());
         };
@@ -135,15 +136,21 @@ impl ChangeMapper {
         }
     }
 
-    fn lost_old_key(&self, relation: u32, change: &str) -> String {
+    fn lost_old_key(&self, relation: u32, change: &str) -> Failure {
         let table = self
             .relations
             .get(&relation)
             .map(|shape| shape.table.as_str())
             .unwrap_or("the table");
-        format!(
-            "{change} on {table} came without the old key of the row: its replica identity no longer carries the task's key columns (ALTER TABLE … REPLICA IDENTITY, or a changed primary key), so the document to delete cannot be known; run ALTER TABLE {table} REPLICA IDENTITY FULL (or USING INDEX on a unique index of the key), then SELECT meili_sync_snapshot(task) to copy the table again"
+        Failure::new(
+            FailureKind::Source,
+            format!(
+                "{change} on {table} came without the old key of the row: its replica identity no longer carries the task's key columns (ALTER TABLE … REPLICA IDENTITY, or a changed primary key), so the document to delete cannot be known"
+            ),
         )
+        .advice(Advice::FixThenSnapshot(format!(
+            "run ALTER TABLE {table} REPLICA IDENTITY FULL (or USING INDEX on a unique index of the key)"
+        )))
     }
 
     fn skip(&mut self, relation: u32, reason: String) {
@@ -354,7 +361,7 @@ mod tests {
     }
 
     /// Documents of `items` leave out `secret`.
-    fn shape_for(relation: &Relation) -> Result<RelationShape, String> {
+    fn shape_for(relation: &Relation) -> Result<RelationShape, Failure> {
         let kinds = [
             ValueKind::Integer,
             ValueKind::Text,
@@ -375,7 +382,8 @@ mod tests {
             });
             source_columns.push(position);
         }
-        let shape = DocumentShape::new(columns, vec![0]).map_err(|error| error.to_string())?;
+        let shape = DocumentShape::new(columns, vec![0])
+            .map_err(|error| Failure::new(FailureKind::Source, error.to_string()))?;
         Ok(RelationShape {
             table: format!("{}.{}", relation.namespace, relation.name),
             shape,
@@ -489,11 +497,12 @@ mod tests {
             let mut mapper = mapper(100, false);
             let error = mapper
                 .apply(message, &Instant::now, &mut shape_for)
-                .expect_err("a change whose document cannot be known");
+                .expect_err("a change whose document cannot be known")
+                .last_error(Some(9));
             assert!(
                 error.contains("replica identity no longer carries the task's key columns")
                     && error.contains("REPLICA IDENTITY FULL")
-                    && error.contains("meili_sync_snapshot"),
+                    && error.contains("meili_sync_snapshot(9)"),
                 "{error}"
             );
         }
@@ -710,8 +719,11 @@ mod tests {
         };
         let mut mapper = ChangeMapper::new(limits, false);
         let result = mapper.apply(Message::Relation(relation()), &Instant::now, &mut |_| {
-            Err("key column dropped".into())
+            Err(Failure::new(FailureKind::Source, "key column dropped"))
         });
-        assert_eq!(result.err().as_deref(), Some("key column dropped"));
+        assert_eq!(
+            result.err().map(|failure| failure.message),
+            Some("key column dropped".to_owned())
+        );
     }
 }

@@ -102,6 +102,17 @@ pub enum ValueKind {
     Other,
 }
 
+impl ValueKind {
+    /// Whether a key column of this kind can make a Meilisearch document id: a float's, a JSON
+    /// value's or an array's text is no stable id.
+    pub fn can_be_document_id(&self) -> bool {
+        !matches!(
+            self,
+            ValueKind::Json | ValueKind::Float | ValueKind::Array(_)
+        )
+    }
+}
+
 /// One column of one row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ColumnValue<'a> {
@@ -991,6 +1002,24 @@ impl<'a> ArrayParser<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn floats_json_and_arrays_cannot_be_document_ids_and_the_rest_can() {
+        let refused = [
+            ValueKind::Float,
+            ValueKind::Json,
+            ValueKind::Array(Box::new(ValueKind::Integer)),
+        ];
+        assert!(refused.iter().all(|kind| !kind.can_be_document_id()));
+        let allowed = [
+            ValueKind::Integer,
+            ValueKind::Text,
+            ValueKind::Numeric,
+            ValueKind::Date,
+            ValueKind::Other,
+        ];
+        assert!(allowed.iter().all(ValueKind::can_be_document_id));
+    }
     use serde_json::{json, Value};
 
     fn value(kind: ValueKind, text: &str) -> Value {

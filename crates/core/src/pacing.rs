@@ -1,6 +1,7 @@
-//! How long a worker naps between rounds while Meilisearch works on its requests (pure: no pgrx).
+//! How long a worker naps between rounds while Meilisearch works on its requests, and how often
+//! it looks at something that changes slowly (pure: no pgrx).
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Short right after a round that moved something, doubling up to a cap while rounds move
 /// nothing: a long indexing run is not polled hundreds of times a second (the writer's threads
@@ -32,6 +33,34 @@ impl BusyNap {
     }
 }
 
+/// Lets a look at something slow to change (a catalog row, an index) happen at most once per
+/// interval, the first one at once.
+pub struct Throttle {
+    interval: Duration,
+    last: Option<Instant>,
+}
+
+impl Throttle {
+    pub fn new(interval: Duration) -> Self {
+        Throttle {
+            interval,
+            last: None,
+        }
+    }
+
+    /// True when a look is due at `now`, which then counts as the last one.
+    pub fn due(&mut self, now: Instant) -> bool {
+        if self
+            .last
+            .is_some_and(|last| now.saturating_duration_since(last) < self.interval)
+        {
+            return false;
+        }
+        self.last = Some(now);
+        true
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -50,5 +79,17 @@ mod tests {
     fn a_cap_below_the_floor_is_the_floor() {
         let mut nap = BusyNap::new(Duration::from_millis(5), Duration::from_millis(1));
         assert_eq!(nap.after_round(false), Duration::from_millis(5));
+    }
+
+    #[test]
+    fn a_throttle_lets_the_first_look_through_then_one_per_interval() {
+        let mut throttle = Throttle::new(Duration::from_millis(100));
+        let start = Instant::now();
+        let at = |ms: u64| start + Duration::from_millis(ms);
+        let looks: Vec<bool> = [0, 50, 99, 100, 150, 250]
+            .into_iter()
+            .map(|ms| throttle.due(at(ms)))
+            .collect();
+        assert_eq!(looks, [true, false, false, true, false, true]);
     }
 }
