@@ -25,29 +25,20 @@ pub enum ResyncPhase {
 }
 
 impl ResyncPhase {
+    /// A swap recorded without its position or `createdAt` is no swap to recover: the helper
+    /// streams on and records its next swap afresh.
     fn from_stored(
         phase: Option<&str>,
         position: Option<u64>,
         created_at: Option<String>,
-    ) -> CatalogResult<Option<Self>> {
+    ) -> Option<Self> {
         match (phase, position, created_at) {
-            (None, _, _) => Ok(None),
-            (Some("swapped"), _, _) => Ok(Some(ResyncPhase::Swapped)),
-            (Some("swapping"), Some(position), Some(created_at)) => {
-                Ok(Some(ResyncPhase::Swapping {
-                    position,
-                    created_at,
-                }))
-            }
-            (Some(phase), position, created_at) => Err(SyncError::new(
-                ErrorKind::Internal,
-                format!(
-                    "meili_sync.tasks has resync_phase '{phase}' with swap_lsn {} and swap_created_at {}",
-                    position.map_or("NULL".to_owned(), format_lsn),
-                    created_at.as_deref().unwrap_or("NULL")
-                ),
-            )
-            .hint("drop the resync helper with meili_sync_drop and run meili_sync_resync again")),
+            (Some("swapped"), _, _) => Some(ResyncPhase::Swapped),
+            (Some("swapping"), Some(position), Some(created_at)) => Some(ResyncPhase::Swapping {
+                position,
+                created_at,
+            }),
+            _ => None,
         }
     }
 }
@@ -303,7 +294,7 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
                 row.get::<String>(14)?.as_deref(),
                 row.get::<i64>(15)?.map(|lsn| lsn as u64),
                 row.get(16)?,
-            )?,
+            ),
             owner: row.get(17)?.unwrap_or(pg_sys::InvalidOid),
             generation: row.get(18)?.unwrap_or(0),
             shared,

@@ -220,9 +220,8 @@ pub struct Reading {
 /// Decides when a resync helper stops streaming so that its index can be swapped in, or a task
 /// moving to the shared pass stops reading its own slot.
 pub trait SwapGate {
-    /// Called with the stream's status, the position read so far, and whether the last read found the end of the WAL,
-    /// at most once per `GATE_CHECK_INTERVAL`; true to stop reading, drain, and end the stream at
-    /// that position.
+    /// Called with where the stream's reading is, at most once per `GATE_CHECK_INTERVAL`; true to
+    /// stop reading, drain, and end the stream at that position.
     fn ready_to_drain(&mut self, reading: &Reading) -> Result<bool, Stop>;
 }
 

@@ -301,9 +301,10 @@ impl Swap<'_> {
     /// Deletes the old index (now under the helper's uid), then the helper with its slot.
     fn clean_up(&self) -> Result<(), Stop> {
         let (helper, client, live) = (self.helper, self.client, self.live);
-        while self
-            .created_at(&helper.index_uid, "reading the old index")?
-            .is_some()
+        while with_retry(live, "reading the old index", || {
+            client.get_index(&helper.index_uid)
+        })?
+        .is_some()
         {
             let uid = with_retry(live, "deleting the old index", || {
                 client.delete_index(&helper.index_uid)
