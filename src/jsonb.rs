@@ -1,8 +1,10 @@
-//! A JSON value returned as `jsonb`, built in place with Postgres's own jsonb builder
-//! (`pushJsonbValue`, `JsonbValueToJsonb`). pgrx's `JsonB` goes through the text form: it prints
-//! the value and `jsonb_in` parses it again, which was the largest cost of turning a search's hits
-//! into rows. The result is the same datum `jsonb_in` makes of the value's text, with the same
-//! refusals: a `\u0000` (`22P05`) and a string over jsonb's length limit (`54000`).
+//! JSON returned as `jsonb`, built in place with Postgres's own jsonb builder (`pushJsonbValue`,
+//! `JsonbValueToJsonb`): from a `serde_json::Value` ([`DirectJsonb`]), or straight from the events
+//! of a search answer's text as it is read ([`JsonbBuilder`]). pgrx's `JsonB` goes through the
+//! text form: it prints the value and `jsonb_in` parses it again, which was the largest cost of
+//! turning a search's hits into rows. The result is the same datum `jsonb_in` makes of the value's
+//! text, with the same refusals: a `\u0000` (`22P05`) and a string over jsonb's length limit
+//! (`54000`).
 
 use std::ffi::CString;
 
@@ -12,7 +14,9 @@ use pg_sys::JsonbIteratorToken::{
 use pgrx::callconv::{BoxRet, FcInfo};
 use pgrx::pg_sys;
 use pgrx::prelude::*;
-use serde_json::Value;
+use serde_json::{Number, Value};
+
+use crate::meili::search::DocumentBuilder;
 
 /// The longest string jsonb can hold (`JENTRY_OFFLENMASK`).
 const MAX_STRING_BYTES: usize = 0x0FFF_FFFF;
@@ -114,6 +118,156 @@ unsafe fn push(
             Value::String(text) => pg_sys::pushJsonbValue(state, token, &mut string_value(text)),
         }
     }
+}
+
+/// A `jsonb` datum made in the current memory context.
+pub struct BuiltJsonb(pg_sys::Datum);
+
+impl_sql_translatable!(BuiltJsonb, "jsonb");
+
+impl IntoDatum for BuiltJsonb {
+    fn into_datum(self) -> Option<pg_sys::Datum> {
+        Some(self.0)
+    }
+
+    fn type_oid() -> pg_sys::Oid {
+        pg_sys::JSONBOID
+    }
+}
+
+/// Builds one `jsonb` from the events of a JSON text as it is read (a search answer's document),
+/// in the current memory context.
+pub struct JsonbBuilder {
+    state: *mut pg_sys::JsonbParseState,
+    /// For each open container, whether it is an object (a scalar in it is a key's value) or an
+    /// array (a scalar in it is an element).
+    open_objects: Vec<bool>,
+    /// The finished value, once the root is closed (or a root scalar pushed).
+    root: *mut pg_sys::JsonbValue,
+}
+
+impl JsonbBuilder {
+    pub fn new() -> JsonbBuilder {
+        JsonbBuilder {
+            state: std::ptr::null_mut(),
+            open_objects: Vec::new(),
+            root: std::ptr::null_mut(),
+        }
+    }
+
+    /// Opens (`Some(true)` an object, `Some(false)` an array) or closes (`None`) a container.
+    fn container(&mut self, token: pg_sys::JsonbIteratorToken::Type, object: Option<bool>) {
+        match object {
+            Some(object) => self.open_objects.push(object),
+            None => {
+                self.open_objects.pop();
+            }
+        }
+        // SAFETY: the builder's own state; a null value opens or closes a container, and events
+        // come in document order, so each close matches its open. The last close returns the
+        // finished root.
+        let pushed =
+            unsafe { pg_sys::pushJsonbValue(&mut self.state, token, std::ptr::null_mut()) };
+        if object.is_none() && self.open_objects.is_empty() {
+            self.root = pushed;
+        }
+    }
+
+    /// Pushes a scalar as the open container's member, or as the root (in jsonb's one-element
+    /// raw-scalar array, as `JsonbValueToJsonb` would wrap it).
+    fn scalar(&mut self, mut value: pg_sys::JsonbValue) {
+        // SAFETY: the builder's own state, with a scalar whose string (if any) is palloc'd in
+        // the current context and outlives the datum's making; the builder copies the value.
+        unsafe {
+            match self.open_objects.last() {
+                Some(&object) => {
+                    let token = if object { WJB_VALUE } else { WJB_ELEM };
+                    pg_sys::pushJsonbValue(&mut self.state, token, &mut value);
+                }
+                None => {
+                    let mut raw_scalar_array = typed(pg_sys::jbvType::jbvArray);
+                    raw_scalar_array.val.array.rawScalar = true;
+                    pg_sys::pushJsonbValue(&mut self.state, WJB_BEGIN_ARRAY, &mut raw_scalar_array);
+                    pg_sys::pushJsonbValue(&mut self.state, WJB_ELEM, &mut value);
+                    self.root = pg_sys::pushJsonbValue(
+                        &mut self.state,
+                        WJB_END_ARRAY,
+                        std::ptr::null_mut(),
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl DocumentBuilder for JsonbBuilder {
+    type Document = BuiltJsonb;
+
+    fn begin_object(&mut self) {
+        self.container(WJB_BEGIN_OBJECT, Some(true));
+    }
+
+    fn key(&mut self, key: &str) {
+        let mut key = palloc_string_value(key);
+        // SAFETY: a key inside the open object, palloc'd in the current context.
+        unsafe { pg_sys::pushJsonbValue(&mut self.state, WJB_KEY, &mut key) };
+    }
+
+    fn end_object(&mut self) {
+        self.container(WJB_END_OBJECT, None);
+    }
+
+    fn begin_array(&mut self) {
+        self.container(WJB_BEGIN_ARRAY, Some(false));
+    }
+
+    fn end_array(&mut self) {
+        self.container(WJB_END_ARRAY, None);
+    }
+
+    fn null(&mut self) {
+        self.scalar(typed(pg_sys::jbvType::jbvNull));
+    }
+
+    fn boolean(&mut self, value: bool) {
+        let mut scalar = typed(pg_sys::jbvType::jbvBool);
+        scalar.val.boolean = value;
+        self.scalar(scalar);
+    }
+
+    fn number(&mut self, value: &Number) {
+        let mut scalar = typed(pg_sys::jbvType::jbvNumeric);
+        scalar.val.numeric = numeric(value);
+        self.scalar(scalar);
+    }
+
+    fn string(&mut self, value: &str) {
+        self.scalar(palloc_string_value(value));
+    }
+
+    fn finish(self) -> BuiltJsonb {
+        if self.root.is_null() {
+            error!("a JSON value ended before it was complete");
+        }
+        // SAFETY: the finished root of this builder, whose strings live in the current context.
+        BuiltJsonb(pg_sys::Datum::from(unsafe {
+            pg_sys::JsonbValueToJsonb(self.root)
+        }))
+    }
+}
+
+/// A string as a builder value, copied into the current memory context (the text it comes from
+/// may be gone before the datum is made), refused as `jsonb_in` refuses it.
+fn palloc_string_value(text: &str) -> pg_sys::JsonbValue {
+    let mut string = string_value(text);
+    // SAFETY: a palloc of the string's length (at most MAX_STRING_BYTES, checked above), and a
+    // copy of exactly that many bytes into it.
+    unsafe {
+        let copy = pg_sys::palloc(text.len().max(1)).cast::<u8>();
+        std::ptr::copy_nonoverlapping(text.as_ptr(), copy, text.len());
+        string.val.string.val = copy.cast();
+    }
+    string
 }
 
 /// An empty builder value of this type.

@@ -12,6 +12,7 @@ mod decode;
 mod error;
 mod gucs;
 mod jsonb;
+mod materialized;
 mod plan;
 mod search;
 mod security;

@@ -57,7 +57,16 @@ pub fn client(url: &str, api_key: Option<&str>) -> Result<Client, SyncError> {
 /// connection dropped, and the cancel's own ERROR is raised here, outside the HTTP client, so no
 /// error unwinds through it.
 pub fn run(client: &Client, index_uid: &str, body: Value) -> Result<Value, SyncError> {
-    let answer = client.search(index_uid, &body);
+    answered(client.search(index_uid, &body))
+}
+
+/// Runs one search as [`run`] does, and returns the answer's JSON text.
+pub fn run_for_text(client: &Client, index_uid: &str, body: Value) -> Result<Vec<u8>, SyncError> {
+    answered(client.search_text(index_uid, &body))
+}
+
+/// A search's answer, once a cancel that ended it is raised.
+fn answered<T>(answer: Result<T, MeiliError>) -> Result<T, SyncError> {
     pgrx::check_for_interrupts!();
     answer.map_err(meili_refusal)
 }

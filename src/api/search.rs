@@ -9,7 +9,8 @@ use pgrx::JsonB;
 use super::{require_admin, required, select_denied, TASK_HINT};
 use crate::catalog;
 use crate::error::{ErrorKind, OrRaise, SyncError};
-use crate::jsonb::DirectJsonb;
+use crate::jsonb::{BuiltJsonb, DirectJsonb, JsonbBuilder};
+use crate::materialized::TableIterator;
 use crate::meili::client::Client;
 use crate::options::validate_index_uid;
 use crate::{search, shmem};
@@ -73,8 +74,8 @@ type HitRows = TableIterator<
         name!(id, Option<String>),
         name!(key, Option<Vec<String>>),
         name!(score, Option<f64>),
-        name!(document, DirectJsonb),
-        name!(formatted, Option<DirectJsonb>),
+        name!(document, BuiltJsonb),
+        name!(formatted, Option<BuiltJsonb>),
     ),
 >;
 
@@ -90,22 +91,20 @@ fn hit_rows(
         SyncError::new(ErrorKind::InvalidParameter, message)
             .hint("For example '{\"limit\": 10, \"filter\": \"price > 10\"}'.")
     })?;
-    let answer = search::run(client, index_uid, body)?;
-    let hits = crate::meili::search::hits(&answer, search::id_attribute(key_columns))
-        .map_err(|message| SyncError::new(ErrorKind::Meilisearch, message))?;
+    let answer = search::run_for_text(client, index_uid, body)?;
+    let hits = crate::meili::search::read_hits(
+        &answer,
+        search::id_attribute(key_columns),
+        JsonbBuilder::new,
+    )
+    .map_err(|message| SyncError::new(ErrorKind::Meilisearch, message))?;
     let key_count = key_columns.len().max(1);
     Ok(TableIterator::new(hits.into_iter().map(move |hit| {
         let key = hit
             .id
             .as_deref()
             .and_then(|id| crate::encode::key_of_id(id, key_count));
-        (
-            hit.id,
-            key,
-            hit.score,
-            DirectJsonb(hit.document),
-            hit.formatted.map(DirectJsonb),
-        )
+        (hit.id, key, hit.score, hit.document, hit.formatted)
     })))
 }
 
@@ -127,8 +126,8 @@ fn meili_search(
         name!(id, Option<String>),
         name!(key, Option<Vec<String>>),
         name!(score, Option<f64>),
-        name!(document, DirectJsonb),
-        name!(formatted, Option<DirectJsonb>),
+        name!(document, BuiltJsonb),
+        name!(formatted, Option<BuiltJsonb>),
     ),
 > {
     let result = (|| {
@@ -162,8 +161,8 @@ fn meili_search_index(
         name!(id, Option<String>),
         name!(key, Option<Vec<String>>),
         name!(score, Option<f64>),
-        name!(document, DirectJsonb),
-        name!(formatted, Option<DirectJsonb>),
+        name!(document, BuiltJsonb),
+        name!(formatted, Option<BuiltJsonb>),
     ),
 > {
     let result = (|| {

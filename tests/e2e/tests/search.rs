@@ -68,6 +68,36 @@ fn hits_facets_and_raw_answers_match_the_table() {
            JOIN products p ON p.id = s.key[1]::bigint"
     ));
     assert_eq!(joined, "42:Product 42:Product 42");
+    // Every hit's document is its row's document, body for body (each built from the answer's
+    // text as it is read), and its key is its id.
+    let documents = cluster.psql(&format!(
+        "SELECT id || '|' || key[1] || '|' || document::text FROM meili_search({task}, NULL, '{{\"sort\": [\"id:asc\"], \"limit\": {ROWS}}}')"
+    ));
+    let documents = lines(&documents);
+    assert_eq!(documents.len(), ROWS as usize);
+    for (line, expected_id) in documents.iter().zip(1..) {
+        let mut fields = line.splitn(3, '|');
+        let (id, key, document) = (fields.next(), fields.next(), fields.next());
+        assert_eq!(id, Some(expected_id.to_string().as_str()), "{line}");
+        assert_eq!(key, id, "{line}");
+        let document: Value = serde_json::from_str(document.unwrap_or_default()).expect("jsonb");
+        assert_eq!(
+            document,
+            products::expected_document(expected_id, 1),
+            "{line}"
+        );
+    }
+    // The same rows from a call in the select list, and from a call once per outer row.
+    let listed = cluster.psql(&format!(
+        "SELECT (meili_search({task}, NULL, '{{\"filter\": \"id = 42\"}}')).document->>'name'"
+    ));
+    assert_eq!(listed, "Product 42");
+    let lateral = cluster.psql(&format!(
+        "SELECT x || ':' || s.id FROM generate_series(41, 43) x,
+                LATERAL meili_search({task}, NULL, pg_catalog.jsonb_build_object('filter', 'id = ' || x)) s
+          ORDER BY x"
+    ));
+    assert_eq!(lines(&lateral), ["41:41", "42:42", "43:43"]);
     // Scores and highlights when asked for.
     let scored = cluster.psql(&format!(
         "SELECT (score IS NOT NULL AND score <= 1) || ',' || (formatted->>'name')

@@ -548,8 +548,16 @@ impl Client {
     /// `POST /indexes/{uid}/search` with `body` (Meilisearch's search parameters as they are);
     /// the answer as Meilisearch wrote it.
     pub fn search(&self, uid: &str, body: &Value) -> Result<Value, MeiliError> {
+        let text = self.search_text(uid, body)?;
+        let url = format!("{}{}", self.base_url, index_path(uid, "/search"));
+        parse_answer(&Method::POST, &url, text)
+    }
+
+    /// The same search, its answer's JSON text as Meilisearch wrote it (for a reader that builds
+    /// its rows straight from the text).
+    pub fn search_text(&self, uid: &str, body: &Value) -> Result<Vec<u8>, MeiliError> {
         let payload = Payload::Json(body.to_string().into_bytes());
-        self.request(Method::POST, &index_path(uid, "/search"), &[], payload)
+        self.request_text(Method::POST, &index_path(uid, "/search"), &[], payload)
     }
 
     /// `GET /indexes/{uid}/documents`: one page of documents and the total.
@@ -579,6 +587,19 @@ impl Client {
         query: &[(&str, &str)],
         payload: Payload,
     ) -> Result<Value, MeiliError> {
+        let text = self.request_text(method.clone(), path, query, payload)?;
+        parse_answer(&method, &format!("{}{path}", self.base_url), text)
+    }
+
+    /// Sends one request; a 2xx answer's body as it came, or the error (a refusal's body read as
+    /// Meilisearch's error).
+    fn request_text(
+        &self,
+        method: Method,
+        path: &str,
+        query: &[(&str, &str)],
+        payload: Payload,
+    ) -> Result<Vec<u8>, MeiliError> {
         let mut url = format!("{}{path}", self.base_url);
         for (position, (name, value)) in query.iter().enumerate() {
             url.push(if position == 0 { '?' } else { '&' });
@@ -623,24 +644,28 @@ impl Client {
             .limit(MAX_RESPONSE_BYTES)
             .read_to_vec()
             .map_err(transport)?;
-        let parsed = if bytes.is_empty() {
-            Ok(Value::Null)
-        } else {
-            serde_json::from_slice::<Value>(&bytes)
-        };
         if (200..300).contains(&status) {
-            parsed.map_err(|error| {
-                MeiliError::Protocol(format!(
-                    "{method} {url} answered {status} with invalid JSON: {error}"
-                ))
-            })
+            Ok(bytes)
         } else {
+            let body = serde_json::from_slice::<Value>(&bytes).ok();
             Err(MeiliError::Http {
                 status,
-                body: parsed.ok().as_ref().and_then(MeiliErrorBody::from_json),
+                body: body.as_ref().and_then(MeiliErrorBody::from_json),
             })
         }
     }
+}
+
+/// A 2xx answer's JSON (`null` if empty).
+fn parse_answer(method: &Method, url: &str, text: Vec<u8>) -> Result<Value, MeiliError> {
+    if text.is_empty() {
+        return Ok(Value::Null);
+    }
+    serde_json::from_slice::<Value>(&text).map_err(|error| {
+        MeiliError::Protocol(format!(
+            "{method} {url} answered with invalid JSON: {error}"
+        ))
+    })
 }
 
 /// No `Accept-Encoding`: Meilisearch answers a request that offers gzip with a compressed,
