@@ -27,10 +27,23 @@ use serde_json::json;
 
 /// utime + stime of a process, in seconds (from /proc/PID/stat).
 fn cpu_seconds(pid: i64) -> Option<f64> {
+    stat_seconds(pid, 11)
+}
+
+/// cutime + cstime of a process, in seconds: the CPU of its children that have exited (for the
+/// postmaster, of every backend gone since it started).
+fn children_cpu_seconds(pid: i64) -> Option<f64> {
+    stat_seconds(pid, 13)
+}
+
+/// Two adjacent tick counts of /proc/PID/stat, from the field `first` after the process name, in
+/// seconds.
+fn stat_seconds(pid: i64, first: usize) -> Option<f64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     let after_name = stat.rsplit_once(')')?.1;
     let fields: Vec<&str> = after_name.split_whitespace().collect();
-    let ticks: f64 = fields.get(11)?.parse::<f64>().ok()? + fields.get(12)?.parse::<f64>().ok()?;
+    let ticks: f64 =
+        fields.get(first)?.parse::<f64>().ok()? + fields.get(first + 1)?.parse::<f64>().ok()?;
     let per_second = std::process::Command::new("getconf")
         .arg("CLK_TCK")
         .output()

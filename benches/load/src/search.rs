@@ -6,6 +6,7 @@
 use std::path::Path;
 use std::time::Duration;
 
+use crate::{children_cpu_seconds, cpu_seconds};
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
 use pg_meili_sync_e2e::{products, wait_for};
@@ -20,16 +21,47 @@ const QUERIES: [(&str, &str); 5] = [
     ("two words that match nothing", "zzyzxq qwvutz"),
 ];
 
+/// A statement of the same shape that calls nothing outside Postgres: what Postgres itself costs
+/// a call.
+const BARE_STATEMENT: &str = "SELECT count(*) FROM generate_series(1, 10);\n";
+
+/// The postmaster of a cluster (the first line of its postmaster.pid).
+fn postmaster_pid(cluster: &Cluster) -> i64 {
+    std::fs::read_to_string(cluster.data_dir.join("postmaster.pid"))
+        .ok()
+        .and_then(|text| text.lines().next()?.trim().parse().ok())
+        .expect("the postmaster's pid")
+}
+
+/// The Meilisearch process listening at `url`, when it is a process of this machine started with
+/// `--http-addr` (a real server; the test server runs inside this process).
+fn meilisearch_pid(url: &str) -> Option<i64> {
+    let address = url.trim_start_matches("http://").trim_end_matches('/');
+    std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .find_map(|entry| {
+            let pid: i64 = entry.file_name().to_str()?.parse().ok()?;
+            let command = std::fs::read(entry.path().join("cmdline")).ok()?;
+            let arguments: Vec<&[u8]> = command.split(|byte| *byte == 0).collect();
+            arguments
+                .windows(2)
+                .any(|pair| pair[0] == b"--http-addr" && pair[1] == address.as_bytes())
+                .then_some(pid)
+        })
+}
+
 /// The pgbench script of one search through SQL.
 fn search_script(task: i64, query: &str) -> String {
     format!("SELECT count(*) FROM meili_search({task}, '{query}', '{{\"limit\": 10}}');\n")
 }
 
-/// Requests per second and latencies (ms) of one side.
+/// Requests per second and latencies (ms) of one side, and how many calls it made.
 struct Side {
     per_second: f64,
     p50: f64,
     p99: f64,
+    calls: usize,
 }
 
 impl Side {
@@ -44,6 +76,7 @@ impl Side {
             per_second,
             p50: percentile(0.5),
             p99: percentile(0.99),
+            calls: latencies.len(),
         }
     }
 }
@@ -97,6 +130,12 @@ fn direct(meili: &Meili, index: &str, query: &str, clients: usize, seconds: u64)
         per_second: field("Requests/sec:").parse().unwrap_or(0.0),
         p50: wrk_millis(&field("50%")),
         p99: wrk_millis(&field("99%")),
+        // "12345 requests in 5.00s, …"
+        calls: stdout
+            .lines()
+            .find_map(|line| line.trim().split_once(" requests in "))
+            .and_then(|(count, _)| count.parse().ok())
+            .unwrap_or(0),
     }
 }
 
@@ -257,27 +296,58 @@ pub fn search(rows: i64, seconds: u64, clients: usize) {
     }
     // One client on each side: what a search through SQL adds to one call, without the queueing
     // of ten clients on the machine's cores.
+    // With the CPU each call costs: the backend's (the postmaster's exited children, pgbench's
+    // one backend among them) and Meilisearch's (a real server's process), per call.
     println!("one client, {seconds} s per query and side:");
-    println!("| query | direct p50 / p99 ms | SQL p50 / p99 ms, prepared | added p50 / p99 ms |");
-    println!("|---|---|---|---|");
-    for (what, query) in QUERIES {
-        let http = direct(&meili, &index, query, 1, seconds);
-        let script = search_script(task, query);
+    println!("| query | direct p50 / p99 ms | SQL p50 / p99 ms, prepared | added p50 / p99 ms | backend CPU µs a call | Meilisearch CPU µs a call | backend / Meilisearch |");
+    println!("|---|---|---|---|---|---|---|");
+    let postmaster = postmaster_pid(&cluster);
+    let meilisearch = meilisearch_pid(&meili.url);
+    let one_client = |script: &str| {
+        let cpu = || {
+            (
+                children_cpu_seconds(postmaster).unwrap_or(f64::NAN),
+                meilisearch.and_then(cpu_seconds).unwrap_or(f64::NAN),
+            )
+        };
+        let before = cpu();
         let sql = pgbench(
             &cluster,
-            &script,
+            script,
             &["-M", "prepared", "-c", "1", "-T", &seconds_arg],
         );
+        // The postmaster counts a backend's CPU once it has reaped it.
+        std::thread::sleep(Duration::from_millis(500));
+        let after = cpu();
+        let calls = sql.calls.max(1) as f64;
+        let per_call = |seconds: f64| seconds * 1e6 / calls;
+        (
+            sql,
+            per_call(after.0 - before.0),
+            per_call(after.1 - before.1),
+        )
+    };
+    for (what, query) in QUERIES {
+        let http = direct(&meili, &index, query, 1, seconds);
+        let (sql, backend, meilisearch) = one_client(&search_script(task, query));
         println!(
-            "| {what} (`{query}`) | {:.2} / {:.2} | {:.2} / {:.2} | {:+.2} / {:+.2} |",
+            "| {what} (`{query}`) | {:.2} / {:.2} | {:.2} / {:.2} | {:+.2} / {:+.2} | {backend:.0} | {meilisearch:.0} | {:.2} |",
             http.p50,
             http.p99,
             sql.p50,
             sql.p99,
             sql.p50 - http.p50,
             sql.p99 - http.p99,
+            backend / meilisearch,
         );
     }
+    let (bare, backend, _) = one_client(BARE_STATEMENT);
+    println!(
+        "| a bare statement (`{}`) | | {:.2} / {:.2} | | {backend:.0} | | |",
+        BARE_STATEMENT.trim_end().trim_end_matches(';'),
+        bare.p50,
+        bare.p99,
+    );
     // Read-your-writes: an INSERT (its own transaction), then meili_sync_wait, one client.
     let script = format!(
         "\\set id random(100000000, 900000000)\n\
