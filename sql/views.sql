@@ -199,6 +199,11 @@ GRANT EXECUTE ON FUNCTION @extschema@.meili_sync_worker_state(), @extschema@.mei
 -- Searching through a task is for every role that may read the task's table (checked inside);
 -- searching any index at any URL stays with meili_sync_admin (a backend must not become a way to
 -- reach arbitrary hosts).
+-- A search returns at most its limit, which is 20 unless the options say otherwise: the planner's
+-- estimate (1,000 for a set-returning function without one), so that hits joined back to a table
+-- probe its key's index instead of hashing the whole table.
+ALTER FUNCTION @extschema@.meili_search(bigint, text, jsonb) ROWS 20;
+ALTER FUNCTION @extschema@.meili_search(text, text, text, jsonb, text, text) ROWS 20;
 GRANT EXECUTE ON FUNCTION @extschema@.meili_search(bigint, text, jsonb),
                           @extschema@.meili_facets(bigint, text, text[], jsonb),
                           @extschema@.meili_search_raw(bigint, jsonb),

@@ -50,5 +50,15 @@ SELECT * FROM meili_search('http://127.0.0.1:1', 'searchable', 'kettle');
 SELECT meili_sync_wait(:task, timeout => '0');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 RESET ROLE;
+-- The planner expects a search's limit of rows (20 by default), not 1,000: hits joined back to a
+-- table of tens of thousands of rows probe its key's index instead of hashing the whole table.
+SELECT p.oid::regprocedure AS search_function, p.prorows FROM pg_proc p
+ WHERE p.proname = 'meili_search' ORDER BY 1::text;
+CREATE TABLE catalog_items (id bigint PRIMARY KEY, name text);
+INSERT INTO catalog_items SELECT i, 'item ' || i FROM generate_series(1, 20000) i;
+ANALYZE catalog_items;
+EXPLAIN (COSTS OFF) SELECT c.name FROM meili_search(:task, 'kettle') s
+  JOIN catalog_items c ON c.id = s.key[1]::bigint;
+DROP TABLE catalog_items;
 SELECT meili_sync_drop(:task);
 SELECT * FROM leftovers;
