@@ -329,9 +329,12 @@ pub fn open_dispatcher(
         primary_key: key_attribute.to_owned(),
         gzip: options.gzip,
         gzip_level: 1,
-        // The copy keeps up to `snapshot_depth` batches enqueued (the dispatcher bounds what is
-        // held in memory by `max_inflight`).
-        max_inflight: options.max_inflight.max(options.snapshot_depth),
+        // The copy keeps up to `snapshot_depth` batches enqueued, the stream `stream_depth` (the
+        // dispatcher bounds what is held in memory by `max_inflight`).
+        max_inflight: options
+            .max_inflight
+            .max(options.snapshot_depth)
+            .max(options.stream_depth),
         poll_interval: Duration::from_millis(20),
         retry_base: RETRY_BASE,
         retry_cap: RETRY_CAP,
@@ -343,6 +346,18 @@ pub fn open_dispatcher(
         options.max_inflight,
         options.max_payload_bytes,
     )
+}
+
+/// Forgets what `dispatcher` has not had confirmed, for a stream that decodes it again (see
+/// `Dispatcher::rewind`): its writer's threads start again, with every signal blocked as in
+/// `start_writer`.
+pub fn rewind_dispatcher(dispatcher: &mut Dispatcher, careful_until: u64) {
+    // SAFETY: as in `start_writer`: blocks signals on this (the main) thread while the new
+    // threads start, so that they inherit the mask; pending signals arrive at the restore.
+    unsafe { pg_sys::BackgroundWorkerBlockSignals() };
+    dispatcher.rewind(careful_until);
+    // SAFETY: restores the background worker's mask, as in `start_writer`.
+    unsafe { pg_sys::BackgroundWorkerUnblockSignals() };
 }
 
 /// Starts the writer's HTTP threads with every signal blocked, so that the kernel delivers

@@ -11,7 +11,7 @@ use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
 use crate::batch::ChangeBatcher;
-use crate::catalog::TaskRecord;
+use crate::catalog::{self, TaskRecord};
 use crate::decode::session::{DecodingSession, MessageSink};
 use crate::dispatch::{Dispatcher, Progress};
 use crate::failure::{Failure, FailureKind};
@@ -87,6 +87,18 @@ pub trait TaskStream: MessageSink {
     fn finished_more(&mut self) -> bool {
         false
     }
+
+    /// Meilisearch failed a batch whose body was let go once enqueued (see
+    /// `Dispatcher::push_rewindable`): the stream must read again from the position its index
+    /// is complete up to.
+    fn needs_rewind(&self) -> bool {
+        false
+    }
+
+    /// Forgets everything read and not confirmed, for a read from the position the index is
+    /// complete up to; the batches of what was read up to `careful_until` are held until
+    /// confirmed this time, so that the failed one is repaired as usual.
+    fn rewind(&mut self, _careful_until: u64) {}
 }
 
 /// A task's stream in the shared decoding pass (`worker::shared`), where one read serves many
@@ -225,6 +237,15 @@ pub trait SwapGate {
     fn ready_to_drain(&mut self, reading: &Reading) -> Result<bool, Stop>;
 }
 
+/// Logs a stream's rewind (see `TaskStream::needs_rewind`).
+pub fn log_rewind(task_id: i64, confirmed: u64, read_position: u64) {
+    log!(
+        "pg_meili_sync task {task_id}: Meilisearch failed a batch the worker no longer held; it reads again from {} (it had read up to {})",
+        catalog::format_lsn(confirmed),
+        catalog::format_lsn(read_position)
+    );
+}
+
 /// A stream read its task's state change (pause, stop, alter, re-copy or drop) in the WAL.
 pub fn log_state_change(task_id: i64) {
     log!("pg_meili_sync task {task_id}: read its state change in the WAL; it sends nothing that committed after it");
@@ -238,33 +259,53 @@ pub fn drive(
     stream: &mut impl TaskStream,
     task: &TaskRecord,
     watch: &mut IndexWatch,
-    gate: Option<&mut dyn SwapGate>,
+    mut gate: Option<&mut dyn SwapGate>,
 ) -> Result<Option<u64>, Stop> {
-    let mut session = DecodingSession::open(&task.slot_name, &task.publication_name)
-        .map_err(|error| fail(FailureKind::Decoding, error))?;
     stream.live().set_phase(Phase::Streaming);
-    let result = rounds(&mut session, stream, task.id, watch, gate);
-    session.close();
-    result
+    loop {
+        // A new decoding context reads from the slot's confirmed position.
+        let mut session = DecodingSession::open(&task.slot_name, &task.publication_name)
+            .map_err(|error| fail(FailureKind::Decoding, error))?;
+        let result = rounds(&mut session, stream, task.id, watch, gate.as_deref_mut());
+        session.close();
+        match result {
+            Ok(Ended::Rewind) => continue,
+            Ok(Ended::At(position)) => return Ok(position),
+            Err(stop) => return Err(stop),
+        }
+    }
 }
 
-fn rounds(
+/// How the rounds of one decoding context ended.
+enum Ended {
+    /// Stopped, or drained to this position (see `drive`).
+    At(Option<u64>),
+    /// The stream must read again from the slot's confirmed position.
+    Rewind,
+}
+
+fn rounds<'gate>(
     session: &mut DecodingSession,
     stream: &mut impl TaskStream,
     task_id: i64,
     watch: &mut IndexWatch,
-    mut gate: Option<&mut dyn SwapGate>,
-) -> Result<Option<u64>, Stop> {
+    mut gate: Option<&mut (dyn SwapGate + 'gate)>,
+) -> Result<Ended, Stop> {
     let mut caught_up = false;
     let mut draining = false;
     let mut busy_nap = busy_nap();
     let mut gate_checks = Throttle::new(GATE_CHECK_INTERVAL);
     loop {
         if should_stop() {
-            return Ok(None);
+            return Ok(Ended::At(None));
         }
         if let Some(lsn) = stream.settle()? {
             session.confirm(lsn);
+        }
+        if stream.needs_rewind() {
+            log_rewind(task_id, session.confirmed(), session.read_position());
+            stream.rewind(session.read_position());
+            return Ok(Ended::Rewind);
         }
         if caught_up {
             // Nothing unconfirmed (and dead letters stored): let the slot release WAL that other
@@ -277,7 +318,7 @@ fn rounds(
             if draining && stream.is_idle() {
                 // Every record read is applied and confirmed: the stream ends exactly here.
                 session.confirm(session.read_position());
-                return Ok(Some(session.read_position()));
+                return Ok(Ended::At(Some(session.read_position())));
             }
             if !draining && gate_checks.due(Instant::now()) {
                 let reading = Reading {
@@ -300,7 +341,7 @@ fn rounds(
             // The task's state changed at this position: the slot keeps everything from the
             // last confirmed commit on, and the next worker (if any) goes on from there.
             log_state_change(task_id);
-            return Ok(None);
+            return Ok(Ended::At(None));
         }
         if caught_up {
             watch.check()?;
@@ -317,7 +358,7 @@ fn rounds(
                 IDLE_NAP
             };
             if !BackgroundWorker::wait_latch(Some(nap)) {
-                return Ok(None);
+                return Ok(Ended::At(None));
             }
         }
     }

@@ -30,7 +30,9 @@ use crate::worker::control::{
     fail, in_transaction, in_user_transaction, open_dispatcher, should_stop, worker_main, Stop,
     HTTP_TIMEOUT,
 };
-use crate::worker::drive::{busy_nap, log_state_change, IndexWatch, PassStream, RECORDS_PER_ROUND};
+use crate::worker::drive::{
+    busy_nap, log_rewind, log_state_change, IndexWatch, PassStream, RECORDS_PER_ROUND,
+};
 use crate::worker::render::ViewStream;
 use crate::worker::stream::Streamer;
 
@@ -570,12 +572,19 @@ impl SharedDecoder {
         open_session(&self.name)
     }
 
-    /// Tasks whose Meilisearch stalled leave the stream; those whose dispatcher is idle again
-    /// are ready to join. True if any is.
-    fn check_stalls(&mut self) -> bool {
+    /// Tasks whose Meilisearch stalled leave the stream, and so do tasks that must read again
+    /// from their position (`TaskStream::needs_rewind`, having read up to `read_position`);
+    /// those whose dispatcher is idle again are ready to join. True if any is.
+    fn check_stalls(&mut self, read_position: u64) -> bool {
         let mut ready = false;
         for (task_id, pipeline) in self.pipelines.iter_mut() {
-            if pipeline.attached && pipeline.stream.is_stalled() {
+            if pipeline.attached && pipeline.stream.needs_rewind() {
+                pipeline.attached = false;
+                self.router.detach(*task_id);
+                log_rewind(*task_id, pipeline.position, read_position);
+                pipeline.stream.rewind(read_position);
+                ready = true;
+            } else if pipeline.attached && pipeline.stream.is_stalled() {
                 pipeline.attached = false;
                 self.router.detach(*task_id);
                 pipeline.stream.restart();
@@ -626,7 +635,7 @@ impl SharedDecoder {
                     caught_up = false;
                 }
             }
-            if self.check_stalls() {
+            if self.check_stalls(session.read_position()) {
                 session = self.join(session, Vec::new())?;
                 caught_up = false;
             }

@@ -20,7 +20,7 @@ use crate::pgoutput;
 use crate::plan::ColumnRules;
 use crate::shmem::LiveStatus;
 use crate::state_change;
-use crate::worker::control::{should_stop, Stop};
+use crate::worker::control::{rewind_dispatcher, should_stop, Stop};
 use crate::worker::drive::{PassStream, Settlement, TaskStream};
 
 /// One task's stream: maps its decoded changes to batches and hands them to its dispatcher
@@ -60,6 +60,10 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         limits: BatchLimits,
         options: &TaskOptions,
     ) -> Self {
+        let mut dispatcher = dispatcher;
+        dispatcher
+            .borrow_mut()
+            .set_stream_depth(options.stream_depth);
         let primary_key = dispatcher.borrow().primary_key().to_owned();
         Streamer {
             task_id: task.id,
@@ -136,7 +140,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             {
                 return;
             }
-            if !block || self.settlement.has_failed() {
+            if !block || self.settlement.has_failed() || self.dispatcher.borrow().needs_rewind() {
                 return;
             }
             if should_stop() {
@@ -225,6 +229,16 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for Streamer<D> {
         self.finished_seen = finished;
         more
     }
+
+    fn needs_rewind(&self) -> bool {
+        self.dispatcher.borrow().needs_rewind()
+    }
+
+    fn rewind(&mut self, careful_until: u64) {
+        self.mapper = ChangeMapper::new(self.limits, self.upsert);
+        self.stalled = false;
+        rewind_dispatcher(self.dispatcher.borrow_mut(), careful_until);
+    }
 }
 
 impl PassStream for Streamer<Dispatcher> {
@@ -275,7 +289,11 @@ pub fn parse_noting_commits<'a>(
 
 impl<D: BorrowMut<Dispatcher>> MessageSink for Streamer<D> {
     fn message(&mut self, _lsn: u64, data: &[u8]) {
-        if self.settlement.has_failed() || self.stalled || self.ended {
+        if self.settlement.has_failed()
+            || self.stalled
+            || self.ended
+            || self.dispatcher.borrow().needs_rewind()
+        {
             return;
         }
         let message = match parse_noting_commits(data, self.settlement.ages()) {

@@ -2,7 +2,7 @@
 //! MEILI_URL with MEILI_MASTER_KEY) and prints throughput, the task worker's CPU seconds and peak RSS.
 //!
 //!   cargo run --release -p pg_meili_sync_load -- backfill [rows] [batch_size] [max_inflight] [gzip 0|1] [snapshot_depth]
-//!   cargo run --release -p pg_meili_sync_load -- stream [rows] [rows_per_transaction] [max_inflight]
+//!   cargo run --release -p pg_meili_sync_load -- stream [rows] [rows_per_transaction] [max_inflight] [stream_depth]
 //!   cargo run --release -p pg_meili_sync_load -- latency [transactions] [per_second]
 //!   cargo run --release -p pg_meili_sync_load -- decoders [rows] [rows_per_transaction]
 //!   cargo run --release -p pg_meili_sync_load -- tasks [idle_tasks] [rows] [shared 0|1]
@@ -10,7 +10,7 @@
 //!   cargo run --release -p pg_meili_sync_load -- view [products] [new_products]
 //!   cargo run --release -p pg_meili_sync_load -- fanout [parents] [children_per_parent] [rows_per_transaction]
 //!   cargo run --release -p pg_meili_sync_load -- hotrow [ids] [rounds]
-//!   cargo run --release -p pg_meili_sync_load -- search [rows] [seconds per query] [clients]
+//!   cargo run --release -p pg_meili_sync_load -- search [rows] [seconds per query] [clients] [split cores 0|1]
 //!
 //! Set LOAD_VERIFY=1 to also check that the index holds exactly the table's rows afterwards.
 
@@ -325,8 +325,11 @@ fn backfill(rows: i64, batch_size: usize, max_inflight: usize, gzip: bool, depth
     );
 }
 
-fn stream(rows: i64, per_transaction: i64, max_inflight: usize) {
-    let setup = setup(0, json!({"max_inflight": max_inflight}));
+fn stream(rows: i64, per_transaction: i64, max_inflight: usize, stream_depth: usize) {
+    let setup = setup(
+        0,
+        json!({"max_inflight": max_inflight, "stream_depth": stream_depth}),
+    );
     setup
         .cluster
         .wait_snapshot_done(setup.task, Duration::from_secs(600));
@@ -352,7 +355,7 @@ fn stream(rows: i64, per_transaction: i64, max_inflight: usize) {
     );
     report(
         &setup,
-        &format!("stream ({per_transaction}-row transactions)"),
+        &format!("stream ({per_transaction}-row transactions, max_inflight {max_inflight}, stream_depth {stream_depth})"),
         rows,
         seconds,
         cpu_before,
@@ -653,7 +656,12 @@ fn main() {
             arg(3, 0) != 0,
             arg(4, 32) as usize,
         ),
-        "stream" => stream(arg(0, 50_000), arg(1, 500), arg(2, 8) as usize),
+        "stream" => stream(
+            arg(0, 50_000),
+            arg(1, 500),
+            arg(2, 8) as usize,
+            arg(3, 32) as usize,
+        ),
         "latency" => latency(arg(0, 200) as usize, arg(1, 10) as u64),
         "decoders" => decoders::run(arg(0, 200_000), arg(1, 500)),
         "tasks" => tasks(
@@ -666,7 +674,12 @@ fn main() {
         "view" => views::view(arg(0, 100_000), arg(1, 20_000)),
         "fanout" => views::fanout(arg(0, 1000), arg(1, 20), arg(2, 500)),
         "hotrow" => views::hot_rows(arg(0, 1000), arg(1, 100)),
-        "search" => search::search(arg(0, 200_000), arg(1, 10) as u64, arg(2, 10) as usize),
+        "search" => search::search(
+            arg(0, 200_000),
+            arg(1, 10) as u64,
+            arg(2, 10) as usize,
+            arg(3, 0) != 0,
+        ),
         other => {
             eprintln!(
                 "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout, hotrow or search"

@@ -51,6 +51,52 @@ fn meilisearch_pid(url: &str) -> Option<i64> {
         })
 }
 
+/// Pins Meilisearch's threads to CPU 0, and the postmaster with every backend, this process and the
+/// clients it starts (pgbench, wrk) to the other CPUs: Meilisearch on a host of its own, as it runs
+/// in production, so that the ratio measures what a search through SQL adds to Meilisearch's work,
+/// not which processes win a shared core. Panics when the machine has one CPU or `taskset` fails.
+fn split_cores(postmaster: i64, meilisearch: i64) {
+    let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+    assert!(cpus >= 2, "split cores needs at least two CPUs");
+    let others = format!("1-{}", cpus - 1);
+    let pin = |cpu_list: &str, pid: i64| {
+        let status = std::process::Command::new("taskset")
+            .args(["-a", "-p", "-c", cpu_list, &pid.to_string()])
+            .stdout(std::process::Stdio::null())
+            .status()
+            .expect("taskset");
+        assert!(status.success(), "taskset -c {cpu_list} {pid}");
+    };
+    pin("0", meilisearch);
+    pin(&others, i64::from(std::process::id()));
+    pin(&others, postmaster);
+    // Backends already running (the launcher, the workers); new ones inherit the postmaster's.
+    for pid in children(postmaster) {
+        pin(&others, pid);
+    }
+}
+
+/// The processes whose parent is `pid`.
+fn children(pid: i64) -> Vec<i64> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let child: i64 = entry.file_name().to_str()?.parse().ok()?;
+            let stat = std::fs::read_to_string(entry.path().join("stat")).ok()?;
+            let parent: i64 = stat
+                .rsplit_once(')')?
+                .1
+                .split_whitespace()
+                .nth(1)?
+                .parse()
+                .ok()?;
+            (parent == pid).then_some(child)
+        })
+        .collect()
+}
+
 /// The pgbench script of one search through SQL.
 fn search_script(task: i64, query: &str) -> String {
     format!("SELECT count(*) FROM meili_search({task}, '{query}', '{{\"limit\": 10}}');\n")
@@ -214,8 +260,14 @@ fn read_logs(dir: &Path) -> Vec<f64> {
     latencies
 }
 
-pub fn search(rows: i64, seconds: u64, clients: usize) {
+/// With `split`, Meilisearch gets CPU 0 to itself and everything else shares the others (see
+/// [`split_cores`]); a real server only.
+pub fn search(rows: i64, seconds: u64, clients: usize, split: bool) {
     let meili = Meili::from_env();
+    assert!(
+        !split || meili.test_server().is_none(),
+        "split cores needs a real Meilisearch (E2E_MEILI=real): the test server runs in this process"
+    );
     let cluster = Cluster::start(&["max_connections = 100"]);
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
@@ -238,8 +290,19 @@ pub fn search(rows: i64, seconds: u64, clients: usize) {
     } else {
         meili.url.clone()
     };
+    let postmaster = postmaster_pid(&cluster);
+    let meilisearch = meilisearch_pid(&meili.url);
+    let cores = if split {
+        split_cores(
+            postmaster,
+            meilisearch.expect("the real Meilisearch's process, started with --http-addr"),
+        );
+        "Meilisearch alone on CPU 0, Postgres and the clients on the others"
+    } else {
+        "every process on every CPU"
+    };
     println!(
-        "search into {target}: {rows} products, {clients} clients, {seconds} s per query and side, limit 10"
+        "search into {target}: {rows} products, {clients} clients, {seconds} s per query and side, limit 10, {cores}"
     );
     cluster.psql("ANALYZE products");
     // The test server searches 200,000 documents slowly under 10 clients: no request should time
@@ -301,8 +364,6 @@ pub fn search(rows: i64, seconds: u64, clients: usize) {
     println!("one client, {seconds} s per query and side:");
     println!("| query | direct p50 / p99 ms | SQL p50 / p99 ms, prepared | added p50 / p99 ms | backend CPU µs a call | Meilisearch CPU µs a call | backend / Meilisearch |");
     println!("|---|---|---|---|---|---|---|");
-    let postmaster = postmaster_pid(&cluster);
-    let meilisearch = meilisearch_pid(&meili.url);
     let one_client = |script: &str| {
         let cpu = || {
             (

@@ -94,6 +94,16 @@ pub struct Dispatcher {
     depth: usize,
     /// Original batches the owner can read again from their source.
     rereadable: HashSet<u64>,
+    /// Closed batches are pushed with [`Dispatcher::push_rewindable`] (a stream with a deep
+    /// queue, see [`Dispatcher::set_stream_depth`]).
+    rewinds: bool,
+    /// Original batches the owner can decode again from its confirmed position.
+    rewindable: HashSet<u64>,
+    /// After a rewind: batches are held until the one whose checkpoint reaches this position
+    /// (everything read before the rewind) is pushed.
+    careful_until: Option<u64>,
+    /// Meilisearch failed a batch whose body was let go: the owner must rewind.
+    rewind_needed: bool,
     /// Failed batches whose bodies were let go, waiting for the owner to read them again:
     /// seq → (task uid, error, asked for already).
     rereads: BTreeMap<u64, (Option<u64>, WriteError, bool)>,
@@ -136,6 +146,10 @@ impl Dispatcher {
             max_inflight: max_inflight.max(1),
             depth: max_inflight.max(1),
             rereadable: HashSet::new(),
+            rewinds: false,
+            rewindable: HashSet::new(),
+            careful_until: None,
+            rewind_needed: false,
             rereads: BTreeMap::new(),
             max_payload,
             ready_checkpoint: None,
@@ -188,6 +202,89 @@ impl Dispatcher {
             // of these.
             self.rereadable.clear();
         }
+    }
+
+    /// A stream's deep queue: up to `depth` batches enqueued in Meilisearch and unconfirmed, of
+    /// which at most `max_inflight` held in memory. Closed batches are pushed with
+    /// [`Dispatcher::push_rewindable`]. A depth up to `max_inflight` turns it off.
+    pub fn set_stream_depth(&mut self, depth: usize) {
+        self.set_depth(depth);
+        if self.is_idle() {
+            // Seqs start over with the stream's batcher.
+            self.rereadable.clear();
+        }
+        self.rewinds = self.depth > self.max_inflight;
+    }
+
+    /// [`Dispatcher::push`] for a batch of a stream, which the owner can decode again from the
+    /// position its index is complete up to (the slot has not moved past it): its body is let go
+    /// once Meilisearch has enqueued it, unless a batch before it is held (a resend of that one
+    /// must know what this one wrote). Should a batch whose body was let go fail, nothing more
+    /// is sent and [`Dispatcher::needs_rewind`] asks the owner to read again from there
+    /// ([`Dispatcher::rewind`]). After a rewind, batches are held until the stream is past where
+    /// it was, so that the failed one is repaired as usual this time.
+    pub fn push_rewindable(&mut self, batch: Batch) {
+        match self.careful_until {
+            Some(until) => {
+                if batch
+                    .checkpoint
+                    .is_some_and(|checkpoint| checkpoint >= until)
+                {
+                    self.careful_until = None;
+                }
+            }
+            None => {
+                self.rewindable.insert(batch.seq);
+            }
+        }
+        self.push(batch);
+    }
+
+    /// Meilisearch failed a batch whose body was let go (see [`Dispatcher::push_rewindable`]):
+    /// nothing more is sent or taken until the owner calls [`Dispatcher::rewind`].
+    pub fn needs_rewind(&self) -> bool {
+        self.rewind_needed
+    }
+
+    /// Forgets every batch not yet confirmed, with the writer threads that were sending them
+    /// (started again, with signals as the caller set them), for a stream that reads again from
+    /// the position its index is complete up to. The batches of the changes read up to
+    /// `careful_until` are held until confirmed. Dead letters not yet taken stay.
+    pub fn rewind(&mut self, careful_until: u64) {
+        self.writer.start_again();
+        self.rewindable.clear();
+        self.rereadable.clear();
+        self.rereads.clear();
+        self.careful_until = Some(careful_until);
+        self.rewind_needed = false;
+        self.watermark = Watermark::new();
+        self.sent.clear();
+        self.landed.clear();
+        self.next_order = 0;
+        self.parents.clear();
+        self.open_repairs.clear();
+        self.queue.clear();
+        self.delayed.clear();
+        self.resends.clear();
+        self.collateral.clear();
+        self.next_repair_seq = REPAIR_SEQ_BASE;
+    }
+
+    /// Whether a batch (or repair part) of an original batch before `seq` is unresolved with
+    /// its body held: it may be sent again, and must then know what `seq` wrote.
+    fn holds_older_than(&self, seq: u64) -> bool {
+        let original = |part: u64| self.parents.get(&part).copied().unwrap_or(part);
+        self.open_repairs.keys().any(|&parent| parent < seq)
+            || self.rereads.keys().any(|&failed| failed < seq)
+            || self
+                .delayed
+                .iter()
+                .any(|(_, batch)| original(batch.seq) < seq)
+            || self.queue.iter().any(|batch| original(batch.seq) < seq)
+            || self
+                .sent
+                .iter()
+                .any(|(&sent, batch)| !batch.released && batch.parent.unwrap_or(sent) < seq)
     }
 
     /// The seq of the oldest batch not yet confirmed or dead-lettered (None when all are).
@@ -269,6 +366,7 @@ impl Dispatcher {
     pub fn take_closed(&mut self, batcher: &mut ChangeBatcher, progress: &mut Progress) -> bool {
         while self.has_room() {
             match batcher.next_closed() {
+                Some(batch) if self.rewinds => self.push_rewindable(batch),
                 Some(batch) => self.push(batch),
                 None => break,
             }
@@ -293,6 +391,9 @@ impl Dispatcher {
     /// Room for another batch: fewer than `max_inflight` held in memory, and fewer than `depth`
     /// unresolved; when squeezed, nothing unresolved at all.
     pub fn has_room(&self) -> bool {
+        if self.rewind_needed {
+            return false;
+        }
         if self.squeezed {
             return self.backlog() == 0;
         }
@@ -315,6 +416,7 @@ impl Dispatcher {
             && self.delayed.is_empty()
             && self.sent.is_empty()
             && self.watermark.inflight() == 0
+            && !self.rewind_needed
     }
 
     /// Idle, and nothing for `pump`, `take_dead_letters` or `take_failure` to hand over: a caller
@@ -363,6 +465,10 @@ impl Dispatcher {
     }
 
     fn send_queued(&mut self) {
+        if self.rewind_needed {
+            // Everything unconfirmed is read again.
+            return;
+        }
         // Due resends go first: nothing sent after them may be older.
         let now = Instant::now();
         let mut index = self.delayed.len();
@@ -419,7 +525,9 @@ impl Dispatcher {
             WriterEvent::Confirmed { seq, .. } => self.resolve(seq, progress),
             WriterEvent::Retrying { error, .. } => progress.retries.push(error),
             WriterEvent::Enqueued { seq, .. } => {
-                if self.rereadable.contains(&seq) {
+                let releasable = self.rereadable.contains(&seq)
+                    || (self.rewindable.contains(&seq) && !self.holds_older_than(seq));
+                if releasable {
                     if let Some(batch) = self.sent.get_mut(&seq) {
                         batch.body = Arc::new(Vec::new());
                         batch.released = true;
@@ -431,7 +539,17 @@ impl Dispatcher {
                 task_uid,
                 error,
             } => {
-                if self.sent.get(&seq).is_some_and(|batch| batch.released) {
+                let released = self.sent.get(&seq).is_some_and(|batch| batch.released);
+                // An error that stops the task needs no body.
+                if released && self.rewindable.contains(&seq) && remedy(&error) != Remedy::Stop {
+                    if !self.rewind_needed {
+                        progress.retries.push(format!(
+                            "{}; its body was let go once Meilisearch enqueued it, so the stream reads everything unconfirmed again",
+                            error_parts(&error).1
+                        ));
+                    }
+                    self.rewind_needed = true;
+                } else if released && !self.rewindable.contains(&seq) {
                     self.rereads.insert(seq, (task_uid, error, false));
                 } else {
                     self.repair(seq, task_uid, &error, progress);
@@ -463,6 +581,7 @@ impl Dispatcher {
         self.resends.remove(&original);
         self.collateral.remove(&original);
         self.rereadable.remove(&original);
+        self.rewindable.remove(&original);
         if let Some(checkpoint) = self.watermark.confirmed(original) {
             progress.checkpoint = Some(checkpoint);
         }
@@ -499,6 +618,7 @@ impl Dispatcher {
             checkpoint: batch.checkpoint,
         });
         self.rereadable.remove(&batch.seq);
+        self.rewindable.remove(&batch.seq);
         if let Some(checkpoint) = self.watermark.confirmed(batch.seq) {
             self.ready_checkpoint = Some(checkpoint);
         }
@@ -1585,6 +1705,134 @@ mod tests {
         );
         assert_eq!(ids(&server), vec![json!(1), json!(4), json!(5)]);
         assert_eq!(dispatcher.held_bytes(), 0);
+        dispatcher.shutdown();
+    }
+
+    fn stream_dispatcher(server: &TestServer, max_inflight: usize, depth: usize) -> Dispatcher {
+        let mut dispatcher = Dispatcher::new(writer(server, depth), "id", max_inflight, 1 << 20);
+        dispatcher.set_stream_depth(depth);
+        dispatcher
+    }
+
+    fn enqueued(dispatcher: &Dispatcher) -> u64 {
+        dispatcher
+            .writer()
+            .stats()
+            .batches_enqueued
+            .load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    /// Two committed transactions of a stream, as decoded from the slot.
+    fn two_commits(dispatcher: &mut Dispatcher) {
+        dispatcher.push_rewindable(batch(
+            1,
+            &[
+                json!({"id": 1}),
+                json!({"id": "not a valid id"}),
+                json!({"id": 3}),
+            ],
+        ));
+        dispatcher.push_rewindable(batch(2, &[json!({"id": 4})]));
+    }
+
+    #[test]
+    fn a_failed_stream_batch_whose_body_was_let_go_is_decoded_again_then_repaired() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        server.faults().set_task_delay(Duration::from_millis(50));
+        let mut dispatcher = stream_dispatcher(&server, 1, 8);
+        two_commits(&mut dispatcher);
+        let mut retries = Vec::new();
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !dispatcher.needs_rewind() {
+            assert!(Instant::now() < deadline, "no rewind was asked for");
+            let progress = dispatcher.pump(Some(Duration::from_millis(10)));
+            assert_eq!(progress.checkpoint, None, "confirmed past a failed batch");
+            retries.extend(progress.retries);
+        }
+        assert!(
+            retries
+                .iter()
+                .any(|retry| retry.contains("reads everything unconfirmed again")),
+            "{retries:?}"
+        );
+        assert_eq!(dispatcher.held_bytes(), 0, "bodies were kept past Enqueued");
+        assert!(
+            !dispatcher.has_room(),
+            "took more after asking for a rewind"
+        );
+        assert!(!dispatcher.is_idle());
+        // The stream reads both commits again from the position its index is complete up to.
+        dispatcher.rewind(200);
+        assert!(dispatcher.is_idle());
+        two_commits(&mut dispatcher);
+        assert_eq!(settle(&mut dispatcher), Some(200));
+        assert!(!dispatcher.needs_rewind(), "asked for a second rewind");
+        let dead = dispatcher.take_dead_letters();
+        assert_eq!(
+            dead.iter().map(|d| d.id.clone()).collect::<Vec<_>>(),
+            vec![json!("not a valid id")]
+        );
+        assert_eq!(ids(&server), vec![json!(1), json!(3), json!(4)]);
+        dispatcher.shutdown();
+    }
+
+    #[test]
+    fn an_error_about_the_index_stops_a_stream_whose_body_was_let_go_rather_than_rewinding() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        server.faults().set_task_delay(Duration::from_millis(50));
+        server.faults().fail_next_tasks(1, "index_not_found");
+        let mut dispatcher = stream_dispatcher(&server, 1, 8);
+        dispatcher.push_rewindable(batch(1, &[json!({"id": 1})]));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let failure = loop {
+            assert!(Instant::now() < deadline, "the task never stopped");
+            dispatcher.pump(Some(Duration::from_millis(10)));
+            if let Some(failure) = dispatcher.take_failure() {
+                break failure;
+            }
+        };
+        assert!(failure.contains("index_not_found"), "{failure}");
+        assert!(!dispatcher.needs_rewind());
+        dispatcher.shutdown();
+    }
+
+    #[test]
+    fn a_stream_batch_keeps_its_body_while_one_before_it_may_be_sent_again() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        server.faults().set_task_delay(Duration::from_millis(300));
+        let mut dispatcher = stream_dispatcher(&server, 4, 8);
+        // After a rewind to 100, the batch that reaches it is held until confirmed.
+        dispatcher.rewind(100);
+        dispatcher.push_rewindable(batch(1, &[json!({"id": 1, "v": "old"})]));
+        dispatcher.push_rewindable(batch(2, &[json!({"id": 1, "v": "new"})]));
+        dispatcher.push_rewindable(batch(3, &[json!({"id": 2})]));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while enqueued(&dispatcher) < 3 {
+            assert!(Instant::now() < deadline, "the batches were never enqueued");
+            dispatcher.pump(Some(Duration::from_millis(5)));
+        }
+        // Their Enqueued events follow the count.
+        for _ in 0..5 {
+            dispatcher.pump(Some(Duration::from_millis(10)));
+        }
+        assert!(
+            dispatcher.sent.values().all(|batch| !batch.released),
+            "a body was let go while batch 1, which a resend would compare with it, was unresolved"
+        );
+        assert_eq!(settle(&mut dispatcher), Some(300));
+        // Past the rewind's position and with nothing held, bodies go once enqueued again.
+        dispatcher.push_rewindable(batch(4, &[json!({"id": 3})]));
+        while enqueued(&dispatcher) < 4 {
+            assert!(Instant::now() < deadline, "batch 4 was never enqueued");
+            dispatcher.pump(Some(Duration::from_millis(5)));
+        }
+        // Their Enqueued events follow the count.
+        for _ in 0..5 {
+            dispatcher.pump(Some(Duration::from_millis(10)));
+        }
+        assert_eq!(dispatcher.held_bytes(), 0);
+        assert_eq!(settle(&mut dispatcher), Some(400));
+        assert_eq!(ids(&server), vec![json!(1), json!(2), json!(3)]);
         dispatcher.shutdown();
     }
 

@@ -68,6 +68,10 @@ pub struct TaskOptions {
     /// them are held in memory: a batch's body is let go once enqueued (a failed one is read again
     /// from the table by its key range).
     pub snapshot_depth: usize,
+    /// Batches of the stream enqueued in Meilisearch and unconfirmed at once; at most
+    /// `max_inflight` of them are held in memory: a batch's body is let go once enqueued (should
+    /// it fail, the stream decodes everything unconfirmed again from the slot).
+    pub stream_depth: usize,
     pub flush_interval_ms: u64,
     pub gzip: bool,
     pub write_mode: WriteMode,
@@ -92,6 +96,7 @@ impl Default for TaskOptions {
             max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             max_inflight: 8,
             snapshot_depth: DEFAULT_SNAPSHOT_DEPTH,
+            stream_depth: DEFAULT_STREAM_DEPTH,
             flush_interval_ms: 200,
             gzip: false,
             write_mode: WriteMode::Replace,
@@ -104,6 +109,9 @@ impl Default for TaskOptions {
 
 /// Batches of a copy enqueued at once unless set (see [`TaskOptions::snapshot_depth`]).
 pub const DEFAULT_SNAPSHOT_DEPTH: usize = 32;
+
+/// Batches of a stream enqueued at once unless set (see [`TaskOptions::stream_depth`]).
+pub const DEFAULT_STREAM_DEPTH: usize = 32;
 
 /// Meilisearch's default payload limit ("100 MB", decimal) less 5% for what we do not count.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 95_000_000;
@@ -120,6 +128,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "max_payload_bytes",
     "max_inflight",
     "snapshot_depth",
+    "stream_depth",
     "flush_interval_ms",
     "gzip",
     "write_mode",
@@ -328,6 +337,9 @@ impl TaskOptions {
                 "snapshot_depth" => {
                     parsed.snapshot_depth = expect_integer(name, value, 1, 1024)? as usize
                 }
+                "stream_depth" => {
+                    parsed.stream_depth = expect_integer(name, value, 1, 1024)? as usize
+                }
                 "flush_interval_ms" => {
                     parsed.flush_interval_ms = expect_integer(name, value, 0, 600_000)?
                 }
@@ -426,6 +438,7 @@ impl TaskOptions {
         );
         stored.insert("max_inflight".into(), Value::from(self.max_inflight));
         stored.insert("snapshot_depth".into(), Value::from(self.snapshot_depth));
+        stored.insert("stream_depth".into(), Value::from(self.stream_depth));
         stored.insert(
             "flush_interval_ms".into(),
             Value::from(self.flush_interval_ms),
@@ -543,7 +556,7 @@ mod tests {
         let parsed = TaskOptions::parse(&json!({
             "url": "http://meili:7700/", "api_key": "k", "primary_key": ["a", "b"],
             "exclude_columns": "secret", "batch_size": 500, "batch_bytes": 2048, "max_inflight": 2,
-            "snapshot_depth": 64, "flush_interval_ms": 0, "gzip": true, "write_mode": "upsert",
+            "snapshot_depth": 64, "stream_depth": 16, "flush_interval_ms": 0, "gzip": true, "write_mode": "upsert",
             "settings": {"filterableAttributes": ["a"]}
         }))
         .expect("valid options");
@@ -558,9 +571,10 @@ mod tests {
                 parsed.batch_size,
                 parsed.batch_bytes,
                 parsed.max_inflight,
-                parsed.snapshot_depth
+                parsed.snapshot_depth,
+                parsed.stream_depth
             ),
-            (500, 2048, 2, 64)
+            (500, 2048, 2, 64, 16)
         );
         assert!(parsed.gzip);
         assert_eq!(parsed.write_mode, WriteMode::Upsert);
@@ -600,6 +614,10 @@ mod tests {
             (
                 json!({"snapshot_depth": 0}),
                 "\"snapshot_depth\" must be an integer between 1 and 1024",
+            ),
+            (
+                json!({"stream_depth": 2000}),
+                "\"stream_depth\" must be an integer between 1 and 1024",
             ),
             (json!({"write_mode": "merge"}), "\"write_mode\""),
             (json!({"decoding": "both"}), "\"decoding\""),

@@ -73,6 +73,45 @@ fn faults(meili: &Meili) -> &meili_test_server::Faults {
     meili.test_server().expect("test server").faults()
 }
 
+/// Waits until more than `max_inflight` (2 in these tests) of the index's tasks wait in
+/// Meilisearch's queue; returns how many.
+fn wait_queue_fills(meili: &Meili, index: &str) -> usize {
+    wait_for("Meilisearch's queue to fill", CONVERGE, || {
+        let (_, tasks) = meili.request(
+            Method::GET,
+            &format!("/tasks?indexUids={index}&statuses=enqueued&limit=100"),
+            None,
+        );
+        let waiting = tasks["results"].as_array().map_or(0, Vec::len);
+        (waiting > 2).then_some(waiting)
+    })
+}
+
+/// Nothing became a dead letter, and more than `max_inflight` (2) batches were `waiting` at once.
+fn no_dead_letters_and_a_deep_queue(cluster: &Cluster, waiting: usize) {
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM meili_sync.dead_letters"),
+        "0"
+    );
+    assert!(
+        waiting > 2,
+        "no more than max_inflight batches were ever enqueued"
+    );
+}
+
+/// Waits until the task has counted at least `retries` retries (`what` names them).
+fn wait_retries(cluster: &Cluster, task: i64, retries: i64, what: &str) {
+    wait_for(what, CONVERGE, || {
+        let counted: i64 = cluster
+            .psql(&format!(
+                "SELECT retries FROM pg_stat_meili_sync WHERE task = {task}"
+            ))
+            .parse()
+            .unwrap_or(0);
+        (counted >= retries).then_some(())
+    });
+}
+
 #[test]
 fn meilisearch_unreachable_during_backfill() {
     let Some((cluster, meili)) = with_outages() else {
@@ -219,44 +258,66 @@ fn a_deep_copy_queue_reads_failed_batches_again_from_the_table() {
         &meili,
         json!({"batch_size": 1000, "max_inflight": 2, "snapshot_depth": 16}),
     );
-    let waiting = wait_for("Meilisearch's queue to fill", CONVERGE, || {
-        let (_, tasks) = meili.request(
-            Method::GET,
-            &format!("/tasks?indexUids={index}&statuses=enqueued&limit=100"),
-            None,
-        );
-        let waiting = tasks["results"].as_array().map_or(0, Vec::len);
-        (waiting > 2).then_some(waiting)
-    });
+    let waiting = wait_queue_fills(&meili, &index);
     // Batches enqueued long ago, whose bodies the worker let go, now fail: first for the
     // server's reasons (resent whole), then as if for their documents (split).
     faults(&meili).fail_next_tasks(2, "internal");
-    wait_for("the resends", CONVERGE, || {
-        let retries: i64 = cluster
-            .psql(&format!(
-                "SELECT retries FROM pg_stat_meili_sync WHERE task = {task}"
-            ))
-            .parse()
-            .unwrap_or(0);
-        (retries >= 2).then_some(())
-    });
+    wait_retries(&cluster, task, 2, "the resends");
     // Rows change while their batches wait: a batch read again carries what the table holds now.
     cluster.psql("UPDATE products SET name = name || ' (changed)' WHERE id % 7 = 0");
     faults(&meili).fail_next_tasks(2, "invalid_document_fields");
     cluster.wait_snapshot_done(task, CONVERGE);
     converge(&cluster, &meili, &index);
-    assert_eq!(
-        cluster.psql("SELECT count(*) FROM meili_sync.dead_letters"),
-        "0"
-    );
-    assert!(
-        waiting > 2,
-        "no more than max_inflight batches were ever enqueued"
-    );
+    no_dead_letters_and_a_deep_queue(&cluster, waiting);
     // The failed batches were read again from the table: their bodies had been let go.
     let log = cluster.server_log();
     assert!(
         log.matches("were read again from the table").count() >= 2,
+        "{}",
+        cluster.tail_log()
+    );
+}
+
+#[test]
+fn a_deep_stream_queue_reads_failed_batches_again_from_its_own_slot() {
+    deep_stream_queue_reads_failed_batches_again("own");
+}
+
+#[test]
+fn a_deep_stream_queue_reads_failed_batches_again_from_the_shared_slot() {
+    deep_stream_queue_reads_failed_batches_again("shared");
+}
+
+fn deep_stream_queue_reads_failed_batches_again(decoding: &str) {
+    let Some((cluster, meili)) = with_test_server() else {
+        return;
+    };
+    cluster.psql(&products::insert_sql(1, 1000));
+    let (index, task) = start(
+        &cluster,
+        &meili,
+        json!({"batch_size": 200, "max_inflight": 2, "stream_depth": 16, "decoding": decoding}),
+    );
+    cluster.wait_snapshot_done(task, CONVERGE);
+    converge(&cluster, &meili, &index);
+    // Slow tasks pile up in Meilisearch's queue behind the one being indexed, as behind a real
+    // server's indexing: more than max_inflight batches are enqueued, their bodies let go.
+    faults(&meili).set_task_delay(Duration::from_secs(1));
+    for first in (1001..=5000).step_by(200) {
+        cluster.psql(&products::insert_sql(first, first + 199));
+    }
+    let waiting = wait_queue_fills(&meili, &index);
+    // Batches whose bodies the worker let go fail, and rows change meanwhile.
+    faults(&meili).fail_next_tasks(2, "internal");
+    cluster.psql("UPDATE products SET name = name || ' (changed)' WHERE id % 7 = 0");
+    cluster.psql("DELETE FROM products WHERE id % 11 = 0");
+    wait_retries(&cluster, task, 1, "the failures");
+    faults(&meili).clear();
+    converge(&cluster, &meili, &index);
+    no_dead_letters_and_a_deep_queue(&cluster, waiting);
+    let log = cluster.server_log();
+    assert!(
+        log.contains("Meilisearch failed a batch the worker no longer held; it reads again from"),
         "{}",
         cluster.tail_log()
     );
@@ -275,15 +336,7 @@ fn a_server_failing_tasks_for_its_own_reasons_never_drains_the_stream_into_dead_
     // end as 4 dead letters. A full disk is not the documents' fault.
     faults(&meili).fail_next_tasks_as(7, "no_space_left_on_device", "system");
     cluster.psql(&products::insert_sql(101, 104));
-    wait_for("the failures to be retried", CONVERGE, || {
-        let retries: i64 = cluster
-            .psql(&format!(
-                "SELECT retries FROM pg_stat_meili_sync WHERE task = {task}"
-            ))
-            .parse()
-            .unwrap_or(0);
-        (retries >= 7).then_some(())
-    });
+    wait_retries(&cluster, task, 7, "the failures to be retried");
     converge(&cluster, &meili, &index);
     assert_eq!(
         cluster.psql("SELECT count(*) FROM meili_sync.dead_letters"),

@@ -108,6 +108,7 @@ fn upload_broke_off(error: &MeiliError) -> bool {
     }
 }
 
+#[derive(Clone)]
 pub struct WriterConfig {
     pub client: Client,
     pub index_uid: String,
@@ -267,11 +268,27 @@ pub struct Writer {
     stop: Option<Sender<()>>,
     client: Client,
     threads: Vec<JoinHandle<()>>,
+    /// What it was started with, to start again (see [`Writer::start_again`]).
+    config: WriterConfig,
 }
 
 impl Writer {
     /// Starts the sender and poller threads.
     pub fn start(config: WriterConfig) -> Writer {
+        Writer::start_counting(config, Arc::new(WriterStats::default()))
+    }
+
+    /// Stops the threads, abandoning every batch not yet confirmed, and starts new ones with the
+    /// same configuration, counting on in the same stats: no event of a batch handed to the old
+    /// threads ever reaches the owner.
+    pub fn start_again(&mut self) {
+        let config = self.config.clone();
+        let stats = Arc::clone(&self.stats);
+        *self = Writer::start_counting(config, stats);
+    }
+
+    fn start_counting(config: WriterConfig, stats: Arc<WriterStats>) -> Writer {
+        let kept = config.clone();
         let max_inflight = config.max_inflight.max(1);
         // Its own connections, so that shutdown interrupting them leaves the
         // owner's copy of the client usable.
@@ -280,7 +297,6 @@ impl Writer {
         let (event_tx, event_rx) = unbounded();
         let (enqueued_tx, enqueued_rx) = unbounded::<Enqueued>();
         let (stop_tx, stop_rx) = bounded::<()>(0);
-        let stats = Arc::new(WriterStats::default());
         let inflight = Arc::new(AtomicUsize::new(0));
         let stopping = Arc::new(AtomicBool::new(false));
         let shared = || Shared {
@@ -329,6 +345,7 @@ impl Writer {
             stop: Some(stop_tx),
             client,
             threads,
+            config: kept,
         }
     }
 
