@@ -165,6 +165,13 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         }
     }
 
+    /// Forgets everything mapped and not yet handed to the dispatcher (it is read again from the
+    /// slot), and takes changes again.
+    fn forget_read(&mut self) {
+        self.mapper = ChangeMapper::new(self.limits, self.upsert);
+        self.stalled = false;
+    }
+
     /// Rows that could not become documents go to the dead letters (stored by the main loop
     /// before the slot moves past them).
     fn report_skipped(&mut self) {
@@ -235,8 +242,7 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for Streamer<D> {
     }
 
     fn rewind(&mut self, careful_until: u64) {
-        self.mapper = ChangeMapper::new(self.limits, self.upsert);
-        self.stalled = false;
+        self.forget_read();
         rewind_dispatcher(self.dispatcher.borrow_mut(), careful_until);
     }
 }
@@ -255,8 +261,7 @@ impl PassStream for Streamer<Dispatcher> {
     }
 
     fn restart(&mut self) {
-        self.mapper = ChangeMapper::new(self.limits, self.upsert);
-        self.stalled = false;
+        self.forget_read();
     }
 
     fn unsent_bytes(&self) -> usize {
