@@ -1,9 +1,14 @@
-//! The drive loop of a task's own slot: one loop for every kind of task stream. A round takes in
-//! what Meilisearch finished and confirms the slot that far, lets a resync's gate decide whether to
-//! drain, gives the stream its turn between reads, reads a round of WAL into it, watches the index,
-//! publishes, and naps when nothing was read. What differs between a table task's stream
-//! (`stream::Streamer`) and a view task's (`render::ViewStream`) is the `TaskStream` they
-//! implement.
+//! The drive loop: the one loop that reads a slot, for a task's own slot and for the shared
+//! decoder alike. A round stops on SIGTERM, gives its `Pass` the turn before the read (take in what
+//! Meilisearch finished and confirm the slot that far, let a resync's gate decide whether to
+//! drain, let tasks join or leave the shared pass), reads a round of WAL into it, gives it the turn
+//! after the read (watch the index, hand on what was read, publish), and naps when nothing was
+//! read. A new decoding context reads from the slot's confirmed position whenever the pass asks.
+//!
+//! What differs between a task's own slot (`OwnSlot`) and the shared decoder
+//! (`shared::SharedDecoder`) is the `Pass` they implement; what differs between a table task's
+//! stream (`stream::Streamer`) and a view task's (`render::ViewStream`) is the `TaskStream` they
+//! implement, in either pass.
 
 use std::time::{Duration, Instant};
 
@@ -259,107 +264,212 @@ pub fn drive(
     stream: &mut impl TaskStream,
     task: &TaskRecord,
     watch: &mut IndexWatch,
-    mut gate: Option<&mut dyn SwapGate>,
+    gate: Option<&mut dyn SwapGate>,
 ) -> Result<Option<u64>, Stop> {
     stream.live().set_phase(Phase::Streaming);
+    let mut own_slot = OwnSlot {
+        stream,
+        task_id: task.id,
+        watch,
+        gate,
+        draining: false,
+        gate_checks: Throttle::new(GATE_CHECK_INTERVAL),
+    };
+    drive_pass(&mut own_slot, &task.slot_name, &task.publication_name)
+}
+
+/// What a round does after the pass's turn before the read.
+pub enum Turn {
+    /// Read a round of WAL.
+    Read,
+    /// Read nothing this round (a drain, or what was read waits for room).
+    Hold,
+    /// Read again from the slot's confirmed position, in a new decoding context.
+    ReadAgain,
+    /// The pass ends: stopped (None), or drained to this position.
+    End(Option<u64>),
+}
+
+/// How long a round that read nothing naps.
+pub enum Nap {
+    /// Meilisearch has requests of the pass's: `busy_nap`, short again once it `finished_more`.
+    Busy {
+        finished_more: bool,
+    },
+    For(Duration),
+}
+
+/// What the drive loop reads one slot for: a task's stream on its own slot (`OwnSlot`), or the
+/// shared decoder with the streams of every task attached to it (`worker::shared`).
+pub trait Pass {
+    /// The round's work before its read: take in what Meilisearch finished, confirm the slot,
+    /// let tasks join or leave, and decide whether to read.
+    fn before_read(&mut self, session: &mut DecodingSession, caught_up: bool)
+        -> Result<Turn, Stop>;
+
+    /// What the read hands each decoded message to.
+    fn sink(&mut self) -> &mut dyn MessageSink;
+
+    /// The round's work after its read (`caught_up`: the last read found the end of the WAL):
+    /// watch the index, hand on what was read, publish. True when the pass ends here, at a state
+    /// change it read.
+    fn after_read(&mut self, session: &DecodingSession, caught_up: bool) -> Result<bool, Stop>;
+
+    /// The nap of a round that read nothing.
+    fn nap(&mut self) -> Nap;
+}
+
+/// Reads the slot for `pass` until it ends (see `Turn::End`), SIGTERM (`Ok(None)`), or a
+/// failure that stops it, in a new decoding context whenever it asks to read again.
+pub fn drive_pass(
+    pass: &mut impl Pass,
+    slot: &str,
+    publication: &str,
+) -> Result<Option<u64>, Stop> {
     loop {
         // A new decoding context reads from the slot's confirmed position.
-        let mut session = DecodingSession::open(&task.slot_name, &task.publication_name)
+        let mut session = DecodingSession::open(slot, publication)
             .map_err(|error| fail(FailureKind::Decoding, error))?;
-        let result = rounds(&mut session, stream, task.id, watch, gate.as_deref_mut());
+        let result = rounds(&mut session, pass);
         session.close();
-        match result {
-            Ok(Ended::Rewind) => continue,
-            Ok(Ended::At(position)) => return Ok(position),
-            Err(stop) => return Err(stop),
+        match result? {
+            Ended::ReadAgain => continue,
+            Ended::At(position) => return Ok(position),
         }
     }
 }
 
 /// How the rounds of one decoding context ended.
 enum Ended {
-    /// Stopped, or drained to this position (see `drive`).
+    /// Stopped, or drained to this position (see `Turn::End`).
     At(Option<u64>),
-    /// The stream must read again from the slot's confirmed position.
-    Rewind,
+    /// The pass reads again from the slot's confirmed position.
+    ReadAgain,
 }
 
-fn rounds<'gate>(
-    session: &mut DecodingSession,
-    stream: &mut impl TaskStream,
-    task_id: i64,
-    watch: &mut IndexWatch,
-    mut gate: Option<&mut (dyn SwapGate + 'gate)>,
-) -> Result<Ended, Stop> {
+fn rounds(session: &mut DecodingSession, pass: &mut impl Pass) -> Result<Ended, Stop> {
     let mut caught_up = false;
-    let mut draining = false;
     let mut busy_nap = busy_nap();
-    let mut gate_checks = Throttle::new(GATE_CHECK_INTERVAL);
     loop {
         if should_stop() {
             return Ok(Ended::At(None));
         }
-        if let Some(lsn) = stream.settle()? {
-            session.confirm(lsn);
-        }
-        if stream.needs_rewind() {
-            log_rewind(task_id, session.confirmed(), session.read_position());
-            stream.rewind(session.read_position());
-            return Ok(Ended::Rewind);
-        }
-        if caught_up {
-            // Nothing unconfirmed (and dead letters stored): let the slot release WAL that other
-            // tables wrote meanwhile.
-            if let Some(position) = stream.confirm_idle(session.read_position()) {
-                session.confirm(position);
-            }
-        }
-        if let Some(gate) = gate.as_deref_mut() {
-            if draining && stream.is_idle() {
-                // Every record read is applied and confirmed: the stream ends exactly here.
-                session.confirm(session.read_position());
-                return Ok(Ended::At(Some(session.read_position())));
-            }
-            if !draining && gate_checks.due(Instant::now()) {
-                let reading = Reading {
-                    live: stream.live(),
-                    position: session.read_position(),
-                    caught_up,
-                };
-                draining = gate.ready_to_drain(&reading)?;
-            }
-        }
-        stream.before_read(caught_up || draining)?;
+        let read = match pass.before_read(session, caught_up)? {
+            Turn::Read => true,
+            Turn::Hold => false,
+            Turn::ReadAgain => return Ok(Ended::ReadAgain),
+            Turn::End(position) => return Ok(Ended::At(position)),
+        };
         let mut records = 0;
-        if !draining && stream.may_read() {
+        if read {
             records = session
-                .read(stream, RECORDS_PER_ROUND)
+                .read(pass.sink(), RECORDS_PER_ROUND)
                 .map_err(|error| fail(FailureKind::Decoding, error))?;
             caught_up = records == 0;
         }
-        if stream.has_ended() {
-            // The task's state changed at this position: the slot keeps everything from the
-            // last confirmed commit on, and the next worker (if any) goes on from there.
-            log_state_change(task_id);
+        if pass.after_read(session, caught_up)? {
             return Ok(Ended::At(None));
         }
-        if caught_up {
-            watch.check()?;
-        }
-        stream.after_read(caught_up || draining)?;
-        // Published before any nap, so that the status view shows a confirmation at once.
-        stream.publish(session.read_position(), session.confirmed());
         if records == 0 {
-            let nap = if draining {
-                DRAIN_NAP
-            } else if stream.waits_on_meilisearch() {
-                busy_nap.after_round(stream.finished_more())
-            } else {
-                IDLE_NAP
+            let nap = match pass.nap() {
+                Nap::Busy { finished_more } => busy_nap.after_round(finished_more),
+                Nap::For(nap) => nap,
             };
             if !BackgroundWorker::wait_latch(Some(nap)) {
                 return Ok(Ended::At(None));
             }
+        }
+    }
+}
+
+/// One task's stream on the task's own slot, with the gate of a resync helper or of a move to
+/// the shared pass.
+struct OwnSlot<'a, 'gate, S: TaskStream> {
+    stream: &'a mut S,
+    task_id: i64,
+    watch: &'a mut IndexWatch,
+    gate: Option<&'a mut (dyn SwapGate + 'gate)>,
+    /// The gate asked to drain: nothing more is read.
+    draining: bool,
+    gate_checks: Throttle,
+}
+
+impl<S: TaskStream> Pass for OwnSlot<'_, '_, S> {
+    fn before_read(
+        &mut self,
+        session: &mut DecodingSession,
+        caught_up: bool,
+    ) -> Result<Turn, Stop> {
+        if let Some(lsn) = self.stream.settle()? {
+            session.confirm(lsn);
+        }
+        if self.stream.needs_rewind() {
+            log_rewind(self.task_id, session.confirmed(), session.read_position());
+            self.stream.rewind(session.read_position());
+            // What the gate saw is read again: it decides again.
+            self.draining = false;
+            return Ok(Turn::ReadAgain);
+        }
+        if caught_up {
+            // Nothing unconfirmed (and dead letters stored): let the slot release WAL that other
+            // tables wrote meanwhile.
+            if let Some(position) = self.stream.confirm_idle(session.read_position()) {
+                session.confirm(position);
+            }
+        }
+        if let Some(gate) = self.gate.as_deref_mut() {
+            if self.draining && self.stream.is_idle() {
+                // Every record read is applied and confirmed: the stream ends exactly here.
+                session.confirm(session.read_position());
+                return Ok(Turn::End(Some(session.read_position())));
+            }
+            if !self.draining && self.gate_checks.due(Instant::now()) {
+                let reading = Reading {
+                    live: self.stream.live(),
+                    position: session.read_position(),
+                    caught_up,
+                };
+                self.draining = gate.ready_to_drain(&reading)?;
+            }
+        }
+        self.stream.before_read(caught_up || self.draining)?;
+        Ok(if !self.draining && self.stream.may_read() {
+            Turn::Read
+        } else {
+            Turn::Hold
+        })
+    }
+
+    fn sink(&mut self) -> &mut dyn MessageSink {
+        self.stream
+    }
+
+    fn after_read(&mut self, session: &DecodingSession, caught_up: bool) -> Result<bool, Stop> {
+        if self.stream.has_ended() {
+            // The task's state changed at this position: the slot keeps everything from the
+            // last confirmed commit on, and the next worker (if any) goes on from there.
+            log_state_change(self.task_id);
+            return Ok(true);
+        }
+        if caught_up {
+            self.watch.check()?;
+        }
+        self.stream.after_read(caught_up || self.draining)?;
+        // Published before any nap, so that the status view shows a confirmation at once.
+        self.stream
+            .publish(session.read_position(), session.confirmed());
+        Ok(false)
+    }
+
+    fn nap(&mut self) -> Nap {
+        if self.draining {
+            Nap::For(DRAIN_NAP)
+        } else if self.stream.waits_on_meilisearch() {
+            Nap::Busy {
+                finished_more: self.stream.finished_more(),
+            }
+        } else {
+            Nap::For(IDLE_NAP)
         }
     }
 }

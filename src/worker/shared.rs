@@ -27,11 +27,10 @@ use crate::plan::{build_plan, recheck_source, unfollowed_tables, ColumnRules, Vi
 use crate::route::Router;
 use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 use crate::worker::control::{
-    fail, in_transaction, in_user_transaction, open_dispatcher, should_stop, worker_main, Stop,
-    HTTP_TIMEOUT,
+    fail, in_transaction, in_user_transaction, open_dispatcher, worker_main, Stop, HTTP_TIMEOUT,
 };
 use crate::worker::drive::{
-    busy_nap, log_rewind, log_state_change, IndexWatch, PassStream, RECORDS_PER_ROUND,
+    drive_pass, log_rewind, log_state_change, IndexWatch, Nap, Pass, PassStream, Turn,
 };
 use crate::worker::render::ViewStream;
 use crate::worker::stream::Streamer;
@@ -86,30 +85,6 @@ impl Pipeline {
     }
 }
 
-/// Hands the decoded messages to the router, and the routed ones to the tasks' streams.
-struct Fanout<'a> {
-    router: &'a mut Router,
-    pipelines: &'a mut HashMap<i64, Pipeline>,
-    failure: Option<Failure>,
-}
-
-impl MessageSink for Fanout<'_> {
-    fn message(&mut self, lsn: u64, data: &[u8]) {
-        let pipelines = &mut *self.pipelines;
-        let routed = self.router.route(lsn, data, &mut |task, lsn, data| {
-            if let Some(pipeline) = pipelines.get_mut(&task) {
-                pipeline.stream.message(lsn, data);
-            }
-        });
-        if let Err(error) = routed {
-            self.failure.get_or_insert(Failure::new(
-                FailureKind::Decoding,
-                format!("cannot parse a pgoutput message: {error}"),
-            ));
-        }
-    }
-}
-
 struct SharedDecoder {
     live: LiveStatus,
     pid: i32,
@@ -131,6 +106,27 @@ struct SharedDecoder {
     view_tables: HashMap<i64, (i32, Vec<pg_sys::Oid>)>,
     /// View tasks (and generations) whose view could not be planned, to warn once.
     unplanned: HashSet<(i64, i32)>,
+    /// A message of the last read that could not be parsed: it stops the decoder.
+    parse_failure: Option<Failure>,
+}
+
+/// The decoder is the read's sink: it hands each message to the router, and the routed ones to
+/// the tasks' streams.
+impl MessageSink for SharedDecoder {
+    fn message(&mut self, lsn: u64, data: &[u8]) {
+        let pipelines = &mut self.pipelines;
+        let routed = self.router.route(lsn, data, &mut |task, lsn, data| {
+            if let Some(pipeline) = pipelines.get_mut(&task) {
+                pipeline.stream.message(lsn, data);
+            }
+        });
+        if let Err(error) = routed {
+            self.parse_failure.get_or_insert(Failure::new(
+                FailureKind::Decoding,
+                format!("cannot parse a pgoutput message: {error}"),
+            ));
+        }
+    }
 }
 
 impl SharedDecoder {
@@ -448,7 +444,7 @@ impl SharedDecoder {
 
     /// Each attached task's turn before the read (a view task renders its window when due); a
     /// task whose turn fails leaves with its error.
-    fn before_read(&mut self, caught_up: bool) -> Result<(), Stop> {
+    fn tasks_before_read(&mut self, caught_up: bool) -> Result<(), Stop> {
         let mut failed = Vec::new();
         for (task_id, pipeline) in self.pipelines.iter_mut() {
             if !pipeline.attached || pipeline.stream.is_quiet() {
@@ -544,15 +540,10 @@ impl SharedDecoder {
         Some(pipeline)
     }
 
-    /// Reads the slot again from its confirmed position so that `joining` get every change
-    /// since theirs; the tasks already attached skip what they have.
-    fn join(
-        &mut self,
-        session: DecodingSession,
-        joining: Vec<Pipeline>,
-    ) -> Result<DecodingSession, Stop> {
-        let read_position = session.read_position();
-        session.close();
+    /// Attaches `joining` and the tasks ready to join again, for a read of the slot from its
+    /// confirmed position (`Turn::ReadAgain`, having read up to `read_position`), so that they
+    /// get every change since theirs; the tasks already attached skip what they have.
+    fn join(&mut self, read_position: u64, joining: Vec<Pipeline>) -> Turn {
         self.router.restart(read_position);
         for pipeline in joining {
             self.pipelines.insert(pipeline.task.id, pipeline);
@@ -569,7 +560,7 @@ impl SharedDecoder {
                 catalog::format_lsn(pipeline.position)
             );
         }
-        open_session(&self.name)
+        Turn::ReadAgain
     }
 
     /// Tasks whose Meilisearch stalled leave the stream, and so do tasks that must read again
@@ -606,131 +597,9 @@ impl SharedDecoder {
         })?;
         self.refresh_publication()?;
         self.ensure_slot()?;
-        let mut session = open_session(&self.name)?;
         self.live.set_phase(Phase::Streaming);
-        let mut caught_up = false;
-        let mut busy_nap = busy_nap();
-        let result = 'round: loop {
-            if should_stop() {
-                break Ok(());
-            }
-            if self
-                .last_refresh
-                .is_none_or(|at| at.elapsed() >= REFRESH_INTERVAL)
-            {
-                let joining = match self.refresh(&session) {
-                    Ok(joining) => joining,
-                    Err(stop) => break Err(stop),
-                };
-                let mut pipelines = Vec::new();
-                for task in &joining {
-                    match self.open_pipeline(task) {
-                        Ok(Some(pipeline)) => pipelines.push(pipeline),
-                        Ok(None) => {}
-                        Err(stop) => return Err(stop),
-                    }
-                }
-                if !pipelines.is_empty() {
-                    session = self.join(session, pipelines)?;
-                    caught_up = false;
-                }
-            }
-            if self.check_stalls(session.read_position()) {
-                session = self.join(session, Vec::new())?;
-                caught_up = false;
-            }
-            if let Err(stop) = self.settle(caught_up, session.read_position()) {
-                break Err(stop);
-            }
-            if let Err(stop) = self.confirm(&mut session) {
-                break Err(stop);
-            }
-            self.share_memory();
-            if let Err(stop) = self.before_read(caught_up) {
-                break Err(stop);
-            }
-            let mut fanout = Fanout {
-                router: &mut self.router,
-                pipelines: &mut self.pipelines,
-                failure: None,
-            };
-            let records = match session.read(&mut fanout, RECORDS_PER_ROUND) {
-                Ok(records) => records,
-                Err(error) => break Err(fail(FailureKind::Decoding, error)),
-            };
-            if let Some(failure) = fanout.failure {
-                break Err(Stop::Failed(failure));
-            }
-            // Tasks whose state change this read reached leave before anything moves their
-            // position past it.
-            let ended: Vec<i64> = self
-                .pipelines
-                .iter()
-                .filter(|(_, pipeline)| pipeline.stream.has_ended())
-                .map(|(id, _)| *id)
-                .collect();
-            for task_id in ended {
-                if let Some(pipeline) = self.remove(task_id) {
-                    log_state_change(task_id);
-                    pipeline.leave(Phase::Exited);
-                }
-            }
-            caught_up = records == 0;
-            let (read_position, confirmed) = (session.read_position(), session.confirmed());
-            let mut gone = Vec::new();
-            for (task_id, pipeline) in self.pipelines.iter_mut() {
-                if caught_up {
-                    if let Err(failure) = pipeline.watch.check() {
-                        gone.push((*task_id, failure));
-                        continue;
-                    }
-                }
-                if pipeline.stream.is_quiet() {
-                    // Only the shown read position would move: at most once a second, unless a
-                    // backend waits in meili_sync_wait for the task's position to move.
-                    let awaited = pipeline.position != pipeline.published_position
-                        && shmem::has_waiters(*task_id);
-                    if !awaited && pipeline.published.elapsed() < QUIET_PUBLISH_INTERVAL {
-                        continue;
-                    }
-                } else {
-                    match pipeline.stream.after_read(caught_up) {
-                        Ok(()) => {}
-                        Err(Stop::Terminated) => break 'round Err(Stop::Terminated),
-                        Err(Stop::Failed(failure)) => {
-                            gone.push((*task_id, failure));
-                            continue;
-                        }
-                    }
-                }
-                pipeline.stream.publish(read_position, pipeline.position);
-                pipeline.published = Instant::now();
-                pipeline.published_position = pipeline.position;
-            }
-            self.fail(gone);
-            self.live
-                .set_stream_position(read_position, confirmed, None);
-            if caught_up {
-                let mut busy = false;
-                let mut moved = records > 0;
-                for pipeline in self.pipelines.values_mut() {
-                    if !pipeline.stream.is_quiet() {
-                        busy |= pipeline.stream.waits_on_meilisearch();
-                        moved |= pipeline.stream.finished_more();
-                    }
-                }
-                let nap = if busy {
-                    busy_nap.after_round(moved)
-                } else {
-                    REFRESH_INTERVAL
-                };
-                if !BackgroundWorker::wait_latch(Some(nap)) {
-                    break Ok(());
-                }
-            }
-        };
-        session.close();
-        result
+        let name = self.name.clone();
+        drive_pass(self, &name, &name).map(|_| ())
     }
 
     /// The publication exists before the slot, and holds the shared tables before any task gets
@@ -785,6 +654,112 @@ impl SharedDecoder {
     }
 }
 
+/// The shared decoder's rounds in the drive loop: one read serves every attached task.
+impl Pass for SharedDecoder {
+    fn before_read(
+        &mut self,
+        session: &mut DecodingSession,
+        caught_up: bool,
+    ) -> Result<Turn, Stop> {
+        if self
+            .last_refresh
+            .is_none_or(|at| at.elapsed() >= REFRESH_INTERVAL)
+        {
+            let joining = self.refresh(session)?;
+            let mut pipelines = Vec::new();
+            for task in &joining {
+                pipelines.extend(self.open_pipeline(task)?);
+            }
+            if !pipelines.is_empty() {
+                return Ok(self.join(session.read_position(), pipelines));
+            }
+        }
+        if self.check_stalls(session.read_position()) {
+            return Ok(self.join(session.read_position(), Vec::new()));
+        }
+        self.settle(caught_up, session.read_position())?;
+        self.confirm(session)?;
+        self.share_memory();
+        self.tasks_before_read(caught_up)?;
+        Ok(Turn::Read)
+    }
+
+    fn sink(&mut self) -> &mut dyn MessageSink {
+        self
+    }
+
+    fn after_read(&mut self, session: &DecodingSession, caught_up: bool) -> Result<bool, Stop> {
+        if let Some(failure) = self.parse_failure.take() {
+            return Err(Stop::Failed(failure));
+        }
+        // Tasks whose state change this read reached leave before anything moves their
+        // position past it.
+        let ended: Vec<i64> = self
+            .pipelines
+            .iter()
+            .filter(|(_, pipeline)| pipeline.stream.has_ended())
+            .map(|(id, _)| *id)
+            .collect();
+        for task_id in ended {
+            if let Some(pipeline) = self.remove(task_id) {
+                log_state_change(task_id);
+                pipeline.leave(Phase::Exited);
+            }
+        }
+        let (read_position, confirmed) = (session.read_position(), session.confirmed());
+        let mut gone = Vec::new();
+        for (task_id, pipeline) in self.pipelines.iter_mut() {
+            if caught_up {
+                if let Err(failure) = pipeline.watch.check() {
+                    gone.push((*task_id, failure));
+                    continue;
+                }
+            }
+            if pipeline.stream.is_quiet() {
+                // Only the shown read position would move: at most once a second, unless a
+                // backend waits in meili_sync_wait for the task's position to move.
+                let awaited = pipeline.position != pipeline.published_position
+                    && shmem::has_waiters(*task_id);
+                if !awaited && pipeline.published.elapsed() < QUIET_PUBLISH_INTERVAL {
+                    continue;
+                }
+            } else {
+                match pipeline.stream.after_read(caught_up) {
+                    Ok(()) => {}
+                    Err(Stop::Terminated) => return Err(Stop::Terminated),
+                    Err(Stop::Failed(failure)) => {
+                        gone.push((*task_id, failure));
+                        continue;
+                    }
+                }
+            }
+            pipeline.stream.publish(read_position, pipeline.position);
+            pipeline.published = Instant::now();
+            pipeline.published_position = pipeline.position;
+        }
+        self.fail(gone);
+        self.live
+            .set_stream_position(read_position, confirmed, None);
+        Ok(false)
+    }
+
+    fn nap(&mut self) -> Nap {
+        let mut busy = false;
+        let mut finished_more = false;
+        for pipeline in self.pipelines.values_mut() {
+            if !pipeline.stream.is_quiet() {
+                busy |= pipeline.stream.waits_on_meilisearch();
+                finished_more |= pipeline.stream.finished_more();
+            }
+        }
+        if busy {
+            Nap::Busy { finished_more }
+        } else {
+            Nap::For(REFRESH_INTERVAL)
+        }
+    }
+}
+
 /// Checks again what `meili_sync_start` checked of the task's table or view (`recheck_source`);
 /// an ERROR of it, say of a broken view, stops the task and never the decoder.
 fn recheck(
@@ -820,11 +795,6 @@ fn fail_task(task: &TaskRecord, live: LiveStatus, failure: &Failure) {
     }
 }
 
-/// The shared slot's decoding session (the publication has the slot's name).
-fn open_session(name: &str) -> Result<DecodingSession, Stop> {
-    DecodingSession::open(name, name).map_err(|error| fail(FailureKind::Decoding, error))
-}
-
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn meili_sync_shared_decoder_main(_arg: pg_sys::Datum) {
@@ -847,6 +817,7 @@ fn run(live: LiveStatus, pid: i32) -> Result<(), Stop> {
         squeeze_logged: None,
         view_tables: HashMap::new(),
         unplanned: HashSet::new(),
+        parse_failure: None,
     };
     let result = decoder.run();
     let attached: Vec<i64> = decoder.pipelines.keys().copied().collect();
