@@ -5,11 +5,13 @@
 # first); this runner exists because cargo pgrx regress cannot start Postgres when run as root.
 #
 #   bash scripts/regress.sh            run them (the extension must be installed: scripts/install.sh)
+#   PG_MAJOR=17 bash scripts/regress.sh   the same against PostgreSQL 17 (15 unless set)
 #   bash scripts/regress.sh --accept   also copy every result over its expected file (then review the diff)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bindir=/usr/lib/postgresql/15/bin
-pg_regress=/usr/lib/postgresql/15/lib/pgxs/src/test/regress/pg_regress
+source scripts/pg-config.sh
+bindir=$("$PG_CONFIG" --bindir)
+pg_regress=$(dirname "$("$PG_CONFIG" --pgxs)")/../test/regress/pg_regress
 accept=false
 [ "${1:-}" = "--accept" ] && accept=true
 
@@ -47,7 +49,7 @@ for file in tests/pg_regress/sql/*.sql; do
 done
 
 status=0
-(cd "$work/suite" && "${as_pg[@]}" "$pg_regress" --host="$work" --port="$port" --user=postgres \
+(cd "$work/suite" && "${as_pg[@]}" "$pg_regress" --bindir="$bindir" --host="$work" --port="$port" --user=postgres \
     --use-existing --dbname=regress --inputdir=. --outputdir=. "${tests[@]}") || status=$?
 if $accept; then
     mkdir -p tests/pg_regress/expected

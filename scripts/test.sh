@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test tier: the module-cycle check and the pure core crate's tests, the test server
 # against the recorded transcripts, the in-Postgres unit tests, the golden SQL files, and the
-# end-to-end suite (set MEILI_URL and MEILI_MASTER_KEY to use a real Meilisearch).
+# end-to-end suite (set MEILI_URL and MEILI_MASTER_KEY to use a real Meilisearch), on PostgreSQL
+# 15; then the golden files and an end-to-end set on 16, 17 and 18 (scripts/test-major.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
@@ -38,6 +39,13 @@ bash scripts/regress.sh
 
 echo "== tier 4: end to end"
 cargo test --release --no-fail-fast -p pg_meili_sync_e2e -- --test-threads=1
+
+# PostgreSQL 16, 17 and 18: the extension built for each, the golden SQL files, and an end-to-end
+# set (see scripts/test-major.sh).
+for major in 16 17 18; do
+    echo "== tiers 3 and 4 on PostgreSQL $major"
+    bash scripts/test-major.sh "$major"
+done
 
 # With a real Meilisearch binary (MEILI_BIN; .ci/run sets it) and no MEILI_URL: the suite again,
 # each test against a real server of its own. Fault tests that need the test server's knobs skip.

@@ -108,8 +108,13 @@ impl SocketWaitSet {
     fn new(fd: RawFd, socket_events: u32) -> SocketWaitSet {
         // SAFETY: a set of three events in TopMemoryContext (it outlives transactions; freed by
         // `free`), on the backend's main thread, with the backend's own latch and an open socket.
+        // PostgreSQL 17 made the first argument a resource owner and always allocates the set in
+        // TopMemoryContext: with none, no resource owner frees it, so it lives until `free` too.
         let set = unsafe {
+            #[cfg(any(feature = "pg15", feature = "pg16"))]
             let set = pg_sys::CreateWaitEventSet(pg_sys::TopMemoryContext, 3);
+            #[cfg(not(any(feature = "pg15", feature = "pg16")))]
+            let set = pg_sys::CreateWaitEventSet(std::ptr::null_mut(), 3);
             pg_sys::AddWaitEventToSet(
                 set,
                 pg_sys::WL_LATCH_SET,

@@ -66,14 +66,20 @@ pub fn slot_health() -> CatalogResult<Vec<SlotHealth>> {
     })
 }
 
-/// Creates the task's logical slot; must be the first statement of its transaction.
+/// Creates a logical slot (a task's own or the shared one); must be the first statement of its
+/// transaction. From PostgreSQL 17 on it is a failover slot: a standby with
+/// `sync_replication_slots` keeps a copy of it, so that the tasks go on from their positions after
+/// a promotion.
 pub fn create_slot(name: &str) -> CatalogResult<()> {
-    select_one::<String>(
-        "SELECT slot_name::text FROM pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')",
-        &[name.into()],
-    )?;
+    select_one::<String>(CREATE_SLOT_SQL, &[name.into()])?;
     Ok(())
 }
+
+#[cfg(any(feature = "pg15", feature = "pg16"))]
+const CREATE_SLOT_SQL: &str =
+    "SELECT slot_name::text FROM pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput')";
+#[cfg(not(any(feature = "pg15", feature = "pg16")))]
+const CREATE_SLOT_SQL: &str = "SELECT slot_name::text FROM pg_catalog.pg_create_logical_replication_slot($1, 'pgoutput', failover => true)";
 
 /// What names the extension's slots and publications (`meili_sync_<install>_<task>`).
 const OBJECT_NAME_PATTERN: &str = "'^meili_sync_[0-9]+_[0-9]+$'";

@@ -53,6 +53,81 @@ pub struct DecodingSession {
     sink: Box<SinkSlot>,
     // The routine must outlive the reader that points to it.
     _routine: Box<pg_sys::XLogReaderRoutine>,
+    standbys: StandbyWait,
+    /// The reader's last record ends past what the standbys confirmed: it is decoded once they
+    /// have it (see `StandbyWait`).
+    record_held: bool,
+}
+
+/// How far the failover standbys have the WAL (PostgreSQL 17 on). A change must not reach
+/// Meilisearch before the standbys named in `synchronized_standby_slots` have it, or after a
+/// promotion the index would hold rows the new primary never had. Walsenders and the SQL decoding
+/// functions wait for them; this decoder runs in-process, so it reads no record that ends past
+/// the position they confirmed. Like a walsender it asks them to reach a target (the flush
+/// position when it asked) and takes a new one once they do, so that reading goes on under
+/// steady writes.
+#[derive(Default)]
+struct StandbyWait {
+    /// The standbys have the WAL up to here.
+    #[cfg(not(any(feature = "pg15", feature = "pg16")))]
+    confirmed: u64,
+    /// The position they were last asked to reach.
+    #[cfg(not(any(feature = "pg15", feature = "pg16")))]
+    target: u64,
+    /// When the reason for waiting was last logged.
+    #[cfg(not(any(feature = "pg15", feature = "pg16")))]
+    logged: Option<std::time::Instant>,
+}
+
+/// How often a wait for the standbys logs its reason (a missing, logical, invalidated or inactive
+/// slot in `synchronized_standby_slots`) as a WARNING.
+#[cfg(not(any(feature = "pg15", feature = "pg16")))]
+const STANDBY_WARNING_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+impl StandbyWait {
+    /// The end of WAL that may be read: `flushed`, unless the slot is a failover slot and the
+    /// standbys of `synchronized_standby_slots` do not have it yet.
+    #[cfg(not(any(feature = "pg15", feature = "pg16")))]
+    fn readable_end(&mut self, flushed: u64) -> u64 {
+        // SAFETY: the session holds the slot (MyReplicationSlot) for its whole life, and
+        // StandbySlotsHaveCaughtup reads the slots under ReplicationSlotControlLock and raises
+        // at most the `elevel` given (WARNING or DEBUG1), never an ERROR.
+        unsafe {
+            if !(*pg_sys::MyReplicationSlot).data.failover {
+                return flushed;
+            }
+            let warn = self
+                .logged
+                .is_none_or(|at| at.elapsed() >= STANDBY_WARNING_INTERVAL);
+            let elevel = if warn {
+                pg_sys::WARNING as c_int
+            } else {
+                pg_sys::DEBUG1 as c_int
+            };
+            if pg_sys::StandbySlotsHaveCaughtup(flushed, pg_sys::DEBUG1 as c_int) {
+                self.confirmed = flushed;
+                self.target = flushed;
+                return flushed;
+            }
+            if self.target > self.confirmed && pg_sys::StandbySlotsHaveCaughtup(self.target, elevel)
+            {
+                self.confirmed = self.target;
+            }
+            if warn {
+                self.logged = Some(std::time::Instant::now());
+            }
+            if self.target <= self.confirmed {
+                self.target = flushed;
+            }
+            self.confirmed
+        }
+    }
+
+    /// Before PostgreSQL 17 there are no failover slots: everything flushed may be read.
+    #[cfg(any(feature = "pg15", feature = "pg16"))]
+    fn readable_end(&mut self, flushed: u64) -> u64 {
+        flushed
+    }
 }
 
 // SAFETY: an output-plugin write callback, called by logical decoding on the main thread with the
@@ -156,7 +231,12 @@ impl DecodingSession {
             // List of DefElem and create the context starting at the slot's confirmed position.
             unsafe {
                 pg_sys::CheckLogicalDecodingRequirements();
+                // PostgreSQL 18 added `error_if_invalid`: true raises on an invalidated slot
+                // here, as logicalfuncs.c asks; earlier majors raise in CreateDecodingContext.
+                #[cfg(any(feature = "pg15", feature = "pg16", feature = "pg17"))]
                 pg_sys::ReplicationSlotAcquire(slot.as_ptr(), true);
+                #[cfg(not(any(feature = "pg15", feature = "pg16", feature = "pg17")))]
+                pg_sys::ReplicationSlotAcquire(slot.as_ptr(), true, true);
                 let mut options: *mut pg_sys::List = ptr::null_mut();
                 // `messages`: the logical messages that announce tasks' state changes.
                 for (name, value) in [
@@ -190,13 +270,23 @@ impl DecodingSession {
             memory,
             sink,
             _routine: routine,
+            standbys: StandbyWait::default(),
+            record_held: false,
         })
     }
 
-    /// Where the reader is: the end of the last record read.
+    /// Where the reader is: the end of the last record decoded (the start of a record held for
+    /// the standbys).
     pub fn read_position(&self) -> u64 {
         // SAFETY: the context and its reader live as long as the session.
-        unsafe { (*(*self.context).reader).EndRecPtr }
+        unsafe {
+            let reader = (*self.context).reader;
+            if self.record_held {
+                (*reader).ReadRecPtr
+            } else {
+                (*reader).EndRecPtr
+            }
+        }
     }
 
     /// The slot's confirmed position.
@@ -211,14 +301,16 @@ impl DecodingSession {
         unsafe { pg_sys::GetFlushRecPtr(ptr::null_mut()) }
     }
 
-    /// Reads and decodes up to `max_records` WAL records that are already flushed, handing every
-    /// pgoutput message to `sink`; returns how many records it read (0 when caught up).
+    /// Reads and decodes up to `max_records` WAL records that are already flushed (and that the
+    /// failover standbys have: `StandbyWait`), handing every pgoutput message to `sink`; returns
+    /// how many records it read (0 when caught up).
     pub fn read(
         &mut self,
         sink: &mut dyn MessageSink,
         max_records: usize,
     ) -> Result<usize, String> {
-        let end_of_wal = Self::flushed();
+        let end_of_wal = self.standbys.readable_end(Self::flushed());
+        let record_held = &mut self.record_held;
         // SAFETY: erases the borrow's lifetime for the callback; cleared again before returning
         // (and on an ERROR the worker exits without touching the session again).
         self.sink.current = Some(unsafe {
@@ -232,6 +324,17 @@ impl DecodingSession {
                 // the session's memory context (current here), as the decoding notes require.
                 unsafe {
                     let reader = (*context).reader;
+                    if *record_held {
+                        // The reader's current record, read by an earlier call and not decoded
+                        // yet: nothing has been read after it, so it is still the reader's.
+                        if (*reader).EndRecPtr > end_of_wal {
+                            break;
+                        }
+                        *record_held = false;
+                        pg_guard_ffi_boundary(|| LogicalDecodingProcessRecord(context, reader));
+                        records += 1;
+                        continue;
+                    }
                     if (*reader).EndRecPtr >= end_of_wal {
                         break;
                     }
@@ -244,6 +347,11 @@ impl DecodingSession {
                         ));
                     }
                     if !record.is_null() {
+                        if (*reader).EndRecPtr > end_of_wal {
+                            // It starts before what the standbys have and ends after it.
+                            *record_held = true;
+                            break;
+                        }
                         pg_guard_ffi_boundary(|| LogicalDecodingProcessRecord(context, reader));
                     }
                 }

@@ -39,6 +39,16 @@ pub fn should_stop() -> bool {
     terminated || !BackgroundWorker::wait_latch(Some(Duration::ZERO))
 }
 
+/// Reloads the configuration files after a SIGHUP (`pg_reload_conf()`), so that a changed
+/// setting, `synchronized_standby_slots` say, reaches a running worker. Call it outside a
+/// transaction.
+pub fn reload_config_if_asked() {
+    if BackgroundWorker::sighup_received() {
+        // SAFETY: in the worker's main thread, outside a transaction, as the launcher does.
+        unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
+    }
+}
+
 /// Why the worker ended without finishing: a failure stops the task, anything else is retried.
 pub enum Stop {
     Terminated,

@@ -25,7 +25,7 @@ use crate::meili::client::Client;
 use crate::meter::CommitAges;
 use crate::pacing::{BusyNap, Throttle};
 use crate::shmem::{LiveStatus, Phase};
-use crate::worker::control::{fail, report_progress, should_stop, Stop};
+use crate::worker::control::{fail, reload_config_if_asked, report_progress, should_stop, Stop};
 
 /// WAL records decoded between two looks at confirmations and signals.
 pub const RECORDS_PER_ROUND: usize = 2000;
@@ -354,6 +354,7 @@ fn rounds(session: &mut DecodingSession, pass: &mut impl Pass) -> Result<Ended, 
         if should_stop() {
             return Ok(Ended::At(None));
         }
+        reload_config_if_asked();
         let read = match pass.before_read(session, caught_up)? {
             Turn::Read => true,
             Turn::Hold => false,

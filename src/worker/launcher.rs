@@ -16,6 +16,7 @@ use crate::catalog::{self, TaskSummary};
 use crate::pacing::Throttle;
 use crate::pg_catalog::SlotStatus;
 use crate::shmem::WorkerId;
+use crate::worker::control::reload_config_if_asked;
 use crate::{gucs, shmem};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -604,10 +605,7 @@ pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
     let mut guard = WalGuard::new();
     let mut wait = Duration::ZERO;
     while BackgroundWorker::wait_latch(Some(wait)) {
-        if BackgroundWorker::sighup_received() {
-            // SAFETY: reloading the configuration files in the main thread, outside a transaction.
-            unsafe { pg_sys::ProcessConfigFile(pg_sys::GucContext::PGC_SIGHUP) };
-        }
+        reload_config_if_asked();
         let round = std::panic::AssertUnwindSafe(|| launcher.round(&mut guard));
         if !survive(round) {
             wait = gucs::naptime();

@@ -41,24 +41,7 @@ impl Cluster {
     /// initdb + start with the extension preloaded and logical WAL; `extra` adds settings.
     pub fn start(extra: &[&str]) -> Cluster {
         let as_postgres = running_as_root();
-        let base = std::env::temp_dir().join(format!(
-            "pg_meili_sync_e2e_{}_{}",
-            std::process::id(),
-            free_port()
-        ));
-        let data_dir = base.join("data");
-        let socket_dir = base.join("sock");
-        std::fs::create_dir_all(&socket_dir).expect("create cluster directories");
-        if as_postgres {
-            let status = Command::new("chown")
-                .args(["-R", "postgres:postgres"])
-                .arg(&base)
-                .status();
-            assert!(
-                status.map(|s| s.success()).unwrap_or(false),
-                "chown of {base:?} failed"
-            );
-        }
+        let (data_dir, socket_dir) = new_directories(as_postgres);
         let mut settings: Vec<String> = [
             "shared_preload_libraries=pg_meili_sync",
             "wal_level=logical",
@@ -100,17 +83,106 @@ impl Cluster {
             "initdb failed: {}",
             String::from_utf8_lossy(&initdb.stderr)
         );
-        let conf: String = cluster.settings.iter().map(|s| format!("{s}\n")).collect();
-        std::fs::write(cluster.data_dir.join("postgresql.auto.conf"), conf)
-            .expect("write settings");
-        if as_postgres {
-            let _ = Command::new("chown")
-                .args(["postgres:postgres"])
-                .arg(cluster.data_dir.join("postgresql.auto.conf"))
-                .status();
-        }
+        cluster.write_settings();
         cluster.pg_ctl_start();
         cluster
+    }
+
+    /// A physical standby of `primary`, made with pg_basebackup, streaming through the physical
+    /// slot `slot` (created here on the primary); `extra` adds settings to the primary's.
+    pub fn standby_of(primary: &Cluster, slot: &str, extra: &[&str]) -> Cluster {
+        primary.psql(&format!(
+            "SELECT pg_catalog.pg_create_physical_replication_slot('{slot}')"
+        ));
+        let (data_dir, socket_dir) = new_directories(primary.as_postgres);
+        let mut settings = primary.settings.clone();
+        let conninfo = format!(
+            "host={} port={} user=postgres dbname=postgres",
+            path_str(&primary.socket_dir),
+            primary.port
+        );
+        settings.extend([
+            format!("primary_conninfo='{conninfo}'"),
+            format!("primary_slot_name='{slot}'"),
+            "hot_standby_feedback=on".to_owned(),
+        ]);
+        settings.extend(extra.iter().map(|s| s.to_string()));
+        let standby = Cluster {
+            data_dir,
+            socket_dir,
+            port: free_port(),
+            bin_dir: primary.bin_dir.clone(),
+            as_postgres: primary.as_postgres,
+            settings,
+        };
+        let port = primary.port.to_string();
+        let backup = standby.run_pg(
+            "pg_basebackup",
+            &[
+                "-D",
+                path_str(&standby.data_dir),
+                "-h",
+                path_str(&primary.socket_dir),
+                "-p",
+                &port,
+                "-U",
+                "postgres",
+                "-X",
+                "stream",
+                "-S",
+                slot,
+            ],
+        );
+        assert!(
+            backup.status.success(),
+            "pg_basebackup failed: {}",
+            String::from_utf8_lossy(&backup.stderr)
+        );
+        standby.write_settings();
+        let signal = standby.data_dir.join("standby.signal");
+        std::fs::write(&signal, "").expect("write standby.signal");
+        standby.chown(&signal);
+        standby.pg_ctl_start();
+        standby
+    }
+
+    /// The postmaster's process id (the first line of postmaster.pid).
+    pub fn postmaster_pid(&self) -> i64 {
+        std::fs::read_to_string(self.data_dir.join("postmaster.pid"))
+            .ok()
+            .and_then(|pid_file| pid_file.lines().next()?.trim().parse().ok())
+            .expect("a running postmaster's pid")
+    }
+
+    /// Promotes a standby and waits until it accepts writes.
+    pub fn promote(&self) {
+        let output = self.run_pg(
+            "pg_ctl",
+            &["-D", path_str(&self.data_dir), "-w", "-t", "120", "promote"],
+        );
+        assert!(
+            output.status.success(),
+            "pg_ctl promote failed: {}\n{}",
+            String::from_utf8_lossy(&output.stderr),
+            self.tail_log()
+        );
+    }
+
+    /// postgresql.auto.conf holds the cluster's settings (one per line, later ones win).
+    fn write_settings(&self) {
+        let conf: String = self.settings.iter().map(|s| format!("{s}\n")).collect();
+        let path = self.data_dir.join("postgresql.auto.conf");
+        std::fs::write(&path, conf).expect("write settings");
+        self.chown(&path);
+    }
+
+    fn chown(&self, path: &Path) {
+        if self.as_postgres {
+            let _ = Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(path)
+                .status();
+        }
     }
 
     fn command(&self, program: &Path) -> Command {
@@ -360,6 +432,29 @@ impl Drop for Cluster {
             }
         }
     }
+}
+
+/// A new cluster's data and socket directories (the data directory not yet made), owned by the
+/// `postgres` user when the tests run as root.
+fn new_directories(as_postgres: bool) -> (PathBuf, PathBuf) {
+    let base = std::env::temp_dir().join(format!(
+        "pg_meili_sync_e2e_{}_{}",
+        std::process::id(),
+        free_port()
+    ));
+    let socket_dir = base.join("sock");
+    std::fs::create_dir_all(&socket_dir).expect("create cluster directories");
+    if as_postgres {
+        let status = Command::new("chown")
+            .args(["-R", "postgres:postgres"])
+            .arg(&base)
+            .status();
+        assert!(
+            status.map(|s| s.success()).unwrap_or(false),
+            "chown of {base:?} failed"
+        );
+    }
+    (base.join("data"), socket_dir)
 }
 
 fn path_str(path: &Path) -> &str {

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The tiers that run on PostgreSQL $1 (16, 17 or 18) beside the whole suite on 15: the extension
+# built and installed for that major, the golden SQL files, and an end-to-end set on the test
+# server covering copy, streaming (every operation, TOAST, key change, ALTER), faults, security
+# attacks, views, search, the shared decoder and failover slots. The core crate has no Postgres in
+# it: tier 0b covers it for every major. (The #[pg_test]s run on 15 only: building them for
+# another major takes longer than CI can spare.)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export PG_MAJOR=$1
+source scripts/pg-config.sh
+
+bash scripts/install.sh
+echo "== PostgreSQL $PG_MAJOR: golden SQL files"
+bash scripts/regress.sh
+
+echo "== PostgreSQL $PG_MAJOR: end to end (a set of each file)"
+e2e() {
+    local file=$1
+    shift
+    PATH="$("$PG_CONFIG" --bindir):$PATH" cargo test --release -p pg_meili_sync_e2e --test "$file" \
+        -- --test-threads=1 --exact "$@"
+}
+e2e backfill backfill_copies_every_row_exactly
+e2e streaming inserts_updates_deletes_and_key_changes unchanged_toast_columns_keep_their_value \
+    truncate_empties_the_index_and_later_rows_arrive columns_added_and_dropped_while_streaming \
+    streaming_survives_an_immediate_shutdown an_invalidated_slot_stops_the_task_until_a_new_snapshot \
+    drop_extension_leaves_nothing_running_and_nothing_retaining_wal
+e2e faults failed_tasks_are_resent_without_losing_documents meilisearch_unreachable_during_streaming
+e2e security a_trap_schema_never_runs_as_superuser \
+    a_table_owners_code_runs_as_the_owner_never_as_superuser \
+    sigterm_to_each_thread_of_a_busy_worker_never_restarts_the_server
+e2e trust settings_that_user_code_changes_never_outlive_the_identity_switch
+e2e views view_backfill_then_changes_to_every_table \
+    view_tasks_stream_in_the_shared_pass_and_one_moves_there_from_its_own_slot
+e2e search hits_facets_and_raw_answers_match_the_table a_search_cancelled_mid_answer_raises_the_cancel_alone \
+    statement_timeout_cancels_a_search_that_gets_no_answer
+e2e shared tasks_share_one_slot_and_each_gets_only_its_table \
+    a_killed_decoder_and_an_immediate_shutdown_during_a_catch_up_lose_nothing
+e2e edges a_pause_or_drop_of_a_shared_task_applies_from_its_commit
+e2e versions the_slots_are_failover_slots_from_postgresql_17_on \
+    a_failover_loses_nothing_and_the_index_never_holds_what_the_standby_lacks
