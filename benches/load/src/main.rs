@@ -2,7 +2,7 @@
 //! MEILI_URL with MEILI_MASTER_KEY) and prints throughput, the task worker's CPU seconds and peak RSS.
 //!
 //!   cargo run --release -p pg_meili_sync_load -- backfill [rows] [batch_size] [max_inflight] [gzip 0|1] [snapshot_depth]
-//!   cargo run --release -p pg_meili_sync_load -- stream [rows] [rows_per_transaction] [max_inflight] [stream_depth]
+//!   cargo run --release -p pg_meili_sync_load -- stream [rows] [rows_per_transaction] [max_inflight] [stream_depth] [backlog 0/1]
 //!   cargo run --release -p pg_meili_sync_load -- latency [transactions] [per_second]
 //!   cargo run --release -p pg_meili_sync_load -- decoders [rows] [rows_per_transaction]
 //!   cargo run --release -p pg_meili_sync_load -- tasks [idle_tasks] [rows] [shared 0|1]
@@ -325,7 +325,16 @@ fn backfill(rows: i64, batch_size: usize, max_inflight: usize, gzip: bool, depth
     );
 }
 
-fn stream(rows: i64, per_transaction: i64, max_inflight: usize, stream_depth: usize) {
+/// With `backlog`, the task is paused while the client commits and resumed after, and the time
+/// counts from the resume: the whole burst is in the WAL at the start, as the ceiling's documents
+/// are, so the stream is not paced by the client's commits.
+fn stream(
+    rows: i64,
+    per_transaction: i64,
+    max_inflight: usize,
+    stream_depth: usize,
+    backlog: bool,
+) {
     let setup = setup(
         0,
         json!({"max_inflight": max_inflight, "stream_depth": stream_depth}),
@@ -333,7 +342,12 @@ fn stream(rows: i64, per_transaction: i64, max_inflight: usize, stream_depth: us
     setup
         .cluster
         .wait_snapshot_done(setup.task, Duration::from_secs(600));
-    let cpu_before = cpu_seconds(worker_pid(&setup)).unwrap_or(0.0);
+    if backlog {
+        setup
+            .cluster
+            .psql(&format!("SELECT meili_sync_pause({})", setup.task));
+    }
+    let mut cpu_before = cpu_seconds(worker_pid(&setup)).unwrap_or(0.0);
     let script: String = (0..rows / per_transaction)
         .map(|n| {
             format!(
@@ -342,9 +356,16 @@ fn stream(rows: i64, per_transaction: i64, max_inflight: usize, stream_depth: us
             )
         })
         .collect();
-    let started = Instant::now();
+    let mut started = Instant::now();
     setup.cluster.psql_script(&script);
     let committed = started.elapsed().as_secs_f64();
+    if backlog {
+        started = Instant::now();
+        setup
+            .cluster
+            .psql(&format!("SELECT meili_sync_resume({})", setup.task));
+        cpu_before = cpu_seconds(worker_pid(&setup)).unwrap_or(0.0);
+    }
     wait_for("every row in the index", Duration::from_secs(3600), || {
         (setup.meili.document_count(&setup.index) == Some(rows as u64)).then_some(())
     });
@@ -355,7 +376,10 @@ fn stream(rows: i64, per_transaction: i64, max_inflight: usize, stream_depth: us
     );
     report(
         &setup,
-        &format!("stream ({per_transaction}-row transactions, max_inflight {max_inflight}, stream_depth {stream_depth})"),
+        &format!(
+            "stream ({per_transaction}-row transactions, max_inflight {max_inflight}, stream_depth {stream_depth}{})",
+            if backlog { ", from a backlog" } else { "" }
+        ),
         rows,
         seconds,
         cpu_before,
@@ -661,6 +685,7 @@ fn main() {
             arg(1, 500),
             arg(2, 8) as usize,
             arg(3, 32) as usize,
+            arg(4, 0) != 0,
         ),
         "latency" => latency(arg(0, 200) as usize, arg(1, 10) as u64),
         "decoders" => decoders::run(arg(0, 200_000), arg(1, 500)),

@@ -1,6 +1,8 @@
 //! End to end: what differs between the PostgreSQL majors the extension supports (15 to 18), run
 //! against whichever major's `pg_config` is first on PATH (scripts/test-major.sh sets it).
 
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use pg_meili_sync_e2e::cluster::Cluster;
@@ -51,6 +53,30 @@ fn start_own_and_shared(cluster: &Cluster, meili: &Meili) -> (String, i64, Strin
     (own_index, own, shared_index, shared)
 }
 
+/// Inserts one row a transaction into `cluster`'s products, from id `first` on, until `stop` is
+/// set or the server stops answering; returns how many rows it committed.
+fn write_steadily(cluster: &Cluster, first: i64, stop: &AtomicBool) -> i64 {
+    let mut id = first;
+    while !stop.load(Ordering::Relaxed) {
+        if cluster.try_psql(&products::insert_sql(id, id)).is_err() {
+            break;
+        }
+        id += 1;
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    id - first
+}
+
+/// Stops a `write_steadily` when dropped, so that a failed check ends the test instead of
+/// waiting for the writer forever.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 fn server_version(cluster: &Cluster) -> u32 {
     cluster
         .psql("SHOW server_version_num")
@@ -58,12 +84,13 @@ fn server_version(cluster: &Cluster) -> u32 {
         .expect("server_version_num")
 }
 
-/// A primary with a physical standby, two tasks streaming (one on its own slot, one shared). From
-/// PostgreSQL 17 on, with the standby named in `synchronized_standby_slots`: while the standby
-/// receives nothing, nothing written on the primary reaches Meilisearch; the primary then dies
-/// with those changes, the standby is promoted, and both tasks go on from their synced slots on
-/// the new primary without a new copy, so that each index equals the new primary's table. Before
-/// 17 there are no failover slots: after the promotion both tasks stop, asking for a new copy.
+/// A primary with a physical standby, two tasks streaming (one on its own slot, one shared) under
+/// steady writes. From PostgreSQL 17 on, with the standby named in `synchronized_standby_slots`:
+/// while the standby receives nothing, nothing it lacks reaches Meilisearch; the primary is then
+/// killed with those changes, the standby is promoted, writes go on on it, and both tasks follow
+/// from their synced slots without a new copy, so that each index equals the new primary's table.
+/// Before 17 there are no failover slots: after the promotion both tasks stop, asking for a new
+/// copy.
 #[test]
 fn a_failover_loses_nothing_and_the_index_never_holds_what_the_standby_lacks() {
     let meili = Meili::from_env();
@@ -102,36 +129,66 @@ fn a_failover_loses_nothing_and_the_index_never_holds_what_the_standby_lacks() {
         });
     }
 
-    // The standby stops receiving WAL (its walreceiver is frozen), then the primary dies.
+    // Steady writes from here on. The standby stops receiving WAL (its walreceiver is frozen),
+    // then the primary dies.
+    let stop = AtomicBool::new(false);
     let receiver: i64 = standby
         .psql("SELECT pid FROM pg_catalog.pg_stat_wal_receiver")
         .parse()
         .expect("the standby's walreceiver");
-    standby.kill(receiver, "STOP");
-    primary.psql(&products::insert_sql(151, 180));
-    primary.psql("UPDATE products SET name = 'lost' WHERE id <= 3");
-    primary.psql("DELETE FROM products WHERE id BETWEEN 90 AND 99");
-    if failover_slots {
-        // Long enough for many rounds of both decoders, which read nothing past the standby.
-        std::thread::sleep(Duration::from_secs(5));
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| write_steadily(&primary, 10_000, &stop));
+        let _stop_writer = StopOnDrop(&stop);
         for index in indexes {
-            let documents = meili.all_documents(index);
-            assert_eq!(
-                documents.len(),
-                150,
-                "index {index}: nothing the standby lacks is sent"
-            );
-            let lost: Vec<_> = documents
-                .iter()
-                .filter(|document| document["name"] == json!("lost"))
-                .collect();
-            assert!(
-                lost.is_empty(),
-                "index {index} got updates the standby lacks: {lost:?}"
-            );
+            wait_for("the steady writes in the index", CONVERGE, || {
+                let written = meili
+                    .all_documents(index)
+                    .iter()
+                    .filter(|document| document["id"].as_i64() >= Some(10_000))
+                    .count();
+                (written >= 20).then_some(())
+            });
         }
-    }
-    primary.kill(primary.postmaster_pid(), "KILL");
+        standby.kill(receiver, "STOP");
+        primary.psql(&products::insert_sql(151, 180));
+        primary.psql("UPDATE products SET name = 'lost' WHERE id <= 3");
+        primary.psql("DELETE FROM products WHERE id BETWEEN 90 AND 99");
+        if failover_slots {
+            // Long enough for many rounds of both decoders, which read nothing past the standby.
+            std::thread::sleep(Duration::from_secs(5));
+            let on_standby: HashSet<i64> = standby
+                .psql("SELECT id FROM products")
+                .lines()
+                .filter_map(|id| id.parse().ok())
+                .collect();
+            for index in indexes {
+                let documents = meili.all_documents(index);
+                let ahead: Vec<_> = documents
+                    .iter()
+                    .filter(|document| {
+                        document["name"] == json!("lost")
+                            || document["id"]
+                                .as_i64()
+                                .is_none_or(|id| !on_standby.contains(&id))
+                    })
+                    .collect();
+                assert!(
+                    ahead.is_empty(),
+                    "index {index} got changes the standby lacks: {ahead:?}"
+                );
+                assert!(
+                    documents.len() >= 170,
+                    "index {index} has the steady writes the standby got"
+                );
+            }
+        }
+        primary.kill(primary.postmaster_pid(), "KILL");
+        let written = writer.join().expect("the writer on the primary");
+        assert!(
+            written >= 20,
+            "the primary took steady writes until it died"
+        );
+    });
     standby.kill(receiver, "CONT");
     standby.promote();
 
@@ -147,9 +204,18 @@ fn a_failover_loses_nothing_and_the_index_never_holds_what_the_standby_lacks() {
         return;
     }
     // The new primary: writes go on, and both tasks follow them from their synced slots.
-    standby.psql(&products::insert_sql(181, 220));
-    standby.psql("UPDATE products SET name = 'after' WHERE id BETWEEN 100 AND 110");
-    standby.psql("DELETE FROM products WHERE id IN (2, 3)");
+    stop.store(false, Ordering::Relaxed);
+    std::thread::scope(|scope| {
+        let writer = scope.spawn(|| write_steadily(&standby, 20_000, &stop));
+        let _stop_writer = StopOnDrop(&stop);
+        standby.psql(&products::insert_sql(181, 220));
+        standby.psql("UPDATE products SET name = 'after' WHERE id BETWEEN 100 AND 110");
+        standby.psql("DELETE FROM products WHERE id IN (2, 3)");
+        std::thread::sleep(Duration::from_secs(3));
+        stop.store(true, Ordering::Relaxed);
+        let written = writer.join().expect("the writer on the new primary");
+        assert!(written > 0, "the new primary took steady writes");
+    });
     for index in indexes {
         wait_index_matches_table(&standby, &meili, index, "products", CONVERGE);
     }
