@@ -8,3 +8,13 @@ sudo=()
 [ "$(id -u)" -eq 0 ] || sudo=(--sudo)
 cargo pgrx install --release "${sudo[@]}" --pg-config "$PG_CONFIG" \
     --no-default-features --features "pg$PG_MAJOR"
+# The install scripts of earlier versions, which cargo pgrx install leaves out (it copies the update
+# scripts only): CREATE EXTENSION pg_meili_sync VERSION '0.1.0' then works, and updates.
+as_root=()
+[ "$(id -u)" -eq 0 ] || as_root=(sudo)
+for script in sql/pg_meili_sync--*.sql; do
+    case "$(basename "$script")" in
+        *--*--*) ;;
+        *) "${as_root[@]}" install -m 644 "$script" "$("$PG_CONFIG" --sharedir)/extension/" ;;
+    esac
+done

@@ -57,7 +57,10 @@ CREATE TABLE meili_sync.tasks (
     -- is in its index (or in its copy). The shared slot is confirmed to the lowest of them.
     stream_position pg_lsn,
     -- One index, one task: two tables in one index would delete each other's documents.
-    UNIQUE (url, index_uid)
+    UNIQUE (url, index_uid),
+    -- The install (meili_sync.install) the task was made in. A task restored from a dump carries
+    -- another install's token: its positions belong to the cluster it was dumped from.
+    install_token uuid
 );
 COMMENT ON TABLE meili_sync.tasks IS 'One row per sync task; state is what the task should be doing.';
 -- Task workers update this table while they hold a decoding context; as a user catalog table its
@@ -89,9 +92,23 @@ CREATE TABLE meili_sync.dead_letters (
     UNIQUE (task_id, document_id)
 );
 
-REVOKE ALL ON meili_sync.tasks, meili_sync.task_secrets, meili_sync.dead_letters FROM PUBLIC;
-GRANT SELECT ON meili_sync.tasks, meili_sync.task_secrets, meili_sync.dead_letters TO meili_sync_admin;
+-- This install of the extension: one row, made by CREATE EXTENSION. A physical standby and
+-- pg_upgrade keep it; a dump leaves it out, so a restore's CREATE EXTENSION makes a new one.
+CREATE TABLE meili_sync.install (
+    only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
+    token uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid()
+);
+INSERT INTO meili_sync.install DEFAULT VALUES;
 
+REVOKE ALL ON meili_sync.tasks, meili_sync.task_secrets, meili_sync.dead_letters, meili_sync.install FROM PUBLIC;
+GRANT SELECT ON meili_sync.tasks, meili_sync.task_secrets, meili_sync.dead_letters, meili_sync.install TO meili_sync_admin;
+-- pg_dump reads the id sequences too (they are in a dump): an admin may dump the catalog.
+GRANT SELECT ON SEQUENCE meili_sync.tasks_id_seq, meili_sync.dead_letters_id_seq TO meili_sync_admin;
+
+-- pg_dump keeps the tasks, their keys and dead letters, and where their ids go on; the launcher
+-- stops a restored task until it is copied again (its positions belong to another cluster).
 SELECT pg_catalog.pg_extension_config_dump('meili_sync.tasks', '');
 SELECT pg_catalog.pg_extension_config_dump('meili_sync.task_secrets', '');
 SELECT pg_catalog.pg_extension_config_dump('meili_sync.dead_letters', '');
+SELECT pg_catalog.pg_extension_config_dump('meili_sync.tasks_id_seq', '');
+SELECT pg_catalog.pg_extension_config_dump('meili_sync.dead_letters_id_seq', '');

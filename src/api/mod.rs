@@ -32,16 +32,21 @@ pub(super) fn wake_launcher_at_commit() {
     }
 }
 
+/// The caller manages tasks: it must be an admin, and the installed SQL objects must be this
+/// library's (a task written by another version's functions could be misread).
 pub(super) fn require_admin() -> Result<(), SyncError> {
-    if catalog::current_role_is_admin()? {
-        Ok(())
-    } else {
-        Err(SyncError::new(
+    if !catalog::current_role_is_admin()? {
+        return Err(SyncError::new(
             ErrorKind::Privilege,
             "permission denied to manage meili_sync tasks",
         )
-        .hint("Only superusers and members of the meili_sync_admin role can manage tasks."))
+        .hint("Only superusers and members of the meili_sync_admin role can manage tasks."));
     }
+    if let Some(mismatch) = catalog::sql_version_mismatch()? {
+        return Err(SyncError::new(ErrorKind::Prerequisite, mismatch)
+            .hint("Run ALTER EXTENSION pg_meili_sync UPDATE, which brings the SQL objects to the library's version; then try again."));
+    }
+    Ok(())
 }
 
 /// The caller must be able to read the task's table: these functions copy, compare or re-send

@@ -5,6 +5,7 @@
 //! Every function here expects to run inside a transaction (the caller's, or one a worker opened).
 
 mod dead_letters;
+mod install;
 mod replication;
 mod search_targets;
 mod shared;
@@ -13,6 +14,7 @@ mod tasks;
 mod view;
 
 pub use dead_letters::*;
+pub use install::*;
 pub use replication::*;
 pub use search_targets::*;
 pub use shared::*;

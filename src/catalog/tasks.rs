@@ -5,6 +5,7 @@ use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 use pgrx::JsonB;
 
+use super::install::INSTALL_TOKEN_SQL;
 use super::shared::{shared_object_name, OWN_SLOT_SQL, SHARED_TASK_SQL};
 use super::{
     as_catalog_owner, format_lsn, ids_of, names_from, select_one, CatalogResult, OBJECT_NAME_SQL,
@@ -186,8 +187,10 @@ fn insert_task_row(task: NewTask<'_>, published: &[String]) -> CatalogResult<i64
     Spi::connect_mut(|client| {
         let id: i64 = client
             .update(
-                "INSERT INTO meili_sync.tasks (source, index_uid, url, primary_key, options, resync_of, owner)
-                 VALUES ($1::oid::regclass, $2, $3, $4, $5, $6, $7::oid::regrole) RETURNING id",
+                &format!(
+                    "INSERT INTO meili_sync.tasks (source, index_uid, url, primary_key, options, resync_of, owner, install_token)
+                     VALUES ($1::oid::regclass, $2, $3, $4, $5, $6, $7::oid::regrole, {INSTALL_TOKEN_SQL}) RETURNING id"
+                ),
                 Some(1),
                 &[
                     task.relid.into(),

@@ -519,6 +519,38 @@ fn read_catalog() -> Option<CatalogRead> {
                 install: None,
             });
         }
+        // Another version's SQL objects (the library was replaced, and ALTER EXTENSION … UPDATE
+        // has not run yet): no task runs, each shows why, and their slots keep their WAL.
+        if let Some(mismatch) = read("the extension's version", catalog::sql_version_mismatch())? {
+            read(
+                "the tasks waiting for the update",
+                catalog::hold_tasks_for_update(&mismatch),
+            );
+            warn_once_a_minute(format!(
+                "no task runs: {mismatch}; run ALTER EXTENSION pg_meili_sync UPDATE in this database"
+            ));
+            return Some(CatalogRead {
+                tasks: Vec::new(),
+                orphans: Vec::new(),
+                installed: false,
+                install: None,
+            });
+        }
+        read(
+            "the tasks that waited for the update",
+            catalog::release_tasks_held_for_update(),
+        );
+        // Before any worker starts: a task restored from another install's dump.
+        let restored = read(
+            "the tasks restored from a dump",
+            catalog::stop_restored_tasks(),
+        )?;
+        for task_id in restored {
+            warn_with_hint(
+                format!("pg_meili_sync task {task_id} stopped: it was restored from a dump, and its positions belong to the database it was dumped from"),
+                &format!("Check the task's index, then run SELECT meili_sync_resume({task_id}) to copy the table into it again."),
+            );
+        }
         // A task held for the swap of a resync whose helper was dropped, stopped or failed
         // streams on (it re-sends from its own slot whatever the abandoned swap may have skipped).
         let released = read(

@@ -157,3 +157,13 @@ pub fn error_after_new_copy(cluster: &cluster::Cluster, task: i64, timeout: Dura
     let status = cluster.wait_error(task, timeout);
     status.get("last_error").cloned().unwrap_or_default()
 }
+
+/// Sets its flag when dropped: a writer thread that loops until the flag is set stops when a
+/// failed check ends the test, instead of keeping the test waiting for it.
+pub struct StopOnDrop<'a>(pub &'a std::sync::atomic::AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+}

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::{products, start_task, wait_for, wait_index_matches_table};
+use pg_meili_sync_e2e::{products, start_task, wait_for, wait_index_matches_table, StopOnDrop};
 use serde_json::json;
 
 const CONVERGE: Duration = Duration::from_secs(120);
@@ -65,16 +65,6 @@ fn write_steadily(cluster: &Cluster, first: i64, stop: &AtomicBool) -> i64 {
         std::thread::sleep(Duration::from_millis(10));
     }
     id - first
-}
-
-/// Stops a `write_steadily` when dropped, so that a failed check ends the test instead of
-/// waiting for the writer forever.
-struct StopOnDrop<'a>(&'a AtomicBool);
-
-impl Drop for StopOnDrop<'_> {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::Relaxed);
-    }
 }
 
 fn server_version(cluster: &Cluster) -> u32 {

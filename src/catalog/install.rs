@@ -1,0 +1,123 @@
+//! This install of the extension: the version of its SQL objects against the library's, and the
+//! token that tells this install's tasks from tasks restored out of another's dump.
+
+use pgrx::prelude::*;
+
+use super::{as_catalog_owner, select_one, CatalogResult};
+
+/// The version of the SQL objects this library was built with (the control file's
+/// `default_version`).
+pub const LIBRARY_VERSION: &str = env!("CARGO_PKG_VERSION");
+
+/// How an active task's `last_error` begins while the installed SQL is not the library's; the
+/// launcher clears it after `ALTER EXTENSION pg_meili_sync UPDATE`.
+const WAITING_FOR_UPDATE: &str = "waiting for ALTER EXTENSION pg_meili_sync UPDATE";
+
+/// The version of the extension's SQL objects in this database, if the extension exists.
+pub fn installed_sql_version() -> CatalogResult<Option<String>> {
+    select_one::<String>(
+        "SELECT e.extversion::pg_catalog.text FROM pg_catalog.pg_extension e
+          WHERE e.extname OPERATOR(pg_catalog.=) 'pg_meili_sync'",
+        &[],
+    )
+}
+
+/// Why the library cannot serve the installed SQL objects, if it cannot: they are of another
+/// version (the library was replaced, and `ALTER EXTENSION … UPDATE` has not run yet).
+pub fn sql_version_mismatch() -> CatalogResult<Option<String>> {
+    Ok(installed_sql_version()?
+        .filter(|installed| installed != LIBRARY_VERSION)
+        .map(|installed| {
+            format!(
+                "the pg_meili_sync library is version {LIBRARY_VERSION}, but the extension's SQL objects in this database are version {installed}"
+            )
+        }))
+}
+
+/// Shows on every active task why it does not stream: `mismatch` (from
+/// [`sql_version_mismatch`]). The task keeps its state and positions.
+pub fn hold_tasks_for_update(mismatch: &str) -> CatalogResult<()> {
+    let message = format!("{WAITING_FOR_UPDATE}: {mismatch}; nothing is lost, the task goes on from where it stopped once the update has run");
+    // Read first: the launcher asks every round, and a write would use up a transaction id.
+    let shown = select_one::<bool>(
+        "SELECT NOT EXISTS (SELECT 1 FROM meili_sync.tasks
+          WHERE state OPERATOR(pg_catalog.=) ANY ('{snapshot,streaming,swapping}'::pg_catalog.text[])
+            AND last_error IS DISTINCT FROM $1)",
+        &[message.as_str().into()],
+    )?;
+    if shown == Some(true) {
+        return Ok(());
+    }
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET last_error = $1, last_error_at = pg_catalog.now()
+          WHERE state OPERATOR(pg_catalog.=) ANY ('{snapshot,streaming,swapping}'::pg_catalog.text[])
+            AND last_error IS DISTINCT FROM $1",
+        &[message.into()],
+    )?;
+    Ok(())
+}
+
+/// Clears what [`hold_tasks_for_update`] showed, once the SQL objects are the library's.
+pub fn release_tasks_held_for_update() -> CatalogResult<()> {
+    let held = select_one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM meili_sync.tasks WHERE pg_catalog.starts_with(last_error, $1))",
+        &[WAITING_FOR_UPDATE.into()],
+    )?;
+    if held != Some(true) {
+        return Ok(());
+    }
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET last_error = NULL, last_error_at = NULL
+          WHERE pg_catalog.starts_with(last_error, $1)",
+        &[WAITING_FOR_UPDATE.into()],
+    )?;
+    Ok(())
+}
+
+/// Stops every task that another install made: a task restored from a dump (pg_dump keeps the
+/// tasks, not the install they belong to). Its slot and positions are another cluster's, so it
+/// must not stream here; it is put in state `error`, set to copy its table again when resumed,
+/// and its last_error says so. A restored resync helper is dropped (its task can resync again).
+/// Returns the ids of the stopped tasks.
+pub fn stop_restored_tasks() -> CatalogResult<Vec<i64>> {
+    let restored = select_one::<bool>(
+        "SELECT EXISTS (SELECT 1 FROM meili_sync.tasks t, meili_sync.install i
+                         WHERE t.install_token IS DISTINCT FROM i.token)",
+        &[],
+    )?;
+    if restored != Some(true) {
+        return Ok(Vec::new());
+    }
+    as_catalog_owner(|| {
+        Spi::connect_mut(|client| {
+            client.update(
+                "DELETE FROM meili_sync.tasks t USING meili_sync.install i
+                  WHERE t.resync_of IS NOT NULL AND t.install_token IS DISTINCT FROM i.token",
+                None,
+                &[],
+            )?;
+            let rows = client.update(
+                "UPDATE meili_sync.tasks t
+                    SET state = 'error', generation = t.generation OPERATOR(pg_catalog.+) 1,
+                        install_token = i.token, stream_position = NULL,
+                        snapshot_key = NULL, rows_copied = 0,
+                        snapshot_started_at = NULL, snapshot_finished_at = NULL,
+                        resync_phase = NULL, swap_lsn = NULL, swap_created_at = NULL,
+                        last_error = pg_catalog.format(
+                            'restored from a dump: this task''s stream positions belong to the database it was dumped from, so it does not stream here. Check that its index (%s at %s) is the one this database should write to (meili_sync_alter changes it), then run SELECT meili_sync_resume(%s) to copy the table into the index again; or drop the task with SELECT meili_sync_drop(%s)',
+                            t.index_uid, t.url, t.id, t.id),
+                        last_error_at = pg_catalog.now()
+                   FROM meili_sync.install i
+                  WHERE t.install_token IS DISTINCT FROM i.token
+                  RETURNING t.id",
+                None,
+                &[],
+            )?;
+            super::ids_of(rows)
+        })
+        .map_err(Into::into)
+    })
+}
+
+/// The token of this install, which a new task is marked with.
+pub(super) const INSTALL_TOKEN_SQL: &str = "(SELECT i.token FROM meili_sync.install i)";
