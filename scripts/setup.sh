@@ -64,13 +64,16 @@ install_17() {
     tar -xjf "$work/postgresql-17.11.tar.bz2" -C "$work"
     (
         cd "$work/postgresql-17.11"
-        ./configure --quiet --prefix="$PG_HOME/17.build" --without-readline --without-icu > /dev/null
+        # Built for its final place (the binaries' RUNPATH names its lib/, else psql would load the
+        # system's older libpq and fail on functions it lacks), staged, and moved into place only
+        # once complete, so that a build cut short is never taken for an install.
+        ./configure --quiet --prefix="$PG_HOME/17" --without-readline --without-icu > /dev/null
         make -j"$(nproc)" -s > /dev/null
-        $SUDO make -s install > /dev/null
+        make -s install DESTDIR="$work/staged" > /dev/null
     )
-    # Moved into place only once complete, so that a build cut short is never taken for an install.
+    $SUDO mkdir -p "$PG_HOME"
     $SUDO rm -rf "$PG_HOME/17"
-    $SUDO mv "$PG_HOME/17.build" "$PG_HOME/17"
+    $SUDO mv "$work/staged$PG_HOME/17" "$PG_HOME/17"
     rm -rf "$work"
 }
 

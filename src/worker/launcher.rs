@@ -529,10 +529,11 @@ fn read_catalog() -> Option<CatalogRead> {
             warn_once_a_minute(format!(
                 "no task runs: {mismatch}; run ALTER EXTENSION pg_meili_sync UPDATE in this database"
             ));
+            // The WAL guard goes on: it reads only what every version's catalog has.
             return Some(CatalogRead {
                 tasks: Vec::new(),
                 orphans: Vec::new(),
-                installed: false,
+                installed: true,
                 install: None,
             });
         }

@@ -1,6 +1,7 @@
 //! End to end: the extension replaced in place, as a user upgrades (0.1.0, built from its last
 //! commit by scripts/build-0.1.0.sh, to this build), and a database carried to another cluster
-//! with pg_dump and pg_restore. PostgreSQL 15 only: the 0.1.0 library is built for it.
+//! with pg_dump and pg_restore. The update runs on PostgreSQL 15 only (the 0.1.0 library is built
+//! for it); the dump on every major.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
