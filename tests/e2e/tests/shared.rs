@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
 use pg_meili_sync_e2e::{products, wait_for, wait_index_matches_table};
-use serde_json::json;
+use serde_json::{json, Value};
 
 const CONVERGE: Duration = Duration::from_secs(300);
 
@@ -40,8 +40,20 @@ fn start_shared(cluster: &Cluster, meili: &Meili, table: &str) -> (String, i64) 
 }
 
 fn start_task(cluster: &Cluster, meili: &Meili, table: &str, decoding: &str) -> (String, i64) {
+    start_with(
+        cluster,
+        meili,
+        table,
+        json!({"decoding": decoding, "batch_size": 500}),
+    )
+}
+
+/// Starts a task on `table` with `options` (and the server's url and key), and waits until it
+/// streams; returns its index and id.
+fn start_with(cluster: &Cluster, meili: &Meili, table: &str, options: Value) -> (String, i64) {
+    let decoding = options["decoding"].as_str().unwrap_or("shared");
     let index = meili.unique_index(&format!("{decoding}_{table}"));
-    let options = meili.options(json!({"decoding": decoding, "batch_size": 500}));
+    let options = meili.options(options);
     let task: i64 = cluster
         .psql(&format!(
             "SELECT meili_sync_start('{table}', '{index}', '{options}')"
@@ -222,8 +234,12 @@ fn tasks_over_the_decoders_memory_budget_send_one_request_at_a_time_and_lose_not
     if let Some(server) = meili.test_server() {
         server.faults().set_task_delay(Duration::from_millis(100));
     }
-    let (products_index, _) = start_shared(&cluster, &meili, "products");
-    let (notes_index, _) = start_shared(&cluster, &meili, "notes");
+    // One enqueued request at a time in Meilisearch: the next ones wait in the tasks' queues for
+    // the slow confirmations, so that the documents held surely pass the budget (with a deep
+    // queue the test server enqueues them all at once, and the budget is reached or not by luck).
+    let options = json!({"decoding": "shared", "batch_size": 500, "stream_depth": 1});
+    let (products_index, _) = start_with(&cluster, &meili, "products", options.clone());
+    let (notes_index, _) = start_with(&cluster, &meili, "notes", options);
     // 40 requests of 500 rows, about 3 MB of products alone: over the budget, the two tasks
     // go on one request each at a time.
     std::thread::scope(|scope| {
