@@ -42,7 +42,7 @@ pub fn hold_tasks_for_update(mismatch: &str) -> CatalogResult<()> {
     let shown = select_one::<bool>(
         "SELECT NOT EXISTS (SELECT 1 FROM meili_sync.tasks
           WHERE state OPERATOR(pg_catalog.=) ANY ('{snapshot,streaming,swapping}'::pg_catalog.text[])
-            AND last_error IS DISTINCT FROM $1)",
+            AND (last_error IS NULL OR last_error OPERATOR(pg_catalog.<>) $1))",
         &[message.as_str().into()],
     )?;
     if shown == Some(true) {
@@ -51,7 +51,7 @@ pub fn hold_tasks_for_update(mismatch: &str) -> CatalogResult<()> {
     Spi::run_with_args(
         "UPDATE meili_sync.tasks SET last_error = $1, last_error_at = pg_catalog.now()
           WHERE state OPERATOR(pg_catalog.=) ANY ('{snapshot,streaming,swapping}'::pg_catalog.text[])
-            AND last_error IS DISTINCT FROM $1",
+            AND (last_error IS NULL OR last_error OPERATOR(pg_catalog.<>) $1)",
         &[message.into()],
     )?;
     Ok(())
@@ -81,8 +81,10 @@ pub fn release_tasks_held_for_update() -> CatalogResult<()> {
 /// Returns the ids of the stopped tasks.
 pub fn stop_restored_tasks() -> CatalogResult<Vec<i64>> {
     let restored = select_one::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM meili_sync.tasks t, meili_sync.install i
-                         WHERE t.install_token IS DISTINCT FROM i.token)",
+        &format!(
+            "SELECT EXISTS (SELECT 1 FROM meili_sync.tasks t, meili_sync.install i
+                             WHERE {MADE_ELSEWHERE_SQL})"
+        ),
         &[],
     )?;
     if restored != Some(true) {
@@ -91,13 +93,15 @@ pub fn stop_restored_tasks() -> CatalogResult<Vec<i64>> {
     as_catalog_owner(|| {
         Spi::connect_mut(|client| {
             client.update(
-                "DELETE FROM meili_sync.tasks t USING meili_sync.install i
-                  WHERE t.resync_of IS NOT NULL AND t.install_token IS DISTINCT FROM i.token",
+                &format!(
+                    "DELETE FROM meili_sync.tasks t USING meili_sync.install i
+                      WHERE t.resync_of IS NOT NULL AND {MADE_ELSEWHERE_SQL}"
+                ),
                 None,
                 &[],
             )?;
             let rows = client.update(
-                "UPDATE meili_sync.tasks t
+                &format!("UPDATE meili_sync.tasks t
                     SET state = 'error', generation = t.generation OPERATOR(pg_catalog.+) 1,
                         install_token = i.token, stream_position = NULL,
                         snapshot_key = NULL, rows_copied = 0,
@@ -108,8 +112,8 @@ pub fn stop_restored_tasks() -> CatalogResult<Vec<i64>> {
                             t.index_uid, t.url, t.id, t.id),
                         last_error_at = pg_catalog.now()
                    FROM meili_sync.install i
-                  WHERE t.install_token IS DISTINCT FROM i.token
-                  RETURNING t.id",
+                  WHERE {MADE_ELSEWHERE_SQL}
+                  RETURNING t.id"),
                 None,
                 &[],
             )?;
@@ -118,6 +122,11 @@ pub fn stop_restored_tasks() -> CatalogResult<Vec<i64>> {
         .map_err(Into::into)
     })
 }
+
+/// A task `t` that another install made, against this install `i` (schema-qualified, as
+/// `IS DISTINCT FROM` would look its operator up by search_path).
+const MADE_ELSEWHERE_SQL: &str =
+    "(t.install_token IS NULL OR t.install_token OPERATOR(pg_catalog.<>) i.token)";
 
 /// The token of this install, which a new task is marked with.
 pub(super) const INSTALL_TOKEN_SQL: &str = "(SELECT i.token FROM meili_sync.install i)";
