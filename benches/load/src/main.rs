@@ -241,19 +241,33 @@ fn ceiling_of(meili: &Meili, documents: &[String], batch_size: usize, prefix: &s
     for body in bodies {
         enqueued.push(meili.post_ndjson(&index, body).expect("post a batch"));
     }
+    let count = documents.len();
+    finish_direct_feed(meili, &index, enqueued, started, count, "ceiling", &format!(
+        "the same {count} documents posted straight to the same server, {batch_size} per task, all enqueued at once"
+    ))
+}
+
+/// Waits for Meilisearch to finish the tasks of a feed that bypasses the extension, prints its
+/// rate and batches under `label`, deletes its index, and returns documents per second.
+fn finish_direct_feed(
+    meili: &Meili,
+    index: &str,
+    enqueued: Vec<u64>,
+    started: Instant,
+    documents: usize,
+    label: &str,
+    what: &str,
+) -> f64 {
     for uid in enqueued {
         meili.wait_task(uid, Duration::from_secs(3600));
     }
     let seconds = started.elapsed().as_secs_f64();
-    let count = documents.len();
-    let rate = count as f64 / seconds;
-    println!(
-        "ceiling           {rate:.0} docs/s (the same {count} documents posted straight to the same server, {batch_size} per task, all enqueued at once, in {seconds:.2} s)"
-    );
-    if let Some(batches) = meili_batches(meili, &index) {
-        println!("ceiling {batches}");
+    let rate = documents as f64 / seconds;
+    println!("{label:<17} {rate:.0} docs/s ({what}, in {seconds:.2} s)");
+    if let Some(batches) = meili_batches(meili, index) {
+        println!("{label} {batches}");
     }
-    meili.delete_index(&index);
+    meili.delete_index(index);
     rate
 }
 
@@ -387,6 +401,80 @@ fn stream(
     // The worker coalesces consecutive transactions into batches of up to batch_size (10,000).
     let rate = ceiling(&setup.meili, rows, 10_000);
     println!("stream/ceiling    {:.2}", rows as f64 / seconds / rate);
+    if !backlog {
+        let poster_rate = per_commit_poster(&setup, rows, per_transaction);
+        println!(
+            "stream/poster     {:.2}",
+            rows as f64 / seconds / poster_rate
+        );
+    }
+}
+
+/// A live burst fed to Meilisearch without the extension, for comparison (not a ceiling: it does
+/// not coalesce): the same client commits the same transactions into a
+/// table with no task, and each transaction's documents (built by the data generator) are posted
+/// the moment psql reports its commit, one task per transaction. The time counts from the
+/// client's start to the last document indexed, as the stream's does, so the source's pace and
+/// its inserts' CPU on the same cores are in both; what differs is only what the extension does.
+fn per_commit_poster(setup: &Setup, rows: i64, per_transaction: i64) -> f64 {
+    use std::io::BufRead;
+    let meili = &setup.meili;
+    let index = meili.unique_index("products_poster");
+    setup
+        .cluster
+        .psql("CREATE TABLE products_live (LIKE products INCLUDING ALL)");
+    let transactions = rows / per_transaction;
+    let bodies: Vec<Vec<u8>> = (0..transactions)
+        .map(|n| {
+            let mut body = Vec::new();
+            for id in n * per_transaction + 1..=(n + 1) * per_transaction {
+                body.extend_from_slice(products::expected_document(id, 1).to_string().as_bytes());
+                body.push(b'\n');
+            }
+            body
+        })
+        .collect();
+    let script: String = (0..transactions)
+        .map(|n| {
+            let insert = products::insert_sql(n * per_transaction + 1, (n + 1) * per_transaction)
+                .replacen("INSERT INTO products ", "INSERT INTO products_live ", 1);
+            format!("{insert};\n\\echo {n}\n")
+        })
+        .collect();
+    let started = Instant::now();
+    let mut child = setup
+        .cluster
+        .psql_command()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start psql");
+    let mut stdin = child.stdin.take().expect("psql's stdin");
+    let writer = std::thread::spawn(move || {
+        use std::io::Write;
+        stdin
+            .write_all(script.as_bytes())
+            .expect("write the script to psql");
+    });
+    let stdout = child.stdout.take().expect("psql's stdout");
+    let mut enqueued = Vec::new();
+    for line in std::io::BufReader::new(stdout).lines() {
+        let line = line.expect("read psql's output");
+        let n: usize = line.trim().parse().expect("a transaction number");
+        enqueued.push(
+            meili
+                .post_ndjson(&index, bodies[n].clone())
+                .expect("post a transaction's documents"),
+        );
+    }
+    writer.join().expect("the script writer");
+    assert!(
+        child.wait().expect("wait for psql").success(),
+        "psql failed"
+    );
+    finish_direct_feed(meili, &index, enqueued, started, rows as usize, "per-commit poster", &format!(
+        "the same client's {transactions} transactions into a table with no task, each posted straight to the same server as psql reported its commit"
+    ))
 }
 
 /// Creates `count` tables `{prefix}_{n}` (with `create(n)`) and a task on each, into an index of
