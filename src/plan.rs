@@ -99,6 +99,10 @@ pub struct SnapshotPlan {
     pub limits: BatchLimits,
     /// The table's owner: pages are read with its rights (see `security::as_table_owner`).
     pub table_owner: pgrx::pg_sys::Oid,
+    /// A partitioned table's OID: its changes come from its partitions.
+    pub partitioned_root: Option<u32>,
+    /// Its leaf partitions now.
+    pub partitions: Vec<u32>,
 }
 
 pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPlan, SyncError> {
@@ -200,6 +204,15 @@ pub fn source_plan(
             max_age: Duration::from_millis(options.flush_interval_ms),
         },
         table_owner: info.owner,
+        partitioned_root: info.is_partitioned().then(|| relid.to_u32()),
+        partitions: if info.is_partitioned() {
+            catalog::partition_leaves_now(relid)?
+                .into_iter()
+                .map(|(leaf, _)| leaf)
+                .collect()
+        } else {
+            Vec::new()
+        },
     })
 }
 
@@ -356,7 +369,7 @@ pub fn view_plan(
             ErrorKind::UnsupportedType,
             format!("view {view} reads {}, which is not an ordinary table (relkind '{}')", table.qualified_name, table.relkind.code()),
         )
-        .hint("A view task follows the changes of ordinary tables only: materialized views, foreign and partitioned tables have no row changes in the WAL it could follow."));
+        .hint("A view task follows the changes of ordinary tables only: materialized views and foreign tables have no row changes in the WAL it could follow, and views over partitioned tables are not supported yet (a task on the partitioned table itself is)."));
     }
     let mut mapped: Vec<(pg_sys::Oid, String)> = Vec::new();
     let listed = || {

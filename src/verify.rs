@@ -144,6 +144,8 @@ struct Context {
     task: TaskRecord,
     /// The table (`ONLY` it) or view, schema-qualified and quoted, as queries name it.
     relation: String,
+    /// A table (partitioned or not) locks the rows it reads; a view blocks writes to its tables.
+    is_view: bool,
     plan: SnapshotPlan,
     client: Client,
     key: Vec<(String, String)>,
@@ -175,6 +177,7 @@ impl Context {
             .map_err(meili_error("cannot reach Meilisearch"))?;
         Ok(Context {
             relation: info.query_name(),
+            is_view: info.is_view(),
             upsert: options.write_mode == WriteMode::Upsert,
             task,
             plan,
@@ -400,7 +403,13 @@ impl Context {
     /// overtaken by sending it.
     fn locked_rows(&self, keys: Vec<Vec<String>>) -> Result<EncodedRows, SyncError> {
         let rows = self.as_owner(|| {
-            catalog::lock_rows(&self.relation, &self.column_names, &self.key, &keys)
+            catalog::lock_rows(
+                &self.relation,
+                self.is_view,
+                &self.column_names,
+                &self.key,
+                &keys,
+            )
         })?;
         Ok(self.encode(&rows))
     }

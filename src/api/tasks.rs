@@ -18,6 +18,23 @@ use crate::pg_catalog::ReplicaIdentity;
 use crate::worker::resync;
 use crate::{gucs, plan, security};
 
+/// Whether the old row of an UPDATE or DELETE on `table` carries every column of `sorted_key`.
+fn identity_covers(table: &RelationInfo, sorted_key: &[String]) -> bool {
+    let same = |columns: &Option<Vec<String>>| {
+        columns.as_ref().is_some_and(|columns| {
+            let mut columns = columns.clone();
+            columns.sort();
+            columns == sorted_key
+        })
+    };
+    match table.replica_identity {
+        ReplicaIdentity::Full => true,
+        ReplicaIdentity::Default => same(&table.primary_key),
+        ReplicaIdentity::Index => same(&table.replica_identity_index),
+        ReplicaIdentity::Nothing => false,
+    }
+}
+
 /// Chooses the key columns: the `primary_key` option, else the table's primary key; checks that
 /// they identify rows and that the old key of a DELETE will be in the WAL.
 fn resolve_key(
@@ -66,28 +83,29 @@ fn resolve_key(
     };
     let mut sorted_key = key.clone();
     sorted_key.sort();
-    let identity_covers_key = match info.replica_identity {
-        ReplicaIdentity::Full => true,
-        ReplicaIdentity::Default => info.primary_key.as_ref().is_some_and(|pk| {
-            let mut pk = pk.clone();
-            pk.sort();
-            pk == sorted_key
-        }),
-        ReplicaIdentity::Index => info.replica_identity_index.as_ref().is_some_and(|index| {
-            let mut index = index.clone();
-            index.sort();
-            index == sorted_key
-        }),
-        ReplicaIdentity::Nothing => false,
+    // A partitioned table's changes are its partitions', each with its own replica identity.
+    let tables: Vec<&RelationInfo> = if info.is_partitioned() {
+        info.partitions.iter().collect()
+    } else {
+        vec![info]
     };
-    if !identity_covers_key {
+    if let Some(uncovered) = tables
+        .iter()
+        .find(|table| !identity_covers(table, &sorted_key))
+    {
+        let name = &uncovered.qualified_name;
+        let which = if info.is_partitioned() {
+            format!("partition {name} of table {table}")
+        } else {
+            format!("table {table}")
+        };
         return Err(SyncError::new(
             ErrorKind::NoKey,
-            format!("the replica identity of table {table} does not carry the key ({})", key.join(", ")),
+            format!("the replica identity of {which} does not carry the key ({})", key.join(", ")),
         )
         .detail("Deleted rows are found by their old key, which logical decoding takes from the replica identity.")
         .hint(format!(
-            "Run ALTER TABLE {table} REPLICA IDENTITY USING INDEX <unique index on the key>, or REPLICA IDENTITY FULL."
+            "Run ALTER TABLE {name} REPLICA IDENTITY USING INDEX <unique index on the key>, or REPLICA IDENTITY FULL."
         )));
     }
     for name in &key {

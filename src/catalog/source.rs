@@ -4,6 +4,7 @@
 use std::ffi::CStr;
 
 use pgrx::datum::DatumWithOid;
+use pgrx::pg_sys::submodules::ffi::pg_guard_ffi_boundary;
 use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 
@@ -34,6 +35,9 @@ pub struct RelationInfo {
     pub primary_key: Option<Vec<String>>,
     pub replica_identity_index: Option<Vec<String>>,
     pub unique_keys: Vec<Vec<String>>,
+    /// A partitioned table's leaf partitions at any depth (filled by `syncable_source`): their
+    /// changes are in the WAL under their own OIDs, each with its own replica identity.
+    pub partitions: Vec<RelationInfo>,
 }
 
 pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
@@ -120,19 +124,112 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
             primary_key,
             replica_identity_index,
             unique_keys,
+            partitions: Vec::new(),
         })
     })
+}
+
+/// The leaf partitions of the partitioned table `root` now, each with whether it was created in
+/// place: every link on its way up to `root` (`pg_inherits`) was made by the transaction that
+/// created the partition below it (CREATE TABLE … PARTITION OF), rather than by a later ATTACH,
+/// which brings in rows the WAL never carried as changes. A table's row type is made with the
+/// table and left alone by ATTACH (which does rewrite the table's `pg_class` row), so the link's
+/// `xmin` is compared with the row type's.
+pub fn partition_leaves_now(root: pg_sys::Oid) -> CatalogResult<Vec<(u32, bool)>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT t.relid, t.parentrelid, t.isleaf,
+                    COALESCE(i.xmin OPERATOR(pg_catalog.=) ty.xmin, true)
+               FROM pg_catalog.pg_partition_tree($1) t
+               JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.relid
+               LEFT JOIN pg_catalog.pg_type ty ON ty.oid OPERATOR(pg_catalog.=) c.reltype
+               LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid OPERATOR(pg_catalog.=) t.relid",
+            None,
+            &[root.into()],
+        )?;
+        // relid -> (parent, leaf, made in place)
+        let mut nodes = std::collections::HashMap::new();
+        for row in rows {
+            let Some(relid) = row.get::<pg_sys::Oid>(1)? else {
+                continue;
+            };
+            let parent = row.get::<pg_sys::Oid>(2)?;
+            let leaf = row.get::<bool>(3)?.unwrap_or(false);
+            let in_place = row.get::<bool>(4)?.unwrap_or(true);
+            nodes.insert(relid.to_u32(), (parent.map(|p| p.to_u32()), leaf, in_place));
+        }
+        let mut leaves = Vec::new();
+        for (&relid, &(_, leaf, _)) in &nodes {
+            if !leaf {
+                continue;
+            }
+            let mut in_place = true;
+            let mut node = relid;
+            // Up to `root` (whose own link, if it is a partition itself, does not count). The
+            // tree is finite and acyclic; the bound only guards against a catalog in flux.
+            for _ in 0..nodes.len() {
+                if node == root.to_u32() {
+                    break;
+                }
+                let Some(&(parent, _, made_here)) = nodes.get(&node) else {
+                    break;
+                };
+                in_place &= made_here;
+                let Some(parent) = parent else {
+                    break;
+                };
+                node = parent;
+            }
+            leaves.push((relid, in_place));
+        }
+        leaves.sort_unstable();
+        Ok(leaves)
+    })
+}
+
+/// Where the WAL is being written now: every transaction that committed before this call is
+/// before it.
+pub fn wal_insert_position() -> CatalogResult<u64> {
+    let position: Option<i64> = select_one(
+        "SELECT (pg_catalog.pg_current_wal_insert_lsn() OPERATOR(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::bigint",
+        &[],
+    )?;
+    Ok(position
+        .and_then(|p| u64::try_from(p).ok())
+        .unwrap_or_default())
+}
+
+/// The leaf partitions of a partitioned table, at any depth, as the catalog has them now.
+fn leaf_partitions(root: pg_sys::Oid) -> CatalogResult<Vec<RelationInfo>> {
+    let leaves: Vec<pg_sys::Oid> = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT relid FROM pg_catalog.pg_partition_tree($1) WHERE isleaf ORDER BY relid",
+            None,
+            &[root.into()],
+        )?;
+        let mut leaves = Vec::new();
+        for row in rows {
+            if let Some(relid) = row.get::<pg_sys::Oid>(1)? {
+                leaves.push(relid);
+            }
+        }
+        Ok::<_, SyncError>(leaves)
+    })?;
+    leaves.into_iter().map(relation_info).collect()
 }
 
 /// The table or view a task syncs, checked as `meili_sync_start` checks it and as the worker
 /// checks it again before each copy: an ordinary, permanent user table, or a view, that `role`
 /// may read. (What a view reads is checked by `plan::view_plan`.)
 pub fn syncable_source(relid: pg_sys::Oid, role: pg_sys::Oid) -> CatalogResult<RelationInfo> {
-    let info = relation_info(relid)?;
+    let mut info = relation_info(relid)?;
     let table = &info.qualified_name;
-    if !matches!(info.relkind, RelationKind::Table | RelationKind::View) {
-        return Err(SyncError::new(ErrorKind::InvalidParameter, format!("{table} is not an ordinary table or a view"))
-            .hint("Sync an ordinary table or a view; partitioned tables, materialized views and foreign tables are not supported."));
+    if !matches!(
+        info.relkind,
+        RelationKind::Table | RelationKind::View | RelationKind::PartitionedTable
+    ) {
+        return Err(SyncError::new(ErrorKind::InvalidParameter, format!("{table} is not a table or a view"))
+            .hint("Sync an ordinary or partitioned table, or a view; materialized views and foreign tables have no row changes in the WAL."));
     }
     if u32::from(relid) < pg_sys::FirstNormalObjectId {
         return Err(SyncError::new(
@@ -150,6 +247,22 @@ pub fn syncable_source(relid: pg_sys::Oid, role: pg_sys::Oid) -> CatalogResult<R
             "Run ALTER TABLE {table} SET LOGGED, or sync a permanent table."
         )));
     }
+    if info.relkind == RelationKind::PartitionedTable {
+        info.partitions = leaf_partitions(relid)?;
+        if let Some(leaf) = info
+            .partitions
+            .iter()
+            .find(|leaf| leaf.relkind != RelationKind::Table || leaf.persistence != "p")
+        {
+            let name = &leaf.qualified_name;
+            return Err(SyncError::new(
+                ErrorKind::InvalidParameter,
+                format!("partition {name} of table {table} is foreign, temporary or unlogged, so its changes are not in the WAL"),
+            )
+            .hint(format!("Run ALTER TABLE {name} SET LOGGED, or detach the partition.")));
+        }
+    }
+    let table = &info.qualified_name;
     if !may_select(role, relid)? {
         let role = role_name(role)?;
         return Err(SyncError::new(
@@ -168,9 +281,14 @@ impl RelationInfo {
         self.relkind == RelationKind::View
     }
 
-    /// How queries name it: `ONLY t` for a table (not its inheritance children), the view itself.
+    pub fn is_partitioned(&self) -> bool {
+        self.relkind == RelationKind::PartitionedTable
+    }
+
+    /// How queries name it: `ONLY t` for a table (not its inheritance children), a partitioned
+    /// table with its partitions, the view itself.
     pub fn query_name(&self) -> String {
-        if self.is_view() {
+        if self.is_view() || self.is_partitioned() {
             self.qualified_name.clone()
         } else {
             format!("ONLY {}", self.qualified_name)
@@ -184,6 +302,62 @@ impl RelationInfo {
             .find(|c| c.name == column)
             .map(|c| c.type_name.clone())
             .unwrap_or_default()
+    }
+}
+
+// Not bound by pgrx 0.18; called through the FFI boundary guard, like pgrx's own wrappers.
+extern "C-unwind" {
+    fn get_partition_ancestors(relid: pg_sys::Oid) -> *mut pg_sys::List;
+    fn find_all_inheritors(
+        parent: pg_sys::Oid,
+        lockmode: std::ffi::c_int,
+        parents: *mut *mut pg_sys::List,
+    ) -> *mut pg_sys::List;
+}
+
+/// The OIDs of an OID list (NIL: none).
+///
+/// # Safety
+/// `list` is NIL or a valid `T_OidList` in a memory context that outlives this call.
+unsafe fn oid_list(list: *mut pg_sys::List) -> Vec<u32> {
+    // SAFETY: as the caller promises, `list` is NIL or an OID list, which PgList reads as is.
+    unsafe { pgrx::PgList::<pg_sys::Oid>::from_pg(list) }
+        .iter_oid()
+        .map(|oid| oid.to_u32())
+        .collect()
+}
+
+/// The partitioned tables `relid` is a partition of, nearest first; empty for a relation that is
+/// no partition. Reads `pg_inherits` through the catalog snapshot, so inside a decoding callback
+/// it answers as of the decoded change, as pgoutput's own lookup does (a partition whose DETACH
+/// is pending has no ancestors any more).
+pub fn partition_ancestors(relid: u32) -> Vec<u32> {
+    let oid = pg_sys::Oid::from(relid);
+    // SAFETY: syscache and pg_inherits lookups by OID inside a transaction (a decoding callback,
+    // or the worker's own); get_partition_ancestors returns a fresh OID list (NIL when none),
+    // and raises an ERROR only on a broken catalog, which the guard turns into a panic.
+    unsafe {
+        if !pg_sys::get_rel_relispartition(oid) {
+            return Vec::new();
+        }
+        oid_list(pg_guard_ffi_boundary(|| get_partition_ancestors(oid)))
+    }
+}
+
+/// The leaf partitions (ordinary tables, at any depth) of the partitioned table `root`, as the
+/// catalog snapshot sees them (inside a decoding callback: as of the decoded change).
+pub fn partition_leaves(root: u32) -> Vec<u32> {
+    let oid = pg_sys::Oid::from(root);
+    // SAFETY: find_all_inheritors with NoLock (0) and no parents list only scans pg_inherits and
+    // returns a fresh OID list holding `root` and everything below it; get_rel_relkind is a
+    // syscache lookup that answers 0 for a relation gone meanwhile.
+    unsafe {
+        let all = oid_list(pg_guard_ffi_boundary(|| {
+            find_all_inheritors(oid, 0, std::ptr::null_mut())
+        }));
+        all.into_iter()
+            .filter(|&relid| pg_sys::get_rel_relkind(pg_sys::Oid::from(relid)) as u8 == b'r')
+            .collect()
     }
 }
 
@@ -311,6 +485,7 @@ pub fn absent_keys(
 /// view, whose rows may be aggregates, by blocking writes to every table it reads.
 pub fn lock_rows(
     from: &str,
+    is_view: bool,
     columns: &[String],
     key: &[(String, String)],
     keys: &[Vec<String>],
@@ -323,8 +498,7 @@ pub fn lock_rows(
         .map(|name| format!("t.{}", quote_identifier(name)))
         .collect();
     let condition = key_condition(key, &KeyMatch::Typed, "t");
-    let is_table = from.starts_with("ONLY ");
-    if !is_table {
+    if is_view {
         lock_table_against_writes(from)?;
     }
     Spi::connect_mut(|client| {
@@ -334,7 +508,7 @@ pub fn lock_rows(
                   WHERE EXISTS (SELECT 1 FROM pg_catalog.generate_subscripts($1::text[], 1) i WHERE {condition})
                   {}",
                 select.join(", "),
-                if is_table { "FOR UPDATE OF t" } else { "" }
+                if is_view { "" } else { "FOR UPDATE OF t" }
             ),
             None,
             &key_arrays(keys, key.len()),

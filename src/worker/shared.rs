@@ -357,7 +357,8 @@ impl SharedDecoder {
             None => {
                 let rules = ColumnRules::new(&task.relation, &task.primary_key, &options);
                 let stream = Streamer::new(task, live, dispatcher, rules, plan.limits, &options)
-                    .with_stall_limit(STALL_LIMIT);
+                    .with_stall_limit(STALL_LIMIT)
+                    .with_partitioned_root(plan.partitioned_root, plan.partitions.clone(), task);
                 (Box::new(stream), vec![task.relid.to_u32()])
             }
         };
@@ -807,7 +808,8 @@ fn run(live: LiveStatus, pid: i32) -> Result<(), Stop> {
         live,
         pid,
         name,
-        router: Router::default(),
+        // Partitions' changes come under their own OIDs; the catalog says whose they are.
+        router: Router::new(Box::new(catalog::partition_ancestors)),
         pipelines: HashMap::new(),
         published: Vec::new(),
         last_refresh: None,

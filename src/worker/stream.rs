@@ -6,21 +6,25 @@
 use std::borrow::BorrowMut;
 use std::time::{Duration, Instant};
 
+use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
 use crate::batch::BatchLimits;
-use crate::catalog;
+use crate::catalog::{self, TaskRecord};
 use crate::changes::ChangeMapper;
 use crate::decode::session::MessageSink;
 use crate::dispatch::{DeadLetter, Dispatcher};
-use crate::failure::{Failure, FailureKind};
+use crate::error::{ErrorKind, SyncError};
+use crate::failure::{Advice, Failure, FailureKind};
 use crate::meter::CommitAges;
 use crate::options::{TaskOptions, WriteMode};
 use crate::pgoutput;
 use crate::plan::ColumnRules;
 use crate::shmem::LiveStatus;
 use crate::state_change;
-use crate::worker::control::{rewind_dispatcher, should_stop, Stop};
+use crate::worker::control::{
+    in_transaction, retry_transient, rewind_dispatcher, should_stop, Stop,
+};
 use crate::worker::drive::{PassStream, Settlement, TaskStream};
 
 /// One task's stream: maps its decoded changes to batches and hands them to its dispatcher
@@ -49,7 +53,30 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
     stalled: bool,
     /// `batches_finished` when `finished_more` last looked.
     finished_seen: u64,
+    /// The task's table when it is partitioned: a TRUNCATE of only some of its partitions
+    /// cannot be mapped to documents (see `partial_truncate`), so their documents are pruned.
+    partitioned: Option<Partitioned>,
+    /// The commit position of the transaction being read (from its Begin).
+    transaction_commit: u64,
 }
+
+/// What a task on a partitioned table keeps to prune after a TRUNCATE of some partitions.
+struct Partitioned {
+    root: u32,
+    task: TaskRecord,
+    /// The commit of the last partial TRUNCATE read: once Meilisearch has confirmed everything up
+    /// to it, the documents whose rows are gone are deleted, and only then is the slot confirmed
+    /// past it (a worker that dies before reads it again and prunes again).
+    prune_at: Option<u64>,
+    /// Everything up to `prune_at` is confirmed, at this read position.
+    prune_due: Option<u64>,
+    /// The leaf partitions when last looked at (see `look_at_partitions`).
+    leaves: Vec<u32>,
+    next_look: Instant,
+}
+
+/// How often a task on a partitioned table looks for partitions detached, dropped or attached.
+const PARTITION_LOOK_INTERVAL: Duration = Duration::from_secs(2);
 
 impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     pub fn new(
@@ -81,7 +108,106 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             stall_limit: None,
             stalled: false,
             finished_seen: 0,
+            partitioned: None,
+            transaction_commit: 0,
         }
+    }
+
+    /// The task's table is this partitioned table (`plan::SnapshotPlan::partitioned_root`).
+    /// `leaves`: its leaf partitions when the worker checked the table (see
+    /// `look_at_partitions`).
+    pub fn with_partitioned_root(
+        mut self,
+        root: Option<u32>,
+        leaves: Vec<u32>,
+        task: &TaskRecord,
+    ) -> Self {
+        self.partitioned = root.map(|root| Partitioned {
+            root,
+            task: task.clone(),
+            prune_at: None,
+            prune_due: None,
+            leaves,
+            next_look: Instant::now() + PARTITION_LOOK_INTERVAL,
+        });
+        self
+    }
+
+    /// A partition detached or dropped takes no row change into the WAL, and one attached brings
+    /// rows that were never changes: the worker looks at the partitions every few seconds. The
+    /// documents of a partition that is gone are pruned (as after a partial TRUNCATE, once
+    /// everything up to now is in the index); a partition attached with its rows stops the task,
+    /// which must copy the table again. Partitions created in place (CREATE TABLE … PARTITION OF)
+    /// start empty and stream like the others.
+    fn look_at_partitions(&mut self) -> Result<(), Stop> {
+        let Some(partitioned) = self.partitioned.as_mut() else {
+            return Ok(());
+        };
+        if Instant::now() < partitioned.next_look {
+            return Ok(());
+        }
+        partitioned.next_look = Instant::now() + PARTITION_LOOK_INTERVAL;
+        let root = pg_sys::Oid::from(partitioned.root);
+        let (leaves, now) = in_transaction(self.live, "looking at the partitions", || {
+            Ok((
+                catalog::partition_leaves_now(root)?,
+                catalog::wal_insert_position()?,
+            ))
+        })?;
+        if let Some((attached, _)) = leaves
+            .iter()
+            .find(|(leaf, in_place)| !in_place && !partitioned.leaves.contains(leaf))
+        {
+            let name = in_transaction(self.live, "naming a partition", || {
+                catalog::relation_info(pg_sys::Oid::from(*attached)).map(|info| info.qualified_name)
+            })
+            .unwrap_or_else(|_| format!("with OID {attached}"));
+            return Err(Stop::Failed(
+                Failure::new(
+                    FailureKind::Source,
+                    format!(
+                        "partition {name} was attached to {} with rows that were never changes in the WAL",
+                        self.rules.relation_name
+                    ),
+                )
+                .advice(Advice::Snapshot),
+            ));
+        }
+        let current: Vec<u32> = leaves.iter().map(|(leaf, _)| *leaf).collect();
+        if partitioned
+            .leaves
+            .iter()
+            .any(|leaf| !current.contains(leaf))
+        {
+            log!(
+                "pg_meili_sync task {}: a partition of {} was detached or dropped; its documents are deleted once everything before it is in the index",
+                self.task_id,
+                self.rules.relation_name
+            );
+            partitioned.prune_at = Some(partitioned.prune_at.map_or(now, |at| at.max(now)));
+        }
+        partitioned.leaves = current;
+        Ok(())
+    }
+
+    /// Prunes once everything up to a partial TRUNCATE is confirmed (`settled`: the position
+    /// the slot may be confirmed to), before the slot is confirmed past it.
+    fn prune_when_due(&mut self, settled: Option<u64>) -> Result<Option<u64>, Stop> {
+        let Some(partitioned) = self.partitioned.as_mut() else {
+            return Ok(settled);
+        };
+        let Some(prune_at) = partitioned.prune_at else {
+            return Ok(settled);
+        };
+        let due = settled
+            .filter(|&position| position >= prune_at)
+            .or(partitioned.prune_due.take());
+        let Some(position) = due else {
+            return Ok(settled);
+        };
+        prune_index(&partitioned.task, self.live)?;
+        partitioned.prune_at = None;
+        Ok(Some(position))
     }
 
     /// Gives up waiting for room after `limit` without any batch confirmed, instead of holding
@@ -170,6 +296,17 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     fn forget_read(&mut self) {
         self.mapper = ChangeMapper::new(self.limits, self.upsert);
         self.stalled = false;
+        // What was read is read again; a prune still due stays due.
+        if let Some(partitioned) = self.partitioned.as_mut() {
+            partitioned.prune_due = None;
+        }
+    }
+
+    /// A prune waits, or a look at the partitions is due: the stream is not quiet.
+    fn prune_pending(&self) -> bool {
+        self.partitioned.as_ref().is_some_and(|partitioned| {
+            partitioned.prune_at.is_some() || Instant::now() >= partitioned.next_look
+        })
     }
 
     /// Rows that could not become documents go to the dead letters (stored by the main loop
@@ -195,12 +332,23 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for Streamer<D> {
 
     fn settle(&mut self) -> Result<Option<u64>, Stop> {
         self.pump(None);
-        self.settlement
-            .settle(self.task_id, self.live, self.dispatcher.borrow_mut())
+        let settled =
+            self.settlement
+                .settle(self.task_id, self.live, self.dispatcher.borrow_mut())?;
+        self.prune_when_due(settled)
     }
 
     fn confirm_idle(&mut self, read_position: u64) -> Option<u64> {
         let idle = self.is_idle() && !self.ended;
+        if let Some(partitioned) = self.partitioned.as_mut() {
+            if let Some(prune_at) = partitioned.prune_at {
+                // Not past the partial TRUNCATE before its prune: the next settle prunes.
+                if idle && read_position >= prune_at {
+                    partitioned.prune_due = Some(read_position);
+                }
+                return None;
+            }
+        }
         self.settlement.confirm_idle(idle, read_position)
     }
 
@@ -214,7 +362,7 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for Streamer<D> {
 
     fn after_read(&mut self, nothing_coming: bool) -> Result<(), Stop> {
         self.end_read(nothing_coming);
-        Ok(())
+        self.look_at_partitions()
     }
 
     fn publish(&mut self, read_position: u64, confirmed: u64) {
@@ -253,7 +401,10 @@ impl PassStream for Streamer<Dispatcher> {
     }
 
     fn is_quiet(&self) -> bool {
-        self.mapper.is_idle() && self.dispatcher.is_quiet() && self.settlement.is_empty()
+        self.mapper.is_idle()
+            && self.dispatcher.is_quiet()
+            && self.settlement.is_empty()
+            && !self.prune_pending()
     }
 
     fn is_stalled(&self) -> bool {
@@ -312,6 +463,21 @@ impl<D: BorrowMut<Dispatcher>> MessageSink for Streamer<D> {
             self.ended = true;
             return;
         }
+        match (&message, self.partitioned.as_mut()) {
+            (pgoutput::Message::Begin { final_lsn, .. }, _) => self.transaction_commit = *final_lsn,
+            (pgoutput::Message::Truncate { relations, .. }, Some(partitioned))
+                if is_partial_truncate(partitioned.root, relations) =>
+            {
+                log!(
+                    "pg_meili_sync task {}: a TRUNCATE emptied some partitions of {}; their documents are deleted once everything before it is in the index",
+                    self.task_id,
+                    self.rules.relation_name
+                );
+                partitioned.prune_at = Some(self.transaction_commit);
+                return;
+            }
+            _ => {}
+        }
         let rules = &self.rules;
         if let Err(error) = self.mapper.apply(message, &Instant::now, &mut |relation| {
             rules.relation_shape(relation)
@@ -322,4 +488,38 @@ impl<D: BorrowMut<Dispatcher>> MessageSink for Streamer<D> {
         self.report_skipped();
         self.send_ready(true);
     }
+}
+
+/// Whether a TRUNCATE empties some partitions of the partitioned table `root` but not all of
+/// them. Their documents cannot be told from the others' by their ids, so instead of deleting the
+/// whole index (or nothing), the stream prunes: once Meilisearch has everything before it, the
+/// documents whose rows are gone are deleted (`verify::prune`), which is exact whenever it runs
+/// after the TRUNCATE, since every later change is streamed after the prune's deletes. Looked up
+/// inside the decoding callback, so the partitions are those of the truncating transaction.
+fn is_partial_truncate(root: u32, truncated: &[u32]) -> bool {
+    let leaves = catalog::partition_leaves(root);
+    let emptied = leaves
+        .iter()
+        .filter(|leaf| truncated.contains(leaf))
+        .count();
+    emptied > 0 && emptied < leaves.len()
+}
+
+/// Deletes the documents of rows that no longer exist (see `verify::prune`), retrying while
+/// Meilisearch is unreachable.
+pub fn prune_index(task: &TaskRecord, live: LiveStatus) -> Result<(), Stop> {
+    let deleted = retry_transient(
+        live,
+        "deleting the documents whose rows no longer exist",
+        |error: &SyncError| error.kind == ErrorKind::Meilisearch,
+        || BackgroundWorker::transaction(|| crate::verify::prune(task.clone())),
+        Stop::from,
+    )?;
+    if deleted > 0 {
+        log!(
+            "pg_meili_sync task {}: deleted {deleted} documents whose rows no longer exist",
+            task.id
+        );
+    }
+    Ok(())
 }

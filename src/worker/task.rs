@@ -8,7 +8,7 @@ use pgrx::prelude::*;
 
 use crate::catalog::{self, TaskRecord, TaskState};
 use crate::dispatch::Dispatcher;
-use crate::error::{ErrorKind, SyncError};
+use crate::error::SyncError;
 use crate::failure::{Failure, FailureKind};
 use crate::meili::client::Client;
 use crate::options::TaskOptions;
@@ -18,15 +18,15 @@ use crate::plan::{
 };
 use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 use crate::worker::control::{
-    await_meili_task, fail, in_transaction, open_dispatcher, retry_transient, with_retry,
-    worker_main, Stop, HTTP_TIMEOUT,
+    await_meili_task, fail, in_transaction, open_dispatcher, with_retry, worker_main, Stop,
+    HTTP_TIMEOUT,
 };
 use crate::worker::drive::{drive, IndexWatch, SwapGate};
 use crate::worker::handover::{self, MoveGate};
 use crate::worker::render::ViewStream;
 use crate::worker::resync::{self, ResyncGate};
 use crate::worker::snapshot::{self, SnapshotOutcome};
-use crate::worker::stream::Streamer;
+use crate::worker::stream::{prune_index, Streamer};
 
 /// Creates the index with the task's key attribute, or checks an existing one; applies settings.
 fn prepare_index(
@@ -354,27 +354,9 @@ fn copy_then_stream(
         return drive(&mut stream, task, &mut watch, gate);
     }
     let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
-    let mut streamer = Streamer::new(task, live, dispatcher, rules, plan.limits, options);
+    let mut streamer = Streamer::new(task, live, dispatcher, rules, plan.limits, options)
+        .with_partitioned_root(plan.partitioned_root, plan.partitions.clone(), task);
     drive(&mut streamer, task, &mut watch, gate)
-}
-
-/// Deletes the documents of rows that no longer exist (see `verify::prune`), retrying while
-/// Meilisearch is unreachable.
-fn prune_index(task: &TaskRecord, live: LiveStatus) -> Result<(), Stop> {
-    let deleted = retry_transient(
-        live,
-        "deleting the documents whose rows no longer exist",
-        |error: &SyncError| error.kind == ErrorKind::Meilisearch,
-        || BackgroundWorker::transaction(|| crate::verify::prune(task.clone())),
-        Stop::from,
-    )?;
-    if deleted > 0 {
-        log!(
-            "pg_meili_sync task {}: deleted {deleted} documents whose rows no longer exist",
-            task.id
-        );
-    }
-    Ok(())
 }
 
 #[pg_guard]

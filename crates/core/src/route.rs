@@ -33,17 +33,43 @@ struct Transaction {
     begun: Vec<TaskId>,
 }
 
-#[derive(Default)]
+/// The partitioned tables a relation is a partition of, nearest first, as the catalog says at the
+/// decoded change (the shared decoder asks PostgreSQL inside the decoding callback).
+pub type PartitionAncestors = Box<dyn FnMut(u32) -> Vec<u32>>;
+
 pub struct Router {
     routes: HashMap<TaskId, Route>,
     /// Which tasks each relation's changes go to.
     subscribers: HashMap<u32, Vec<TaskId>>,
     /// The newest Relation message of each relation this decoding session described.
     descriptions: HashMap<u32, Vec<u8>>,
+    /// The partitioned ancestors of each described relation that is a partition: a change to a
+    /// partition also goes to the tasks of its partitioned tables. pgoutput (with
+    /// `publish_via_partition_root` off) sends a partition's changes under the partition's own
+    /// OID, and describes it again after an ATTACH or DETACH, when this is looked up again.
+    ancestors: HashMap<u32, Vec<u32>>,
+    ancestors_of: PartitionAncestors,
     transaction: Option<Transaction>,
 }
 
+impl Default for Router {
+    fn default() -> Self {
+        Router::new(Box::new(|_| Vec::new()))
+    }
+}
+
 impl Router {
+    pub fn new(ancestors_of: PartitionAncestors) -> Self {
+        Router {
+            routes: HashMap::new(),
+            subscribers: HashMap::new(),
+            descriptions: HashMap::new(),
+            ancestors: HashMap::new(),
+            ancestors_of,
+            transaction: None,
+        }
+    }
+
     /// Starts routing `relations` to `task`, skipping transactions that committed before
     /// `skip_before`. Called between reads, never inside a transaction.
     pub fn attach(&mut self, task: TaskId, relations: &[u32], skip_before: u64) {
@@ -93,6 +119,7 @@ impl Router {
             route.described.clear();
         }
         self.descriptions.clear();
+        self.ancestors.clear();
         self.transaction = None;
     }
 
@@ -117,6 +144,12 @@ impl Router {
                     route.described.remove(&relation.oid);
                 }
                 self.descriptions.insert(relation.oid, data.to_vec());
+                let ancestors = (self.ancestors_of)(relation.oid);
+                if ancestors.is_empty() {
+                    self.ancestors.remove(&relation.oid);
+                } else {
+                    self.ancestors.insert(relation.oid, ancestors);
+                }
             }
             Message::Insert { relation, .. }
             | Message::Update { relation, .. }
@@ -171,8 +204,12 @@ impl Router {
         let Some(transaction) = self.transaction.as_mut() else {
             return;
         };
+        let ancestors = &self.ancestors;
         let mut tasks: Vec<TaskId> = relations
             .iter()
+            .flat_map(|relation| {
+                std::iter::once(relation).chain(ancestors.get(relation).into_iter().flatten())
+            })
             .filter_map(|relation| self.subscribers.get(relation))
             .flatten()
             .copied()
@@ -191,7 +228,11 @@ impl Router {
                 deliver(task, transaction.final_lsn, &transaction.begin);
             }
             for relation in relations {
-                if !route.relations.contains(relation) || route.described.contains(relation) {
+                let routed = route.relations.contains(relation)
+                    || ancestors
+                        .get(relation)
+                        .is_some_and(|up| up.iter().any(|a| route.relations.contains(a)));
+                if !routed || route.described.contains(relation) {
                     continue;
                 }
                 if let Some(description) = self.descriptions.get(relation) {
@@ -494,5 +535,73 @@ mod tests {
         assert_eq!(received.of(1).len(), 4);
         assert!(received.of(2).is_empty());
         assert_eq!(router.attached().collect::<Vec<_>>(), [1]);
+    }
+
+    #[test]
+    fn a_partitions_changes_reach_the_tasks_of_its_partitioned_tables_and_its_own() {
+        // 100 is partitioned; 101 is its partition, 102 a partition of 101 (two levels); 103 was
+        // 100's partition until a DETACH, after which it is described again with no ancestor.
+        let detached = std::rc::Rc::new(std::cell::Cell::new(false));
+        let seen = detached.clone();
+        let mut router = Router::new(Box::new(move |oid| match oid {
+            101 => vec![100],
+            102 => vec![101, 100],
+            103 if !seen.get() => vec![100],
+            _ => Vec::new(),
+        }));
+        router.attach(1, &[100], 0);
+        router.attach(2, &[101], 0);
+        let mut received = Received::default();
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(
+                1000,
+                &[(101, "a"), (102, "b"), (103, "c")],
+                &[(101, "p1"), (102, "p1a"), (103, "p2")],
+            ),
+        );
+        let mut truncated = vec![begin(2000), truncate(&[101, 102])];
+        truncated.push(commit(2000, 2010));
+        feed(&mut router, &mut received, &truncated);
+        detached.set(true);
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(3000, &[(103, "d")], &[(103, "p2")]),
+        );
+        assert_eq!(
+            received.of(1),
+            [
+                "B1000",
+                "Rp1",
+                "I101:a",
+                "Rp1a",
+                "I102:b",
+                "Rp2",
+                "I103:c",
+                "C1010",
+                "B2000",
+                "T[101, 102]",
+                "C2010"
+            ]
+        );
+        assert_eq!(
+            received.of(2),
+            [
+                "B1000",
+                "Rp1",
+                "I101:a",
+                "Rp1a",
+                "I102:b",
+                "C1010",
+                "B2000",
+                "T[101, 102]",
+                "C2010"
+            ]
+        );
+        // A new decoding session looks every partition up again.
+        router.restart(4000);
+        assert!(router.ancestors.is_empty());
     }
 }

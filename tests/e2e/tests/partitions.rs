@@ -1,0 +1,292 @@
+//! End to end: a partitioned table syncs into one index through its partitions (sub-partitions,
+//! a default partition, partitions created while it streams), on a slot of its own and in the
+//! shared pass; a row that moves between partitions stays one document; a TRUNCATE of the whole
+//! table empties the index, and a TRUNCATE of some partitions deletes exactly their documents. Each step ends with "the index equals SELECT * FROM events".
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use pg_meili_sync_e2e::cluster::Cluster;
+use pg_meili_sync_e2e::meili::Meili;
+use pg_meili_sync_e2e::{assert_no_crash, refusal, start_task};
+use serde_json::{json, Value};
+
+const CONVERGE: Duration = Duration::from_secs(300);
+
+/// Monthly range partitions, February split again by hash, and a default partition.
+const CREATE_EVENTS: &str = "
+CREATE TABLE events (id bigint NOT NULL, at date NOT NULL, body text, PRIMARY KEY (id, at))
+  PARTITION BY RANGE (at);
+CREATE TABLE events_2026_01 PARTITION OF events FOR VALUES FROM ('2026-01-01') TO ('2026-02-01');
+CREATE TABLE events_2026_02 PARTITION OF events FOR VALUES FROM ('2026-02-01') TO ('2026-03-01')
+  PARTITION BY HASH (id);
+CREATE TABLE events_2026_02_h0 PARTITION OF events_2026_02 FOR VALUES WITH (MODULUS 2, REMAINDER 0);
+CREATE TABLE events_2026_02_h1 PARTITION OF events_2026_02 FOR VALUES WITH (MODULUS 2, REMAINDER 1);
+CREATE TABLE events_default PARTITION OF events DEFAULT;";
+
+/// Rows `from..=to`, spread over January, February and (by default) 2027.
+fn insert_events(from: i64, to: i64) -> String {
+    format!(
+        "INSERT INTO events SELECT i, CASE i % 3 WHEN 0 THEN date '2026-01-05' WHEN 1 THEN date '2026-02-07' ELSE date '2027-06-01' END + (i % 20), 'event ' || i
+           FROM generate_series({from}, {to}) AS i"
+    )
+}
+
+/// The documents the table's rows must be, by document id (`_pk`: the key's components joined
+/// by `__`; digits and `-` need no escaping).
+fn expected(cluster: &Cluster) -> BTreeMap<String, Value> {
+    cluster
+        .psql("SELECT jsonb_build_object('_pk', id || '__' || at, 'id', id, 'at', at, 'body', body)::text FROM events")
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .map(|document| (document["_pk"].as_str().unwrap_or_default().to_owned(), document))
+        .collect()
+}
+
+fn indexed(meili: &Meili, index: &str) -> BTreeMap<String, Value> {
+    meili
+        .all_documents(index)
+        .into_iter()
+        .map(|document| {
+            (
+                document["_pk"].as_str().unwrap_or_default().to_owned(),
+                document,
+            )
+        })
+        .collect()
+}
+
+/// Waits until the index holds exactly the table's rows, ids and bodies.
+fn wait_index_matches_events(cluster: &Cluster, meili: &Meili, index: &str) {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let want = expected(cluster);
+        let have = indexed(meili, index);
+        if want == have {
+            assert_no_crash(cluster);
+            return;
+        }
+        if Instant::now() >= deadline {
+            let missing: Vec<&String> = want
+                .keys()
+                .filter(|id| !have.contains_key(*id))
+                .take(5)
+                .collect();
+            let extra: Vec<&String> = have
+                .keys()
+                .filter(|id| !want.contains_key(*id))
+                .take(5)
+                .collect();
+            let different: Vec<&String> = want
+                .iter()
+                .filter(|(id, body)| have.get(*id).is_some_and(|other| other != *body))
+                .map(|(id, _)| id)
+                .take(5)
+                .collect();
+            panic!(
+                "index {index} does not match events after {CONVERGE:?}: {} rows, {} documents; missing {missing:?}, extra {extra:?}, different {different:?}\n{}",
+                want.len(),
+                have.len(),
+                cluster.tail_log()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+fn streams_through_every_partition(decoding: &str) {
+    let cluster = Cluster::start(&[]);
+    let meili = Meili::from_env();
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(CREATE_EVENTS);
+    cluster.psql(&insert_events(1, 600));
+    let (index, task) = start_task(
+        &cluster,
+        &meili,
+        None,
+        "events",
+        json!({"decoding": decoding}),
+    );
+    cluster.wait_snapshot_done(task, CONVERGE);
+    wait_index_matches_events(&cluster, &meili, &index);
+    assert_eq!(
+        indexed(&meili, &index).len(),
+        600,
+        "the copy reads every partition"
+    );
+
+    // Changes in every partition, a row moved from January to February (one document under its
+    // new id, the old one deleted), and a partition created while the task streams.
+    cluster.psql(&insert_events(601, 900));
+    cluster.psql("UPDATE events SET body = 'changed ' || id WHERE id % 10 = 1");
+    cluster.psql("UPDATE events SET at = date '2026-02-15' WHERE id = 3");
+    cluster.psql("DELETE FROM events WHERE id % 10 = 2");
+    cluster.psql(
+        "CREATE TABLE events_2026_03 PARTITION OF events FOR VALUES FROM ('2026-03-01') TO ('2026-04-01');
+         INSERT INTO events SELECT i, date '2026-03-03', 'march ' || i FROM generate_series(901, 950) AS i",
+    );
+    wait_index_matches_events(&cluster, &meili, &index);
+    let documents = indexed(&meili, &index);
+    assert!(documents.contains_key("3__2026-02-15") && !documents.contains_key("3__2026-01-08"));
+    assert_eq!(documents["905__2026-03-03"]["body"], "march 905");
+
+    // TRUNCATE of the table: every partition, so the whole index.
+    cluster.psql("TRUNCATE events");
+    cluster.psql(&insert_events(2001, 2030));
+    wait_index_matches_events(&cluster, &meili, &index);
+    assert_eq!(indexed(&meili, &index).len(), 30);
+
+    // TRUNCATE of one partition, between writes to it in the same transaction: exactly that
+    // partition's documents go (pruned once everything before it is in the index), the row
+    // written after it stays, and the task streams on.
+    cluster.psql(
+        "BEGIN;
+         INSERT INTO events VALUES (5000, '2026-01-10', 'before the truncate');
+         TRUNCATE events_2026_01;
+         INSERT INTO events VALUES (5001, '2026-01-11', 'after the truncate');
+         COMMIT",
+    );
+    cluster.psql(&insert_events(3001, 3010));
+    wait_index_matches_events(&cluster, &meili, &index);
+    let documents = indexed(&meili, &index);
+    assert_eq!(
+        documents.len(),
+        31,
+        "20 rows outside January, 1 after the truncate, 10 new"
+    );
+    assert!(
+        documents.contains_key("5001__2026-01-11") && !documents.contains_key("5000__2026-01-10")
+    );
+    assert_eq!(
+        cluster.status(task).get("state").map(String::as_str),
+        Some("streaming")
+    );
+    assert!(
+        !cluster.server_log().contains("stopped"),
+        "{}",
+        cluster.tail_log()
+    );
+    // DETACH, DETACH CONCURRENTLY and DROP of a partition: no row change in the WAL, but their
+    // rows are no longer the table's, so their documents go; the detached tables' later writes
+    // are not the table's either.
+    cluster.psql("INSERT INTO events SELECT i, date '2026-03-03', 'march ' || i FROM generate_series(6001, 6040) AS i");
+    wait_index_matches_events(&cluster, &meili, &index);
+    cluster.psql("ALTER TABLE events DETACH PARTITION events_default");
+    cluster.psql("ALTER TABLE events DETACH PARTITION events_2026_03 CONCURRENTLY");
+    cluster.psql("DROP TABLE events_2026_02_h1");
+    cluster.psql("INSERT INTO events_2026_03 VALUES (7000, '2026-03-04', 'detached')");
+    cluster.psql("INSERT INTO events VALUES (7001, '2026-01-04', 'still the table''s')");
+    wait_index_matches_events(&cluster, &meili, &index);
+    let documents = indexed(&meili, &index);
+    assert!(documents
+        .keys()
+        .all(|id| !id.ends_with("2026-03-03") && !id.starts_with("7000__")));
+    assert!(documents.contains_key("7001__2026-01-04"));
+    assert_eq!(
+        cluster.status(task).get("state").map(String::as_str),
+        Some("streaming")
+    );
+
+    // ATTACH of a table with rows: they were never changes, so the task stops and asks for a new
+    // copy, which brings them in.
+    cluster.psql("ALTER TABLE events ATTACH PARTITION events_2026_03 FOR VALUES FROM ('2026-03-01') TO ('2026-04-01')");
+    let status = cluster.wait_error(task, CONVERGE);
+    let last_error = status.get("last_error").cloned().unwrap_or_default();
+    assert!(
+        last_error.contains("partition public.events_2026_03 was attached to public.events")
+            && last_error.contains(&format!("meili_sync_snapshot({task})")),
+        "{last_error}"
+    );
+    cluster.psql(&format!("SELECT meili_sync_snapshot({task})"));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    wait_index_matches_events(&cluster, &meili, &index);
+    assert!(indexed(&meili, &index).contains_key("7000__2026-03-04"));
+    cluster.psql("INSERT INTO events VALUES (7002, '2026-03-05', 'after the copy')");
+    wait_index_matches_events(&cluster, &meili, &index);
+}
+
+#[test]
+fn a_partitioned_table_streams_through_every_partition_on_its_own_slot() {
+    streams_through_every_partition("own");
+}
+
+#[test]
+fn a_partitioned_table_streams_through_every_partition_in_the_shared_pass() {
+    streams_through_every_partition("shared");
+}
+
+#[test]
+fn a_partitioned_table_and_one_of_its_partitions_are_synced_side_by_side_in_the_shared_pass() {
+    let cluster = Cluster::start(&[]);
+    let meili = Meili::from_env();
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(CREATE_EVENTS);
+    cluster.psql(&insert_events(1, 300));
+    let (whole, whole_task) = start_task(&cluster, &meili, None, "events", json!({}));
+    let (january, january_task) = start_task(&cluster, &meili, None, "events_2026_01", json!({}));
+    cluster.wait_snapshot_done(whole_task, CONVERGE);
+    cluster.wait_snapshot_done(january_task, CONVERGE);
+    cluster.psql(&insert_events(301, 600));
+    cluster.psql("DELETE FROM events WHERE id % 7 = 0");
+    wait_index_matches_events(&cluster, &meili, &whole);
+    let want: Vec<String> = cluster
+        .psql("SELECT id || '__' || at FROM events_2026_01 ORDER BY 1")
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let have: Vec<String> = indexed(&meili, &january).into_keys().collect();
+        if have == want {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the partition's index has {} documents, the partition {} rows",
+            have.len(),
+            want.len()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    assert_eq!(
+        want.len(),
+        172,
+        "January's rows: a third of 600, less every 7th"
+    );
+}
+
+#[test]
+fn a_partition_whose_changes_cannot_be_followed_is_refused_by_name() {
+    let cluster = Cluster::start(&[]);
+    let meili = Meili::from_env();
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(CREATE_EVENTS);
+    let options = meili.options(json!({}));
+    cluster.psql("ALTER TABLE events_2026_02_h1 REPLICA IDENTITY NOTHING");
+    let start = format!("SELECT meili_sync_start('events', 'events', '{options}')");
+    let refused = refusal(&cluster, &start);
+    assert_eq!(refused.sqlstate, "42P16", "{refused:?}");
+    assert!(
+        refused
+            .message
+            .contains("partition public.events_2026_02_h1 of table public.events"),
+        "{refused:?}"
+    );
+    assert!(refused
+        .hint
+        .contains("ALTER TABLE public.events_2026_02_h1 REPLICA IDENTITY"));
+    cluster.psql("ALTER TABLE events_2026_02_h1 REPLICA IDENTITY DEFAULT");
+    cluster.psql(
+        "CREATE UNLOGGED TABLE events_2028 (id bigint NOT NULL, at date NOT NULL, body text, PRIMARY KEY (id, at));
+         ALTER TABLE events DETACH PARTITION events_default;
+         ALTER TABLE events ATTACH PARTITION events_2028 FOR VALUES FROM ('2028-01-01') TO ('2029-01-01')",
+    );
+    let refused = refusal(&cluster, &start);
+    assert_eq!(refused.sqlstate, "22023", "{refused:?}");
+    assert!(refused.message.contains("events_2028"), "{refused:?}");
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM meili_sync.tasks"),
+        "0",
+        "nothing is left half-created"
+    );
+}
