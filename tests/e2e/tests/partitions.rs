@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::{assert_no_crash, refusal, start_task};
+use pg_meili_sync_e2e::{assert_no_crash, refusal, start_task, wait_for};
 use serde_json::{json, Value};
 
 const CONVERGE: Duration = Duration::from_secs(300);
@@ -289,4 +289,107 @@ fn a_partition_whose_changes_cannot_be_followed_is_refused_by_name() {
         "0",
         "nothing is left half-created"
     );
+}
+
+/// Monthly partitions of 2026 kept the way pg_partman keeps them, while a client writes into
+/// the current month: each step creates a month ahead, moves the writes on, then detaches the
+/// oldest month (once CONCURRENTLY) and drops it. After each step the index equals the table.
+#[test]
+fn monthly_partitions_created_ahead_detached_and_dropped_while_writes_go_on() {
+    use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+    let cluster = Cluster::start(&[]);
+    let meili = Meili::from_env();
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    let month = |m: i64| {
+        format!(
+            "CREATE TABLE events_m{m:02} PARTITION OF events FOR VALUES FROM ('2026-{m:02}-01') TO ('2026-{:02}-01')",
+            m + 1
+        )
+    };
+    cluster.psql(
+        "CREATE TABLE events (id bigint NOT NULL, at date NOT NULL, body text, PRIMARY KEY (id, at))
+           PARTITION BY RANGE (at);
+         CREATE TABLE events_default PARTITION OF events DEFAULT",
+    );
+    for m in 1..=3 {
+        cluster.psql(&month(m));
+    }
+    cluster.psql("INSERT INTO events SELECT i, date '2026-01-01' + (i % 28), 'old ' || i FROM generate_series(1, 200) AS i");
+    let (index, task) = start_task(&cluster, &meili, None, "events", json!({}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+
+    let current = AtomicI64::new(1);
+    let pause = AtomicBool::new(false);
+    let paused = AtomicBool::new(false);
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let _stop = pg_meili_sync_e2e::StopOnDrop(&stop);
+            let mut id = 1000;
+            while !stop.load(Ordering::Relaxed) {
+                if pause.load(Ordering::Relaxed) {
+                    paused.store(true, Ordering::Relaxed);
+                    std::thread::sleep(Duration::from_millis(20));
+                    continue;
+                }
+                paused.store(false, Ordering::Relaxed);
+                let m = current.load(Ordering::Relaxed);
+                let sql = format!(
+                    "INSERT INTO events VALUES ({id}, '2026-{m:02}-{:02}', 'written {id}');
+                     UPDATE events SET body = 'updated ' || id WHERE id = {};
+                     DELETE FROM events WHERE id = {} AND id % 7 = 0",
+                    id % 28 + 1,
+                    id - 3,
+                    id - 5
+                );
+                if cluster.try_psql(&sql).is_ok() {
+                    id += 1;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        let _stop = pg_meili_sync_e2e::StopOnDrop(&stop);
+        for step in 1..=3 {
+            std::thread::sleep(Duration::from_millis(800));
+            cluster.psql(&month(step + 3));
+            current.store(step + 1, Ordering::Relaxed);
+            std::thread::sleep(Duration::from_millis(800));
+            // CONCURRENTLY is refused while a default partition exists: it goes first.
+            let concurrently = if step == 2 {
+                cluster.psql(
+                    "ALTER TABLE events DETACH PARTITION events_default; DROP TABLE events_default",
+                );
+                " CONCURRENTLY"
+            } else {
+                ""
+            };
+            cluster.psql(&format!(
+                "ALTER TABLE events DETACH PARTITION events_m{step:02}{concurrently}"
+            ));
+            cluster.psql(&format!("DROP TABLE events_m{step:02}"));
+            std::thread::sleep(Duration::from_millis(500));
+            pause.store(true, Ordering::Relaxed);
+            wait_for("the writer to pause", CONVERGE, || {
+                paused.load(Ordering::Relaxed).then_some(())
+            });
+            wait_index_matches_events(&cluster, &meili, &index);
+            let documents = indexed(&meili, &index);
+            let gone = format!("2026-{step:02}-");
+            assert!(
+                documents.keys().all(|id| !id.contains(&gone)),
+                "step {step}: documents of the dropped month remain"
+            );
+            assert!(
+                !documents.is_empty(),
+                "step {step}: the current months are in the index"
+            );
+            assert_eq!(
+                cluster.status(task).get("state").map(String::as_str),
+                Some("streaming")
+            );
+            pause.store(false, Ordering::Relaxed);
+        }
+        stop.store(true, Ordering::Relaxed);
+    });
 }
