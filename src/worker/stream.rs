@@ -54,13 +54,14 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
     /// `batches_finished` when `finished_more` last looked.
     finished_seen: u64,
     /// The task's table when it is partitioned: a TRUNCATE of only some of its partitions
-    /// cannot be mapped to documents (see `partial_truncate`), so their documents are pruned.
+    /// cannot be mapped to documents (see `is_partial_truncate`), so their documents are pruned.
     partitioned: Option<Partitioned>,
     /// The commit position of the transaction being read (from its Begin).
     transaction_commit: u64,
 }
 
-/// What a task on a partitioned table keeps to prune after a TRUNCATE of some partitions.
+/// What a task on a partitioned table keeps to prune after a TRUNCATE of some partitions, or a
+/// partition detached or dropped.
 struct Partitioned {
     root: u32,
     task: TaskRecord,
