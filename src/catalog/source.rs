@@ -201,21 +201,10 @@ pub fn wal_insert_position() -> CatalogResult<u64> {
 
 /// The leaf partitions of a partitioned table, at any depth, as the catalog has them now.
 fn leaf_partitions(root: pg_sys::Oid) -> CatalogResult<Vec<RelationInfo>> {
-    let leaves: Vec<pg_sys::Oid> = Spi::connect(|client| {
-        let rows = client.select(
-            "SELECT relid FROM pg_catalog.pg_partition_tree($1) WHERE isleaf ORDER BY relid",
-            None,
-            &[root.into()],
-        )?;
-        let mut leaves = Vec::new();
-        for row in rows {
-            if let Some(relid) = row.get::<pg_sys::Oid>(1)? {
-                leaves.push(relid);
-            }
-        }
-        Ok::<_, SyncError>(leaves)
-    })?;
-    leaves.into_iter().map(relation_info).collect()
+    partition_leaves_now(root)?
+        .into_iter()
+        .map(|(leaf, _)| relation_info(pg_sys::Oid::from(leaf)))
+        .collect()
 }
 
 /// The table or view a task syncs, checked as `meili_sync_start` checks it and as the worker
