@@ -60,7 +60,11 @@ CREATE TABLE meili_sync.tasks (
     UNIQUE (url, index_uid),
     -- The install (meili_sync.install) the task was made in. A task restored from a dump carries
     -- another install's token: its positions belong to the cluster it was dumped from.
-    install_token uuid
+    install_token uuid,
+    -- A partitioned table's leaf partitions that the task's index is in line with: the worker
+    -- compares them with the table's when it starts, so that a partition attached, detached or
+    -- dropped while it was not running still comes into the index or leaves it.
+    partitions oid[]
 );
 COMMENT ON TABLE meili_sync.tasks IS 'One row per sync task; state is what the task should be doing.';
 -- Task workers update this table while they hold a decoding context; as a user catalog table its

@@ -135,6 +135,21 @@ pub fn check_task_source(
     options: &TaskOptions,
 ) -> Result<(RelationInfo, Option<ViewPlan>), SyncError> {
     let info = catalog::syncable_source(task.relid, task.owner)?;
+    // A partition attached since the start must carry the key in its old rows too.
+    if let Some(partition) = info
+        .partitions
+        .iter()
+        .find(|partition| !identity_carries(partition, &task.primary_key))
+    {
+        return Err(identity_error(
+            &format!(
+                "partition {} of table {}",
+                partition.qualified_name, info.qualified_name
+            ),
+            &partition.qualified_name,
+            &task.primary_key,
+        ));
+    }
     if !info.is_view() {
         return Ok((info, None));
     }
@@ -284,6 +299,19 @@ pub fn unfollowed_tables(view: &str, tables: &[String], task_id: i64) -> SyncErr
 }
 
 const MAPPING_SHAPE: &str = "{\"mappings\": {\"<table>\": \"SELECT <document key> FROM ... WHERE <column> = ANY($1::<key type>[])\"}}";
+
+/// The replica identity of `which` (a table, or a partition of one: `table` is its name) does
+/// not carry the document key.
+pub fn identity_error(which: &str, table: &str, key: &[String]) -> SyncError {
+    SyncError::new(
+        ErrorKind::NoKey,
+        format!("the replica identity of {which} does not carry the key ({})", key.join(", ")),
+    )
+    .detail("Deleted rows are found by their old key, which logical decoding takes from the replica identity.")
+    .hint(format!(
+        "Run ALTER TABLE {table} REPLICA IDENTITY USING INDEX <unique index on the key>, or REPLICA IDENTITY FULL."
+    ))
+}
 
 /// Whether the old row of an UPDATE or DELETE on the table carries `columns`.
 fn identity_carries(info: &RelationInfo, columns: &[String]) -> bool {

@@ -99,14 +99,7 @@ fn resolve_key(
         } else {
             format!("table {table}")
         };
-        return Err(SyncError::new(
-            ErrorKind::NoKey,
-            format!("the replica identity of {which} does not carry the key ({})", key.join(", ")),
-        )
-        .detail("Deleted rows are found by their old key, which logical decoding takes from the replica identity.")
-        .hint(format!(
-            "Run ALTER TABLE {name} REPLICA IDENTITY USING INDEX <unique index on the key>, or REPLICA IDENTITY FULL."
-        )));
+        return Err(plan::identity_error(&which, name, &key));
     }
     for name in &key {
         let Some(column) = info.columns.iter().find(|column| &column.name == name) else {

@@ -129,58 +129,25 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
     })
 }
 
-/// The leaf partitions of the partitioned table `root` now, each with whether it was created in
-/// place: every link on its way up to `root` (`pg_inherits`) was made by the transaction that
-/// created the partition below it (CREATE TABLE … PARTITION OF), rather than by a later ATTACH,
-/// which brings in rows the WAL never carried as changes. A table's row type is made with the
-/// table and left alone by ATTACH (which does rewrite the table's `pg_class` row), so the link's
-/// `xmin` is compared with the row type's.
+/// The leaf partitions of the partitioned table `root` now, each with whether it has pages on
+/// disk (`pg_relation_size`). One that has none holds no row, so a partition new to a task
+/// (created ahead, or attached empty) needs nothing but its later changes; one that has may hold
+/// rows the WAL never carried as the table's changes (an ATTACH, or rows written in the very
+/// transaction that created and attached it).
 pub fn partition_leaves_now(root: pg_sys::Oid) -> CatalogResult<Vec<(u32, bool)>> {
     Spi::connect(|client| {
         let rows = client.select(
-            "SELECT t.relid, t.parentrelid, t.isleaf,
-                    COALESCE(i.xmin OPERATOR(pg_catalog.=) ty.xmin, true)
+            "SELECT t.relid, pg_catalog.pg_relation_size(t.relid) OPERATOR(pg_catalog.>) 0
                FROM pg_catalog.pg_partition_tree($1) t
-               JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) t.relid
-               LEFT JOIN pg_catalog.pg_type ty ON ty.oid OPERATOR(pg_catalog.=) c.reltype
-               LEFT JOIN pg_catalog.pg_inherits i ON i.inhrelid OPERATOR(pg_catalog.=) t.relid",
+              WHERE t.isleaf",
             None,
             &[root.into()],
         )?;
-        // relid -> (parent, leaf, made in place)
-        let mut nodes = std::collections::HashMap::new();
-        for row in rows {
-            let Some(relid) = row.get::<pg_sys::Oid>(1)? else {
-                continue;
-            };
-            let parent = row.get::<pg_sys::Oid>(2)?;
-            let leaf = row.get::<bool>(3)?.unwrap_or(false);
-            let in_place = row.get::<bool>(4)?.unwrap_or(true);
-            nodes.insert(relid.to_u32(), (parent.map(|p| p.to_u32()), leaf, in_place));
-        }
         let mut leaves = Vec::new();
-        for (&relid, &(_, leaf, _)) in &nodes {
-            if !leaf {
-                continue;
+        for row in rows {
+            if let Some(relid) = row.get::<pg_sys::Oid>(1)? {
+                leaves.push((relid.to_u32(), row.get::<bool>(2)?.unwrap_or(true)));
             }
-            let mut in_place = true;
-            let mut node = relid;
-            // Up to `root` (whose own link, if it is a partition itself, does not count). The
-            // tree is finite and acyclic; the bound only guards against a catalog in flux.
-            for _ in 0..nodes.len() {
-                if node == root.to_u32() {
-                    break;
-                }
-                let Some(&(parent, _, made_here)) = nodes.get(&node) else {
-                    break;
-                };
-                in_place &= made_here;
-                let Some(parent) = parent else {
-                    break;
-                };
-                node = parent;
-            }
-            leaves.push((relid, in_place));
         }
         leaves.sort_unstable();
         Ok(leaves)

@@ -127,6 +127,9 @@ pub struct TaskRecord {
     /// A shared task's position: every transaction that committed before it is in its index or
     /// its copy. None until the shared decoder gives it one.
     pub stream_position: Option<u64>,
+    /// A partitioned table's leaf partitions that the index is in line with (`save_partitions`).
+    /// None before a copy of 0.3.0 recorded them.
+    pub partitions: Option<Vec<u32>>,
 }
 
 /// A task as the launcher sees it.
@@ -256,7 +259,7 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
                     t.resync_of, t.resync_phase, pg_catalog.pg_wal_lsn_diff(t.swap_lsn, '0/0')::bigint,
                     t.swap_created_at, t.owner::oid, t.generation, {SHARED_TASK_SQL},
                     pg_catalog.pg_wal_lsn_diff(t.stream_position, '0/0')::bigint, {OWN_SLOT_SQL},
-                    s.search_api_key
+                    s.search_api_key, t.partitions
                FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id OPERATOR(pg_catalog.=) t.id
               WHERE t.id OPERATOR(pg_catalog.=) $1"),
             Some(1),
@@ -303,6 +306,9 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
             shared,
             moving,
             stream_position: row.get::<i64>(20)?.map(|lsn| lsn as u64),
+            partitions: row
+                .get::<Vec<pg_sys::Oid>>(23)?
+                .map(|oids| oids.into_iter().map(pg_sys::Oid::to_u32).collect()),
         }))
     })
 }
@@ -411,7 +417,7 @@ pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
         Spi::run_with_args(
         "UPDATE meili_sync.tasks
             SET state = 'snapshot', generation = generation + 1, snapshot_key = NULL, rows_copied = 0,
-                stream_position = NULL,
+                stream_position = NULL, partitions = NULL,
                 snapshot_started_at = NULL, snapshot_finished_at = NULL, last_error = NULL, last_error_at = NULL
           WHERE id OPERATOR(pg_catalog.=) $1",
         &[task_id.into()],
@@ -451,11 +457,27 @@ pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
     })
 }
 
-/// The copy begins (a resumed copy keeps its first start).
-pub fn mark_snapshot_started(task_id: i64) -> CatalogResult<()> {
+/// The copy begins (a resumed copy keeps its first start, and the partitions it began with: its
+/// stream brings in what was attached or detached since).
+pub fn mark_snapshot_started(task_id: i64, partitions: Option<&[u32]>) -> CatalogResult<()> {
+    let partitions: Option<Vec<pg_sys::Oid>> =
+        partitions.map(|leaves| leaves.iter().copied().map(pg_sys::Oid::from).collect());
     Spi::run_with_args(
-        "UPDATE meili_sync.tasks SET snapshot_started_at = coalesce(snapshot_started_at, pg_catalog.now()) WHERE id OPERATOR(pg_catalog.=) $1",
-        &[task_id.into()],
+        "UPDATE meili_sync.tasks
+            SET snapshot_started_at = coalesce(snapshot_started_at, pg_catalog.now()),
+                partitions = coalesce(partitions, $2)
+          WHERE id OPERATOR(pg_catalog.=) $1",
+        &[task_id.into(), partitions.into()],
+    )?;
+    Ok(())
+}
+
+/// The leaf partitions the task's index is now in line with.
+pub fn save_partitions(task_id: i64, partitions: &[u32]) -> CatalogResult<()> {
+    let partitions: Vec<pg_sys::Oid> = partitions.iter().copied().map(pg_sys::Oid::from).collect();
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET partitions = $2 WHERE id OPERATOR(pg_catalog.=) $1",
+        &[task_id.into(), partitions.into()],
     )?;
     Ok(())
 }

@@ -358,7 +358,12 @@ impl SharedDecoder {
                 let rules = ColumnRules::new(&task.relation, &task.primary_key, &options);
                 let stream = Streamer::new(task, live, dispatcher, rules, plan.limits, &options)
                     .with_stall_limit(STALL_LIMIT)
-                    .with_partitioned_root(plan.partitioned_root, plan.partitions.clone(), task);
+                    .with_partitioned_root(
+                        plan.partitioned_root,
+                        plan.partitions.clone(),
+                        task,
+                        &options,
+                    );
                 (Box::new(stream), vec![task.relid.to_u32()])
             }
         };

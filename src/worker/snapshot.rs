@@ -179,7 +179,10 @@ pub fn run(
     let mut pages = PageSizer::new(plan.page_rows);
     live.set_phase(Phase::Snapshot);
     in_transaction(live, "starting the copy", || {
-        catalog::mark_snapshot_started(task.id)
+        catalog::mark_snapshot_started(
+            task.id,
+            plan.partitioned_root.map(|_| plan.partitions.as_slice()),
+        )
     })?;
 
     loop {

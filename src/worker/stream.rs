@@ -19,7 +19,7 @@ use crate::failure::{Advice, Failure, FailureKind};
 use crate::meter::CommitAges;
 use crate::options::{TaskOptions, WriteMode};
 use crate::pgoutput;
-use crate::plan::ColumnRules;
+use crate::plan::{check_task_source, ColumnRules};
 use crate::shmem::LiveStatus;
 use crate::state_change;
 use crate::worker::control::{
@@ -61,18 +61,26 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
 }
 
 /// What a task on a partitioned table keeps to prune after a TRUNCATE of some partitions, or a
-/// partition detached or dropped.
+/// partition detached or dropped, and to bring in the rows of a partition attached.
 struct Partitioned {
     root: u32,
     task: TaskRecord,
-    /// The commit of the last partial TRUNCATE read: once Meilisearch has confirmed everything up
-    /// to it, the documents whose rows are gone are deleted, and only then is the slot confirmed
-    /// past it (a worker that dies before reads it again and prunes again).
+    options: TaskOptions,
+    /// The commit of the last partial TRUNCATE read, or where a partition was found attached,
+    /// detached or dropped: once Meilisearch has confirmed everything up to it, the documents
+    /// whose rows are gone are deleted (and, after an ATTACH, the rows missing from the index
+    /// sent), and only then is the slot confirmed past it (a worker that dies before reads it
+    /// again and prunes again).
     prune_at: Option<u64>,
+    /// What is due at `prune_at` is a repair (`verify::repair`), not only a prune: a partition
+    /// was attached with rows that were never changes.
+    repair: bool,
     /// Everything up to `prune_at` is confirmed, at this read position.
     prune_due: Option<u64>,
     /// The leaf partitions when last looked at (see `look_at_partitions`).
     leaves: Vec<u32>,
+    /// The leaf partitions the catalog says the index is in line with (`catalog::save_partitions`).
+    stored: Option<Vec<u32>>,
     next_look: Instant,
 }
 
@@ -115,21 +123,30 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     }
 
     /// The task's table is this partitioned table (`plan::SnapshotPlan::partitioned_root`).
-    /// `leaves`: its leaf partitions when the worker checked the table (see
-    /// `look_at_partitions`).
+    /// `leaves`: its leaf partitions when the worker checked the table, taken as the index's
+    /// unless the catalog has those (`TaskRecord::partitions`): then the first look, at once,
+    /// brings in or prunes what changed while no worker looked (see `look_at_partitions`).
     pub fn with_partitioned_root(
         mut self,
         root: Option<u32>,
         leaves: Vec<u32>,
         task: &TaskRecord,
+        options: &TaskOptions,
     ) -> Self {
+        let sorted = |mut leaves: Vec<u32>| {
+            leaves.sort_unstable();
+            leaves
+        };
         self.partitioned = root.map(|root| Partitioned {
             root,
             task: task.clone(),
+            options: options.clone(),
             prune_at: None,
+            repair: false,
             prune_due: None,
-            leaves,
-            next_look: Instant::now() + PARTITION_LOOK_INTERVAL,
+            leaves: sorted(task.partitions.clone().unwrap_or(leaves)),
+            stored: task.partitions.clone().map(sorted),
+            next_look: Instant::now(),
         });
         self
     }
@@ -137,9 +154,10 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     /// A partition detached or dropped takes no row change into the WAL, and one attached brings
     /// rows that were never changes: the worker looks at the partitions every few seconds. The
     /// documents of a partition that is gone are pruned (as after a partial TRUNCATE, once
-    /// everything up to now is in the index); a partition attached with its rows stops the task,
-    /// which must copy the table again. Partitions created in place (CREATE TABLE … PARTITION OF)
-    /// start empty and stream like the others.
+    /// everything up to now is in the index). A new partition that has rows is checked as
+    /// `meili_sync_start` checks every partition (logged, a replica identity that carries the
+    /// key), then its rows are brought in by a repair at the same point, which sends what the
+    /// index lacks. A new partition without pages (created ahead) streams like the others.
     fn look_at_partitions(&mut self) -> Result<(), Stop> {
         let Some(partitioned) = self.partitioned.as_mut() else {
             return Ok(());
@@ -155,39 +173,66 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
                 catalog::wal_insert_position()?,
             ))
         })?;
-        if let Some((attached, _)) = leaves
+        let attached = leaves
             .iter()
-            .find(|(leaf, in_place)| !in_place && !partitioned.leaves.contains(leaf))
-        {
-            let name = in_transaction(self.live, "naming a partition", || {
-                catalog::relation_info(pg_sys::Oid::from(*attached)).map(|info| info.qualified_name)
-            })
-            .unwrap_or_else(|_| format!("with OID {attached}"));
-            return Err(Stop::Failed(
-                Failure::new(
-                    FailureKind::Source,
-                    format!(
-                        "partition {name} was attached to {} with rows that were never changes in the WAL",
-                        self.rules.relation_name
-                    ),
-                )
-                .advice(Advice::Snapshot),
-            ));
-        }
-        let current: Vec<u32> = leaves.iter().map(|(leaf, _)| *leaf).collect();
-        if partitioned
+            .any(|(leaf, has_pages)| *has_pages && !partitioned.leaves.contains(leaf));
+        let mut current: Vec<u32> = leaves.iter().map(|(leaf, _)| *leaf).collect();
+        current.sort_unstable();
+        let gone = partitioned
             .leaves
             .iter()
-            .any(|leaf| !current.contains(leaf))
-        {
+            .any(|leaf| !current.contains(leaf));
+        if attached {
+            // Refused as meili_sync_start refuses it. What was attached is known to this worker
+            // only, so the way back is a new copy, not a resume.
+            let checked = in_transaction(self.live, "checking a partition attached", || {
+                Ok(check_task_source(&partitioned.task, &partitioned.options))
+            })?;
+            if let Err(error) = checked {
+                let fix = error.hint.as_deref().map_or_else(
+                    || "fix the partition".to_owned(),
+                    |hint| hint.trim_end_matches('.').to_owned(),
+                );
+                return Err(Stop::Failed(
+                    Failure::new(FailureKind::Source, error.message)
+                        .advice(Advice::FixThenSnapshot(fix)),
+                ));
+            }
+            log!(
+                "pg_meili_sync task {}: a partition was attached to {} with rows; they are sent once everything before it is in the index",
+                self.task_id,
+                self.rules.relation_name
+            );
+            partitioned.repair = true;
+        } else if gone {
             log!(
                 "pg_meili_sync task {}: a partition of {} was detached or dropped; its documents are deleted once everything before it is in the index",
                 self.task_id,
                 self.rules.relation_name
             );
+        }
+        if attached || gone {
             partitioned.prune_at = Some(partitioned.prune_at.map_or(now, |at| at.max(now)));
         }
         partitioned.leaves = current;
+        self.store_partitions()
+    }
+
+    /// Records the leaf partitions in the catalog once the index is in line with them: no prune
+    /// or repair is pending.
+    fn store_partitions(&mut self) -> Result<(), Stop> {
+        let Some(partitioned) = self.partitioned.as_mut() else {
+            return Ok(());
+        };
+        if partitioned.prune_at.is_some()
+            || partitioned.stored.as_ref() == Some(&partitioned.leaves)
+        {
+            return Ok(());
+        }
+        in_transaction(self.live, "recording the partitions", || {
+            catalog::save_partitions(partitioned.task.id, &partitioned.leaves)
+        })?;
+        partitioned.stored = Some(partitioned.leaves.clone());
         Ok(())
     }
 
@@ -206,8 +251,14 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         let Some(position) = due else {
             return Ok(settled);
         };
-        prune_index(&partitioned.task, self.live)?;
+        if partitioned.repair {
+            repair_index(&partitioned.task, self.live)?;
+        } else {
+            prune_index(&partitioned.task, self.live)?;
+        }
         partitioned.prune_at = None;
+        partitioned.repair = false;
+        self.store_partitions()?;
         Ok(Some(position))
     }
 
@@ -504,6 +555,27 @@ fn is_partial_truncate(root: u32, truncated: &[u32]) -> bool {
         .filter(|leaf| truncated.contains(leaf))
         .count();
     emptied > 0 && emptied < leaves.len()
+}
+
+/// Sends the rows the index lacks or holds in another version, and deletes the documents of rows
+/// that no longer exist (see `verify::repair`), retrying while Meilisearch is unreachable.
+fn repair_index(task: &TaskRecord, live: LiveStatus) -> Result<(), Stop> {
+    let repairs = retry_transient(
+        live,
+        "sending the rows of a partition attached",
+        |error: &SyncError| error.kind == ErrorKind::Meilisearch,
+        || BackgroundWorker::transaction(|| crate::verify::repair(task.clone())),
+        Stop::from,
+    )?;
+    if repairs.resent > 0 || repairs.deleted > 0 {
+        log!(
+            "pg_meili_sync task {}: sent {} rows the index lacked, deleted {} documents whose rows no longer exist",
+            task.id,
+            repairs.resent,
+            repairs.deleted
+        );
+    }
+    Ok(())
 }
 
 /// Deletes the documents of rows that no longer exist (see `verify::prune`), retrying while

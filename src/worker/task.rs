@@ -355,7 +355,12 @@ fn copy_then_stream(
     }
     let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
     let mut streamer = Streamer::new(task, live, dispatcher, rules, plan.limits, options)
-        .with_partitioned_root(plan.partitioned_root, plan.partitions.clone(), task);
+        .with_partitioned_root(
+            plan.partitioned_root,
+            plan.partitions.clone(),
+            task,
+            options,
+        );
     drive(&mut streamer, task, &mut watch, gate)
 }
 

@@ -187,22 +187,92 @@ fn streams_through_every_partition(decoding: &str) {
         Some("streaming")
     );
 
-    // ATTACH of a table with rows: they were never changes, so the task stops and asks for a new
-    // copy, which brings them in.
+    // ATTACH of a table with rows: they were never changes, so the task sends them once the index
+    // has everything before the ATTACH, while writes to the table go on.
     cluster.psql("ALTER TABLE events ATTACH PARTITION events_2026_03 FOR VALUES FROM ('2026-03-01') TO ('2026-04-01')");
+    cluster.psql("INSERT INTO events VALUES (7002, '2026-03-05', 'after the attach')");
+    cluster.psql("UPDATE events SET body = 'updated after the attach' WHERE id = 6001");
+    wait_index_matches_events(&cluster, &meili, &index);
+    let documents = indexed(&meili, &index);
+    assert!(
+        documents.contains_key("7000__2026-03-04")
+            && documents.contains_key("6040__2026-03-03")
+            && documents.contains_key("7002__2026-03-05"),
+        "the attached partition's rows are in the index"
+    );
+    assert_eq!(
+        cluster.status(task).get("state").map(String::as_str),
+        Some("streaming")
+    );
+
+    // A partition attached whose replica identity cannot carry the key is refused as
+    // meili_sync_start refuses it: the task stops, naming it, and a new copy takes it in once it
+    // is fixed.
+    cluster.psql(
+        "CREATE TABLE events_2026_04 (LIKE events INCLUDING ALL);
+         INSERT INTO events_2026_04 VALUES (8000, '2026-04-01', 'april');
+         ALTER TABLE events_2026_04 REPLICA IDENTITY NOTHING;
+         ALTER TABLE events ATTACH PARTITION events_2026_04 FOR VALUES FROM ('2026-04-01') TO ('2026-05-01')",
+    );
     let status = cluster.wait_error(task, CONVERGE);
     let last_error = status.get("last_error").cloned().unwrap_or_default();
     assert!(
-        last_error.contains("partition public.events_2026_03 was attached to public.events")
+        last_error.contains("public.events_2026_04")
+            && last_error.contains("REPLICA IDENTITY")
             && last_error.contains(&format!("meili_sync_snapshot({task})")),
         "{last_error}"
     );
+    cluster.psql("ALTER TABLE events_2026_04 REPLICA IDENTITY DEFAULT");
     cluster.psql(&format!("SELECT meili_sync_snapshot({task})"));
     cluster.wait_snapshot_done(task, CONVERGE);
+    cluster.psql("INSERT INTO events VALUES (8001, '2026-04-02', 'after the copy')");
     wait_index_matches_events(&cluster, &meili, &index);
-    assert!(indexed(&meili, &index).contains_key("7000__2026-03-04"));
-    cluster.psql("INSERT INTO events VALUES (7002, '2026-03-05', 'after the copy')");
+    assert!(indexed(&meili, &index).contains_key("8000__2026-04-01"));
+}
+
+/// What changes of the partitions while no worker looks (the task paused) is brought in or pruned
+/// when it resumes: the task keeps the partitions its index is in line with in its catalog row.
+#[test]
+fn partitions_attached_detached_or_dropped_while_the_task_is_paused_are_followed_on_resume() {
+    let cluster = Cluster::start(&[]);
+    let meili = Meili::from_env();
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(CREATE_EVENTS);
+    cluster.psql(&insert_events(1, 300));
+    let (index, task) = start_task(&cluster, &meili, None, "events", json!({}));
+    cluster.wait_snapshot_done(task, CONVERGE);
     wait_index_matches_events(&cluster, &meili, &index);
+    cluster.psql(&format!("SELECT meili_sync_pause({task})"));
+    wait_for("the task to pause", CONVERGE, || {
+        (cluster.status(task).get("state").map(String::as_str) == Some("paused")).then_some(())
+    });
+    // Past the stream's own next look at the partitions, had it still been running.
+    std::thread::sleep(Duration::from_secs(3));
+    cluster.psql(
+        "CREATE TABLE events_2026_03 (LIKE events INCLUDING ALL);
+         INSERT INTO events_2026_03 SELECT i, date '2026-03-02', 'march ' || i FROM generate_series(9001, 9020) AS i;
+         ALTER TABLE events ATTACH PARTITION events_2026_03 FOR VALUES FROM ('2026-03-01') TO ('2026-04-01');
+         ALTER TABLE events DETACH PARTITION events_default;
+         DROP TABLE events_2026_02_h1;
+         INSERT INTO events VALUES (9100, '2026-01-20', 'while paused')",
+    );
+    assert!(indexed(&meili, &index)
+        .keys()
+        .any(|id| id.contains("2027-")));
+    cluster.psql(&format!("SELECT meili_sync_resume({task})"));
+    wait_index_matches_events(&cluster, &meili, &index);
+    let documents = indexed(&meili, &index);
+    assert!(
+        documents.contains_key("9001__2026-03-02") && documents.contains_key("9100__2026-01-20")
+    );
+    assert!(documents.keys().all(|id| !id.contains("2027-")));
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT count(*) FROM meili_sync.tasks t, unnest(t.partitions) p WHERE t.id = {task} AND p = 'events_2026_03'::regclass"
+        )),
+        "1",
+        "the catalog row holds the partitions the index is in line with"
+    );
 }
 
 #[test]

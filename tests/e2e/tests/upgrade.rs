@@ -204,7 +204,7 @@ fn an_update_in_place_keeps_every_task_streaming_without_a_new_copy() {
             cluster.psql(
                 "SELECT extversion FROM pg_catalog.pg_extension WHERE extname = 'pg_meili_sync'"
             ),
-            "0.2.0"
+            extension_version()
         );
         for (_, index, _) in tasks {
             wait_for_id(&meili, index, before_update + 20);
@@ -225,7 +225,7 @@ fn an_update_in_place_keeps_every_task_streaming_without_a_new_copy() {
         .map(|(task, _, _)| copy_of(&cluster, *task))
         .collect();
     assert_eq!(copies, after, "no task copied its table again");
-    assert!(cluster.server_log().contains("no task runs: the pg_meili_sync library is version 0.2.0, but the extension's SQL objects in this database are version 0.1.0"));
+    assert!(cluster.server_log().contains(&format!("no task runs: the pg_meili_sync library is version {}, but the extension's SQL objects in this database are version 0.1.0", extension_version())));
     assert_no_crash(&cluster);
     let _ = std::fs::remove_dir_all(old_library);
 }
@@ -332,4 +332,15 @@ fn a_restored_dump_brings_the_tasks_back_stopped_until_they_copy_again() {
         "the task ids go on from the restored ones: {next}"
     );
     assert_no_crash(&target);
+}
+
+/// The version of the extension built from this tree (the workspace's package version).
+fn extension_version() -> String {
+    let manifest = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../Cargo.toml");
+    let manifest = std::fs::read_to_string(&manifest).unwrap_or_default();
+    manifest
+        .lines()
+        .find_map(|line| line.strip_prefix("version = "))
+        .map(|version| version.trim_matches('"').to_owned())
+        .unwrap_or_default()
 }

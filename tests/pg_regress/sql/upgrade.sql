@@ -1,4 +1,4 @@
--- Upgrades in place: 0.1.0 installed and updated to 0.2.0 has the very objects a fresh 0.2.0
+-- Upgrades in place: 0.1.0 installed and updated (through 0.2.0) to 0.3.0 has the very objects a fresh 0.3.0
 -- install has (functions and their definitions, tables and their columns, constraints, indexes,
 -- views, grants, comments, and what pg_dump keeps). Each install gets a database of its own, made
 -- from a template that holds the description of an extension's objects.

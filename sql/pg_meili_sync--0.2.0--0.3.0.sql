@@ -1,0 +1,8 @@
+-- pg_meili_sync 0.2.0 -> 0.3.0, run by ALTER EXTENSION pg_meili_sync UPDATE. A fresh 0.3.0 install
+-- and an updated 0.1.0 or 0.2.0 one have the same objects (tests/pg_regress/sql/upgrade.sql checks
+-- it).
+\echo Use "ALTER EXTENSION pg_meili_sync UPDATE" to load this file. \quit
+
+-- A partitioned table's leaf partitions that the task's index is in line with (sql/bootstrap.sql
+-- says why). NULL for the tasks of 0.2.0: their workers take the partitions as they find them.
+ALTER TABLE meili_sync.tasks ADD COLUMN partitions oid[];
