@@ -183,8 +183,8 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             .iter()
             .any(|leaf| !current.contains(leaf));
         if attached {
-            // Refused as meili_sync_start refuses it. What was attached is known to this worker
-            // only, so the way back is a new copy, not a resume.
+            // Refused as meili_sync_start refuses it. The way back is a new copy: a task of 0.2.0
+            // that had not recorded its partitions yet would not know the partition as new.
             let checked = in_transaction(self.live, "checking a partition attached", || {
                 Ok(check_task_source(&partitioned.task, &partitioned.options))
             })?;
