@@ -143,6 +143,7 @@ unsafe extern "C-unwind" fn prepare_write(
     unsafe { pg_sys::resetStringInfo((*context).out) };
 }
 
+// SAFETY: the write callback after `prepare_write`, with the same context and guarantees.
 #[pg_guard]
 unsafe extern "C-unwind" fn write_message(
     context: *mut pg_sys::LogicalDecodingContext,
