@@ -133,10 +133,6 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         task: &TaskRecord,
         options: &TaskOptions,
     ) -> Self {
-        let sorted = |mut leaves: Vec<u32>| {
-            leaves.sort_unstable();
-            leaves
-        };
         self.partitioned = root.map(|root| Partitioned {
             root,
             task: task.clone(),
@@ -144,8 +140,8 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             prune_at: None,
             repair: false,
             prune_due: None,
-            leaves: sorted(task.partitions.clone().unwrap_or(leaves)),
-            stored: task.partitions.clone().map(sorted),
+            leaves: task.partitions.clone().unwrap_or(leaves),
+            stored: task.partitions.clone(),
             next_look: Instant::now(),
         });
         self
@@ -176,8 +172,8 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         let attached = leaves
             .iter()
             .any(|(leaf, has_pages)| *has_pages && !partitioned.leaves.contains(leaf));
-        let mut current: Vec<u32> = leaves.iter().map(|(leaf, _)| *leaf).collect();
-        current.sort_unstable();
+        // In OID order, as `partition_leaves_now` gives them and as they were stored.
+        let current: Vec<u32> = leaves.iter().map(|(leaf, _)| *leaf).collect();
         let gone = partitioned
             .leaves
             .iter()
