@@ -266,12 +266,17 @@ fn partitions_attached_detached_or_dropped_while_the_task_is_paused_are_followed
         documents.contains_key("9001__2026-03-02") && documents.contains_key("9100__2026-01-20")
     );
     assert!(documents.keys().all(|id| !id.contains("2027-")));
-    assert_eq!(
-        cluster.psql(&format!(
-            "SELECT count(*) FROM meili_sync.tasks t, unnest(t.partitions) p WHERE t.id = {task} AND p = 'events_2026_03'::regclass"
-        )),
-        "1",
-        "the catalog row holds the partitions the index is in line with"
+    // The worker records the partitions once Meilisearch has confirmed the repair, which is a
+    // moment after the index is seen in line.
+    wait_for(
+        "the catalog row to hold the partitions the index is in line with",
+        CONVERGE,
+        || {
+            (cluster.psql(&format!(
+                "SELECT count(*) FROM meili_sync.tasks t, unnest(t.partitions) p WHERE t.id = {task} AND p = 'events_2026_03'::regclass"
+            )) == "1")
+                .then_some(())
+        },
     );
 }
 
