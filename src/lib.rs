@@ -22,8 +22,8 @@ mod worker;
 
 // The pure stages, under the paths the modules here name them by (`crate::batch`, …).
 use pg_meili_sync_core::{
-    affected, batch, changes, dispatch, encode, failure, meili, meter, options, pacing, pg_catalog,
-    pgoutput, route, state_change,
+    affected, batch, changes, dispatch, encode, failure, geo, meili, meter, options, pacing,
+    pg_catalog, pgoutput, route, state_change,
 };
 
 ::pgrx::pg_module_magic!(name, version);

@@ -10,7 +10,7 @@ use crate::affected::{KeyRoute, KeySource, TableRoutes};
 use crate::batch::BatchLimits;
 use crate::catalog::{self, RelationInfo, TaskRecord};
 use crate::changes::RelationShape;
-use crate::encode::{Column, DocumentShape};
+use crate::encode::{Column, DocumentShape, ValueKind};
 use crate::error::{ErrorKind, SyncError};
 use crate::failure::{Failure, FailureKind};
 use crate::options::TaskOptions;
@@ -24,6 +24,8 @@ pub struct ColumnRules {
     pub key: Vec<String>,
     pub columns: Option<Vec<String>>,
     pub exclude_columns: Vec<String>,
+    /// The PostGIS column of the `geo` option.
+    pub geo: Option<String>,
 }
 
 impl ColumnRules {
@@ -33,7 +35,33 @@ impl ColumnRules {
             key: key.to_vec(),
             columns: options.columns.clone(),
             exclude_columns: options.exclude_columns.clone(),
+            geo: options.geo.clone(),
         }
+    }
+
+    /// How a synced column appears in the documents: by its name and its type's rule, except the
+    /// `geo` option's column, which becomes `_geo` (or `_geojson`, by value).
+    pub fn document_column(&self, name: &str, type_oid: pg_sys::Oid) -> Result<Column, SyncError> {
+        if self.geo.as_deref() != Some(name) {
+            return Ok(Column {
+                name: name.to_owned(),
+                kind: catalog::value_kind(type_oid)?,
+            });
+        }
+        if !catalog::is_postgis_type(type_oid) {
+            return Err(SyncError::new(
+                ErrorKind::UnsupportedType,
+                format!(
+                    "column \"{name}\" of table {}, named by option \"geo\", is not a PostGIS geometry or geography",
+                    self.relation_name
+                ),
+            )
+            .hint("Name a column of type geometry or geography (PostGIS), for example geography(Point) or geometry(Point, 4326)."));
+        }
+        Ok(Column {
+            name: crate::geo::POINT_FIELD.to_owned(),
+            kind: ValueKind::Geometry,
+        })
     }
 
     pub fn includes(&self, name: &str) -> bool {
@@ -51,12 +79,10 @@ impl ColumnRules {
         let mut source_columns = Vec::new();
         for (position, column) in relation.columns.iter().enumerate() {
             if self.includes(&column.name) {
-                let kind = catalog::value_kind(pg_sys::Oid::from(column.type_oid))
-                    .map_err(Failure::from)?;
-                columns.push(Column {
-                    name: column.name.clone(),
-                    kind,
-                });
+                columns.push(
+                    self.document_column(&column.name, pg_sys::Oid::from(column.type_oid))
+                        .map_err(Failure::from)?,
+                );
                 source_columns.push(position);
             }
         }
@@ -178,10 +204,7 @@ pub fn source_plan(
     let rules = ColumnRules::new(relation, key, options);
     for column in info.columns.iter().filter(|column| !column.generated) {
         if rules.includes(&column.name) {
-            columns.push(Column {
-                name: column.name.clone(),
-                kind: catalog::value_kind(column.type_oid)?,
-            });
+            columns.push(rules.document_column(&column.name, column.type_oid)?);
             column_names.push(column.name.clone());
         }
     }

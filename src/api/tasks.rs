@@ -12,8 +12,9 @@ use super::{
 use crate::catalog::{self, NewTask, RelationInfo, TaskState};
 use crate::encode::{encode_row, ColumnValue};
 use crate::error::{ErrorKind, OrRaise, SyncError};
+use crate::geo;
 use crate::meili::client::{Client, MeiliError};
-use crate::options::{validate_index_uid, TaskOptions};
+use crate::options::{validate_index_uid, TaskOptions, WriteMode};
 use crate::pg_catalog::ReplicaIdentity;
 use crate::worker::resync;
 use crate::{gucs, plan, security};
@@ -130,7 +131,87 @@ fn checked_source(
     }
     check_column_names(&info, "exclude_columns", &options.exclude_columns)?;
     let (key, published) = source_plan(&info, relid, options)?;
+    if let Some(geo) = &options.geo {
+        check_geo_column(&info, &key, options, geo)?;
+    }
     Ok((info, key, published))
+}
+
+/// The `geo` option names a synced PostGIS column, not a key column, and no other synced column
+/// is called `_geo` or `_geojson`. A column that holds more than points needs whole documents:
+/// a row whose value turns from a polygon into a point must lose its `_geojson`, which only
+/// replacing the document does.
+fn check_geo_column(
+    info: &RelationInfo,
+    key: &[String],
+    options: &TaskOptions,
+    geo: &str,
+) -> Result<(), SyncError> {
+    let table = &info.qualified_name;
+    check_column_names(info, "geo", &[geo.to_owned()])?;
+    let rules = plan::ColumnRules::new(table, key, options);
+    let refuse = |message: String, hint: &str| {
+        Err(SyncError::new(ErrorKind::InvalidParameter, message).hint(hint))
+    };
+    if key.iter().any(|column| column == geo) {
+        return refuse(
+            format!("column \"{geo}\" of option \"geo\" is a key column of {table}"),
+            "A geometry cannot be a document id: name another key with \"primary_key\".",
+        );
+    }
+    if !rules.includes(geo) {
+        return refuse(
+            format!(
+                "column \"{geo}\" of option \"geo\" is not among the synced columns of {table}"
+            ),
+            "Add it to \"columns\", or take it out of \"exclude_columns\".",
+        );
+    }
+    if let Some(clash) = info.columns.iter().find(|column| {
+        column.name != geo
+            && [geo::POINT_FIELD, geo::SHAPE_FIELD].contains(&column.name.as_str())
+            && rules.includes(&column.name)
+    }) {
+        return refuse(
+            format!(
+                "column \"{}\" of {table} clashes with the field the \"geo\" option writes",
+                clash.name
+            ),
+            "Leave that column out with \"exclude_columns\", or sync it without the \"geo\" option.",
+        );
+    }
+    let column = info
+        .columns
+        .iter()
+        .find(|column| column.name == geo)
+        .ok_or_else(|| {
+            SyncError::new(
+                ErrorKind::UndefinedColumn,
+                format!("column \"{geo}\" does not exist"),
+            )
+        })?;
+    rules.document_column(geo, column.type_oid)?;
+    check_geo_write_mode(info, options)
+}
+
+/// Upsert mode with a `geo` column that may hold more than points is refused: a row whose value
+/// turns from a shape into a point must lose its `_geojson` field, which only replacing the whole
+/// document does.
+fn check_geo_write_mode(info: &RelationInfo, options: &TaskOptions) -> Result<(), SyncError> {
+    let Some(geo) = &options.geo else {
+        return Ok(());
+    };
+    let declared = info.type_name_of(geo);
+    if options.write_mode == WriteMode::Upsert && !geo::declared_points_only(&declared) {
+        return Err(SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!(
+                "column \"{geo}\" of option \"geo\" has type {declared}, which holds more than points, and \"write_mode\" is \"upsert\""
+            ),
+        )
+        .hint("Use \"write_mode\": \"replace\" (a row whose value turns from a shape into a point must lose its _geojson field), or declare the column geometry(Point, 4326) or geography(Point)."));
+    }
+    Ok(())
 }
 
 /// The key of a task's documents and the tables its publication holds: for a table, its key
@@ -494,6 +575,9 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
         }
         refuse_leaving_shared_decoding(&record, changes.get("decoding"))?;
         let parsed = TaskOptions::parse(&crate::options::merged_options(&record.options, changes))?;
+        if parsed.geo.is_some() {
+            check_geo_write_mode(&catalog::relation_info(record.relid)?, &parsed)?;
+        }
         require_select(&record)?;
         if (changes.contains_key("url")
             || changes.contains_key("api_key")

@@ -344,6 +344,33 @@ pub fn value_kind(type_oid: pg_sys::Oid) -> CatalogResult<ValueKind> {
     }
 }
 
+/// Whether values of a type are PostGIS geometries or geographies (also through a domain): the
+/// type whose output function is PostGIS's `geometry_out` or `geography_out`, in whatever schema
+/// PostGIS was installed. Uses the syscache, as [`value_kind`] does.
+pub fn is_postgis_type(type_oid: pg_sys::Oid) -> bool {
+    // SAFETY: lsyscache lookups by OID. getBaseType answers the OID itself for a non-domain;
+    // get_typtype answers 0 for a missing type, checked first; getTypeOutputInfo then finds a
+    // defined type's output function (it raises only for a shell type, which no column has);
+    // get_func_name returns a palloc'd copy of the name, or NULL for a missing function.
+    unsafe {
+        let base = pg_sys::getBaseType(type_oid);
+        let mut output = pg_sys::InvalidOid;
+        let mut varlena = false;
+        if pg_sys::get_typtype(base) == 0 {
+            return false;
+        }
+        pg_sys::getTypeOutputInfo(base, &mut output, &mut varlena);
+        let name = pg_sys::get_func_name(output);
+        if name.is_null() {
+            return false;
+        }
+        matches!(
+            CStr::from_ptr(name).to_bytes(),
+            b"geometry_out" | b"geography_out"
+        )
+    }
+}
+
 fn builtin_kind(oid: pg_sys::Oid) -> ValueKind {
     use pg_sys::BuiltinOid as B;
     match B::from_u32(oid.to_u32()) {

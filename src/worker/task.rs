@@ -78,6 +78,17 @@ fn prepare_index(
         })?;
         await_meili_task(live, client, task_uid, "updating index settings")?;
     }
+    if options.geo.is_some() {
+        // Geo filters and sorting need the fields filterable (sortable); added to what the
+        // index has, before the copy, so that Meilisearch checks every document as it arrives.
+        let current = with_retry(live, "reading index settings", || client.get_settings(uid))?;
+        if let Some(missing) = crate::geo::missing_geo_settings(&current) {
+            let task_uid = with_retry(live, "updating index settings", || {
+                client.update_settings(uid, &missing)
+            })?;
+            await_meili_task(live, client, task_uid, "updating index settings")?;
+        }
+    }
     let index = with_retry(live, "reading the index", || client.get_index(uid))?;
     Ok(PreparedIndex {
         created_at: index.and_then(|index| index.created_at),

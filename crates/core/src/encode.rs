@@ -98,6 +98,8 @@ pub enum ValueKind {
     Bytea,
     /// An array; the element kind.
     Array(Box<ValueKind>),
+    /// The PostGIS column of the `geo` option: `_geo` or `_geojson` by value (see [`crate::geo`]).
+    Geometry,
     /// Any other type: its text output as a JSON string.
     Other,
 }
@@ -108,7 +110,7 @@ impl ValueKind {
     pub fn can_be_document_id(&self) -> bool {
         !matches!(
             self,
-            ValueKind::Json | ValueKind::Float | ValueKind::Array(_)
+            ValueKind::Json | ValueKind::Float | ValueKind::Array(_) | ValueKind::Geometry
         )
     }
 }
@@ -151,7 +153,8 @@ pub struct DocumentShape {
     primary_key_attribute: String,
     /// `"name":` of each column, JSON-escaped once instead of once per row.
     field_prefixes: Vec<Vec<u8>>,
-    /// The column named `_geo`, which [`check_geo`] checks.
+    /// The column named `_geo` (JSON, or the PostGIS column of the `geo` option), which
+    /// [`check_geo`] checks.
     geo_column: Option<usize>,
 }
 
@@ -200,7 +203,9 @@ impl DocumentShape {
                 prefix
             })
             .collect();
-        let geo_column = columns.iter().position(|column| column.name == "_geo");
+        let geo_column = columns
+            .iter()
+            .position(|column| column.name == crate::geo::POINT_FIELD);
         Ok(DocumentShape {
             columns,
             key_columns,
@@ -394,6 +399,11 @@ fn check_geo(shape: &DocumentShape, values: &[ColumnValue]) -> Result<(), Encode
         _ => return Ok(()),
     };
     let invalid = |reason: String| Err(EncodeError::InvalidGeo { reason });
+    if shape.columns[index].kind == ValueKind::Geometry {
+        return crate::geo::from_postgis_text(text)
+            .map(|_| ())
+            .or_else(invalid);
+    }
     if shape.columns[index].kind != ValueKind::Json {
         return invalid(format!(
             "expected an object with lat and lng, got the string {text:?}"
@@ -484,6 +494,10 @@ pub fn encode_document<'a>(
             out.push(b',');
         }
         first = false;
+        if let (Some(text), ValueKind::Geometry) = (text, &shape.columns[index].kind) {
+            write_geometry(out, &shape.field_prefixes[index], text);
+            continue;
+        }
         out.extend_from_slice(&shape.field_prefixes[index]);
         match text {
             None => out.extend_from_slice(b"null"),
@@ -493,6 +507,27 @@ pub fn encode_document<'a>(
     }
     out.push(b'}');
     Ok(id)
+}
+
+/// A PostGIS value as `_geo` (a point, or null when empty) or `_geojson` (any other geometry).
+/// A value that cannot be either is written as `_geo` holding its text, for the dead letter that
+/// [`check_geo`] makes of the row.
+fn write_geometry(out: &mut Vec<u8>, point_prefix: &[u8], text: &str) {
+    match crate::geo::from_postgis_text(text) {
+        Ok(value) => {
+            if value.field() == crate::geo::POINT_FIELD {
+                out.extend_from_slice(point_prefix);
+            } else {
+                write_string(out, value.field());
+                out.push(b':');
+            }
+            value.write_json(out);
+        }
+        Err(_) => {
+            out.extend_from_slice(point_prefix);
+            write_string(out, text);
+        }
+    }
 }
 
 /// The id of the row whose key columns have these text outputs (in key
@@ -629,7 +664,8 @@ pub fn write_value(out: &mut Vec<u8>, kind: &ValueKind, text: &str) {
             "f" => out.extend_from_slice(b"false"),
             _ => write_string(out, text),
         },
-        ValueKind::Text | ValueKind::Other => write_string(out, text),
+        // A geometry is written by `write_geometry`, which needs the field; its text is the fallback.
+        ValueKind::Text | ValueKind::Other | ValueKind::Geometry => write_string(out, text),
         ValueKind::Json => write_embedded_json(out, text),
         ValueKind::Date
         | ValueKind::Timestamp
@@ -1907,6 +1943,61 @@ mod tests {
         let values = [ColumnValue::Text("8"), ColumnValue::Null, ColumnValue::Null];
         assert!(encode_row(&shape, &values, &mut without_geo).is_ok());
         assert_eq!(without_geo, br#"{"id":8,"name":null,"_geo":null}"#);
+    }
+
+    #[test]
+    fn a_postgis_column_is_written_as_geo_or_geojson_by_value() {
+        let shape = DocumentShape::new(
+            vec![
+                column("id", ValueKind::Integer),
+                column("_geo", ValueKind::Geometry),
+            ],
+            vec![0],
+        )
+        .unwrap();
+        let encode = |value: ColumnValue| {
+            let mut out = Vec::new();
+            let result = encode_row(&shape, &[ColumnValue::Text("7"), value], &mut out);
+            (result.map(|_| ()), String::from_utf8(out).unwrap())
+        };
+        // SELECT 'SRID=4326;POINT(2.2945 48.8584)'::geometry
+        let point = encode(ColumnValue::Text(
+            "0101000020E61000004260E5D0225B024076711B0DE06D4840",
+        ));
+        assert_eq!(
+            point,
+            (
+                Ok(()),
+                r#"{"id":7,"_geo":{"lat":48.8584,"lng":2.2945}}"#.to_owned()
+            )
+        );
+        // SELECT 'SRID=4326;LINESTRING(1 2, 3 4)'::geometry
+        let line = encode(ColumnValue::Text(
+            "0102000020E610000002000000000000000000F03F000000000000004000000000000008400000000000001040",
+        ));
+        assert_eq!(
+            line,
+            (
+                Ok(()),
+                r#"{"id":7,"_geojson":{"coordinates":[[1.0,2.0],[3.0,4.0]],"type":"LineString"}}"#
+                    .to_owned()
+            )
+        );
+        assert_eq!(
+            encode(ColumnValue::Null),
+            (Ok(()), r#"{"id":7,"_geo":null}"#.to_owned())
+        );
+        // SELECT 'SRID=3857;POINT(1 2)'::geometry: a dead letter holding the value's text.
+        let (result, document) = encode(ColumnValue::Text(
+            "0101000020110F0000000000000000F03F0000000000000040",
+        ));
+        let error = result.unwrap_err();
+        assert_eq!(error.code(), "invalid_document_geo_field");
+        assert!(error.to_string().contains("SRID 3857"), "{error}");
+        assert_eq!(
+            document,
+            r#"{"id":7,"_geo":"0101000020110F0000000000000000F03F0000000000000040"}"#
+        );
     }
 
     #[test]

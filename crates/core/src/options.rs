@@ -80,6 +80,8 @@ pub struct TaskOptions {
     /// For a view: table name (as written) → the SQL query that maps the keys of its changed
     /// rows (text arrays `$1`, `$2`, …) to the keys of the documents they affect.
     pub mappings: Vec<(String, String)>,
+    /// The PostGIS column whose points become `_geo` and other geometries `_geojson`.
+    pub geo: Option<String>,
 }
 
 impl Default for TaskOptions {
@@ -103,6 +105,7 @@ impl Default for TaskOptions {
             decoding: Decoding::Shared,
             settings: None,
             mappings: Vec::new(),
+            geo: None,
         }
     }
 }
@@ -135,6 +138,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "decoding",
     "settings",
     "mappings",
+    "geo",
 ];
 
 fn invalid(message: String, hint: &str) -> InvalidOption {
@@ -386,6 +390,14 @@ impl TaskOptions {
                     )),
                 },
                 "mappings" => parsed.mappings = expect_mappings(value)?,
+                "geo" => {
+                    parsed.geo = Some(value.as_str().filter(|name| !name.is_empty()).map(str::to_owned).ok_or_else(|| {
+                        invalid(
+                            format!("option \"geo\" must be the name of a PostGIS column, not {value}"),
+                            "For example {\"geo\": \"location\"}: its points become _geo, other geometries _geojson.",
+                        )
+                    })?)
+                }
                 unknown => {
                     return Err(invalid(
                         format!("unknown option \"{}\"", unknown.escape_default()),
@@ -461,12 +473,21 @@ impl TaskOptions {
                 .collect();
             stored.insert("mappings".into(), Value::Object(mappings));
         }
+        if let Some(geo) = &self.geo {
+            stored.insert("geo".into(), Value::from(geo.as_str()));
+        }
         Value::Object(stored)
     }
 }
 
 /// The options a task is created with for good: changing one needs a new task.
-pub const FIXED_OPTIONS: [&str; 4] = ["primary_key", "columns", "exclude_columns", "mappings"];
+pub const FIXED_OPTIONS: [&str; 5] = [
+    "primary_key",
+    "columns",
+    "exclude_columns",
+    "mappings",
+    "geo",
+];
 
 /// The first fixed option among `changes`, if any.
 pub fn fixed_option_in(changes: &Map<String, Value>) -> Option<&'static str> {
@@ -499,6 +520,25 @@ pub fn merged_options(stored: &Value, changes: &Map<String, Value>) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn geo_names_one_column_and_is_kept() {
+        let parsed = TaskOptions::parse(&json!({"geo": "location"})).unwrap();
+        assert_eq!(parsed.geo.as_deref(), Some("location"));
+        assert_eq!(parsed.to_stored_json()["geo"], json!("location"));
+        assert_eq!(
+            TaskOptions::parse(&parsed.to_stored_json()).unwrap().geo,
+            parsed.geo
+        );
+        for bad in [json!(""), json!(["location"]), json!(1)] {
+            let error = TaskOptions::parse(&json!({ "geo": bad })).unwrap_err();
+            assert!(error.message.contains("PostGIS column"), "{error:?}");
+        }
+        assert_eq!(
+            fixed_option_in(json!({"geo": "place"}).as_object().unwrap()),
+            Some("geo")
+        );
+    }
 
     #[test]
     fn mappings_are_table_names_and_queries() {
