@@ -97,3 +97,17 @@ for major in 15 16 17 18; do
         break
     fi
 done
+
+# pgvector for PostgreSQL 15 (the end-to-end tests of the vectors option; they skip without it):
+# Debian's upstream tarball of 0.8.2, built here with PGXS (seconds).
+pg15_extensions="$("$(pg_config_of 15)" --sharedir)/extension"
+if [ ! -f "$pg15_extensions/vector.control" ]; then
+    echo "setup: building pgvector 0.8.2 for PostgreSQL 15"
+    work=$(mktemp -d)
+    fetch http://deb.debian.org/debian/pool/main/p/pgvector/pgvector_0.8.2.orig.tar.gz \
+        "$work/pgvector-0.8.2.tar.gz" 69f4019389af05dc1c9548deb8628e62878e6e207c03907f2b8af2016472cdaa
+    tar -xzf "$work/pgvector-0.8.2.tar.gz" -C "$work"
+    make -C "$work/pgvector-0.8.2" -s -j"$(nproc)" PG_CONFIG="$(pg_config_of 15)" > /dev/null
+    $SUDO make -C "$work/pgvector-0.8.2" -s install PG_CONFIG="$(pg_config_of 15)" > /dev/null
+    rm -rf "$work"
+fi

@@ -26,6 +26,8 @@ pub struct ColumnRules {
     pub exclude_columns: Vec<String>,
     /// The PostGIS column of the `geo` option.
     pub geo: Option<String>,
+    /// Embedder → pgvector column, of the `vectors` option.
+    pub vectors: Vec<(String, String)>,
 }
 
 impl ColumnRules {
@@ -36,12 +38,30 @@ impl ColumnRules {
             columns: options.columns.clone(),
             exclude_columns: options.exclude_columns.clone(),
             geo: options.geo.clone(),
+            vectors: options.vectors.clone(),
         }
     }
 
     /// How a synced column appears in the documents: by its name and its type's rule, except the
-    /// `geo` option's column, which becomes `_geo` (or `_geojson`, by value).
+    /// `geo` option's column, which becomes `_geo` (or `_geojson`, by value), and the `vectors`
+    /// option's columns, which become entries of `_vectors`.
     pub fn document_column(&self, name: &str, type_oid: pg_sys::Oid) -> Result<Column, SyncError> {
+        if let Some((embedder, _)) = self.vectors.iter().find(|(_, column)| column == name) {
+            if !catalog::is_pgvector_type(type_oid) {
+                return Err(SyncError::new(
+                    ErrorKind::UnsupportedType,
+                    format!(
+                        "column \"{name}\" of table {}, named for embedder \"{embedder}\" by option \"vectors\", is not a pgvector vector or halfvec",
+                        self.relation_name
+                    ),
+                )
+                .hint("Name a column of type vector(n) or halfvec(n) (pgvector)."));
+            }
+            return Ok(Column {
+                name: name.to_owned(),
+                kind: ValueKind::Vector(embedder.clone()),
+            });
+        }
         if self.geo.as_deref() != Some(name) {
             return Ok(Column {
                 name: name.to_owned(),

@@ -57,7 +57,7 @@ pub fn id_text(id: &Value) -> Option<String> {
 }
 
 /// Whether the index's document matches the one the table's row makes. Numbers compare by value
-/// (Meilisearch may print `2.0` as `2`). In `upsert` mode the index may hold fields the task
+/// (Meilisearch may print `2.0` as `2`), embeddings within a 32-bit float's precision. In `upsert` mode the index may hold fields the task
 /// does not send; only the task's own fields are compared.
 pub fn same_document(expected: &Value, found: &Value, only_expected_fields: bool) -> bool {
     match (expected, found) {
@@ -70,8 +70,13 @@ pub fn same_document(expected: &Value, found: &Value, only_expected_fields: bool
         (Value::Object(a), Value::Object(b)) => {
             (only_expected_fields || a.len() == b.len())
                 && a.iter().all(|(name, value)| {
-                    b.get(name)
-                        .is_some_and(|other| same_document(value, other, false))
+                    b.get(name).is_some_and(|other| {
+                        if name == crate::vectors::VECTORS_FIELD {
+                            crate::vectors::same_vectors(value, other)
+                        } else {
+                            same_document(value, other, false)
+                        }
+                    })
                 })
         }
         _ => expected == found,
@@ -268,7 +273,7 @@ impl Context {
                 Vec::new()
             } else {
                 self.client
-                    .fetch_by_ids(&self.task.index_uid, &ids)
+                    .fetch_by_ids(&self.task.index_uid, &ids, self.plan.shape.has_vectors())
                     .map_err(meili_error("reading documents"))?
             };
             let expected: Vec<(String, Value)> = documents

@@ -16,6 +16,7 @@ use crate::geo;
 use crate::meili::client::{Client, MeiliError};
 use crate::options::{validate_index_uid, TaskOptions, WriteMode};
 use crate::pg_catalog::ReplicaIdentity;
+use crate::vectors;
 use crate::worker::resync;
 use crate::{gucs, plan, security};
 
@@ -134,7 +135,73 @@ fn checked_source(
     if let Some(geo) = &options.geo {
         check_geo_column(&info, &key, options, geo)?;
     }
+    check_vector_columns(&info, &key, options)?;
     Ok((info, key, published))
+}
+
+/// Each column of the `vectors` option is a synced pgvector column with declared dimensions (the
+/// embedder is set up with them), not a key column, not also the `geo` column, and no other
+/// synced column is called `_vectors`.
+fn check_vector_columns(
+    info: &RelationInfo,
+    key: &[String],
+    options: &TaskOptions,
+) -> Result<(), SyncError> {
+    if options.vectors.is_empty() {
+        return Ok(());
+    }
+    let table = &info.qualified_name;
+    let rules = plan::ColumnRules::new(table, key, options);
+    let refuse = |message: String, hint: &str| {
+        Err(SyncError::new(ErrorKind::InvalidParameter, message).hint(hint))
+    };
+    if info
+        .columns
+        .iter()
+        .any(|column| column.name == vectors::VECTORS_FIELD && rules.includes(&column.name))
+    {
+        return refuse(
+            format!("column \"_vectors\" of {table} clashes with the field the \"vectors\" option writes"),
+            "Leave that column out with \"exclude_columns\", or sync it without the \"vectors\" option.",
+        );
+    }
+    for (embedder, name) in &options.vectors {
+        check_column_names(info, "vectors", std::slice::from_ref(name))?;
+        if key.contains(name) || options.geo.as_ref() == Some(name) {
+            return refuse(
+                format!("column \"{name}\" of option \"vectors\" is a key column of {table} or the \"geo\" column"),
+                "An embedding can only be an embedding: name another column.",
+            );
+        }
+        if !rules.includes(name) {
+            return refuse(
+                format!("column \"{name}\" of option \"vectors\" is not among the synced columns of {table}"),
+                "Add it to \"columns\", or take it out of \"exclude_columns\".",
+            );
+        }
+        let column = info
+            .columns
+            .iter()
+            .find(|column| &column.name == name)
+            .ok_or_else(|| {
+                SyncError::new(
+                    ErrorKind::UndefinedColumn,
+                    format!("column \"{name}\" does not exist"),
+                )
+            })?;
+        rules.document_column(name, column.type_oid)?;
+        if vectors::declared_dimensions(&column.type_name).is_none() {
+            return Err(SyncError::new(
+                ErrorKind::UnsupportedType,
+                format!(
+                    "column \"{name}\" of {table} (embedder \"{embedder}\") has type {}, without dimensions",
+                    column.type_name
+                ),
+            )
+            .hint("Declare the column with its dimensions, for example ALTER TABLE … ALTER COLUMN … TYPE vector(768): the task sets the embedder up with them."));
+        }
+    }
+    Ok(())
 }
 
 /// The `geo` option names a synced PostGIS column, not a key column, and no other synced column

@@ -346,28 +346,40 @@ pub fn value_kind(type_oid: pg_sys::Oid) -> CatalogResult<ValueKind> {
 
 /// Whether values of a type are PostGIS geometries or geographies (also through a domain): the
 /// type whose output function is PostGIS's `geometry_out` or `geography_out`, in whatever schema
-/// PostGIS was installed. Uses the syscache, as [`value_kind`] does.
+/// PostGIS was installed.
 pub fn is_postgis_type(type_oid: pg_sys::Oid) -> bool {
+    matches!(
+        output_function(type_oid).as_deref(),
+        Some("geometry_out" | "geography_out")
+    )
+}
+
+/// Whether values of a type are pgvector embeddings (`vector`, `halfvec`), also through a domain.
+pub fn is_pgvector_type(type_oid: pg_sys::Oid) -> bool {
+    matches!(
+        output_function(type_oid).as_deref(),
+        Some("vector_out" | "halfvec_out")
+    )
+}
+
+/// The name of a type's output function (of its base type, for a domain), which tells an
+/// extension's types whatever schema the extension is in. Uses the syscache, as [`value_kind`]
+/// does, so that it also works inside a decoding callback.
+fn output_function(type_oid: pg_sys::Oid) -> Option<String> {
     // SAFETY: lsyscache lookups by OID. getBaseType answers the OID itself for a non-domain;
     // get_typtype answers 0 for a missing type, checked first; getTypeOutputInfo then finds a
     // defined type's output function (it raises only for a shell type, which no column has);
     // get_func_name returns a palloc'd copy of the name, or NULL for a missing function.
     unsafe {
         let base = pg_sys::getBaseType(type_oid);
+        if pg_sys::get_typtype(base) == 0 {
+            return None;
+        }
         let mut output = pg_sys::InvalidOid;
         let mut varlena = false;
-        if pg_sys::get_typtype(base) == 0 {
-            return false;
-        }
         pg_sys::getTypeOutputInfo(base, &mut output, &mut varlena);
         let name = pg_sys::get_func_name(output);
-        if name.is_null() {
-            return false;
-        }
-        matches!(
-            CStr::from_ptr(name).to_bytes(),
-            b"geometry_out" | b"geography_out"
-        )
+        (!name.is_null()).then(|| CStr::from_ptr(name).to_string_lossy().into_owned())
     }
 }
 

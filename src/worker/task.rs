@@ -89,11 +89,60 @@ fn prepare_index(
             await_meili_task(live, client, task_uid, "updating index settings")?;
         }
     }
+    if !options.vectors.is_empty() {
+        prepare_embedders(live, client, task, options)?;
+    }
     let index = with_retry(live, "reading the index", || client.get_index(uid))?;
     Ok(PreparedIndex {
         created_at: index.and_then(|index| index.created_at),
         created,
     })
+}
+
+/// Sets up each embedder of the `vectors` option as `userProvided` with its column's dimensions,
+/// or checks the one the index has: an embedder of that name with another source or other
+/// dimensions would refuse every document, so the task stops, saying which.
+fn prepare_embedders(
+    live: LiveStatus,
+    client: &Client,
+    task: &TaskRecord,
+    options: &TaskOptions,
+) -> Result<(), Stop> {
+    let uid = &task.index_uid;
+    let info = in_transaction(live, "reading the table's columns", || {
+        catalog::relation_info(task.relid)
+    })?;
+    let mut wanted = Vec::new();
+    for (embedder, column) in &options.vectors {
+        let declared = info.type_name_of(column);
+        let dimensions = crate::vectors::declared_dimensions(&declared).ok_or_else(|| {
+            fail(
+                FailureKind::Source,
+                format!(
+                    "column \"{column}\" of {} (embedder \"{embedder}\") has type {declared}, without dimensions",
+                    info.qualified_name
+                ),
+            )
+        })?;
+        wanted.push((embedder.clone(), dimensions));
+    }
+    let current = with_retry(live, "reading index settings", || client.get_settings(uid))?;
+    let missing = crate::vectors::missing_embedders(&current, &wanted).map_err(|problem| {
+        Stop::from(
+            Failure::new(
+                FailureKind::Index,
+                format!("index \"{uid}\": {problem}"),
+            )
+            .hint("change or delete that embedder in the index settings, or drop the task and start it with another embedder name"),
+        )
+    })?;
+    if let Some(missing) = missing {
+        let task_uid = with_retry(live, "setting up embedders", || {
+            client.update_settings(uid, &missing)
+        })?;
+        await_meili_task(live, client, task_uid, "setting up embedders")?;
+    }
+    Ok(())
 }
 
 struct PreparedIndex {

@@ -949,7 +949,10 @@ fn blames_documents(code: &str) -> bool {
         || code.starts_with("invalid_vector")
         || matches!(
             code,
-            "malformed_payload"
+            // An embedding Meilisearch could not take for one document (e.g. a `_vectors` entry
+            // that is not a list of numbers).
+            "vector_embedding_error"
+                | "malformed_payload"
                 | "payload_too_large"
                 | "document_fields_limit_reached"
                 | "max_fields_limit_exceeded"

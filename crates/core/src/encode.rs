@@ -100,6 +100,9 @@ pub enum ValueKind {
     Array(Box<ValueKind>),
     /// The PostGIS column of the `geo` option: `_geo` or `_geojson` by value (see [`crate::geo`]).
     Geometry,
+    /// A pgvector column of the `vectors` option, for the embedder named: an entry of
+    /// `_vectors`, not a field of its own (see [`crate::vectors`]).
+    Vector(String),
     /// Any other type: its text output as a JSON string.
     Other,
 }
@@ -110,7 +113,11 @@ impl ValueKind {
     pub fn can_be_document_id(&self) -> bool {
         !matches!(
             self,
-            ValueKind::Json | ValueKind::Float | ValueKind::Array(_) | ValueKind::Geometry
+            ValueKind::Json
+                | ValueKind::Float
+                | ValueKind::Array(_)
+                | ValueKind::Geometry
+                | ValueKind::Vector(_)
         )
     }
 }
@@ -156,6 +163,8 @@ pub struct DocumentShape {
     /// The column named `_geo` (JSON, or the PostGIS column of the `geo` option), which
     /// [`check_geo`] checks.
     geo_column: Option<usize>,
+    /// Whether some column is an embedder's (`ValueKind::Vector`): the document has `_vectors`.
+    has_vectors: bool,
 }
 
 impl DocumentShape {
@@ -206,12 +215,16 @@ impl DocumentShape {
         let geo_column = columns
             .iter()
             .position(|column| column.name == crate::geo::POINT_FIELD);
+        let has_vectors = columns
+            .iter()
+            .any(|column| matches!(column.kind, ValueKind::Vector(_)));
         Ok(DocumentShape {
             columns,
             key_columns,
             primary_key_attribute,
             field_prefixes,
             geo_column,
+            has_vectors,
         })
     }
 
@@ -238,6 +251,11 @@ impl DocumentShape {
 
     fn is_composite(&self) -> bool {
         self.key_columns.len() > 1
+    }
+
+    /// Whether its documents carry `_vectors` (Meilisearch returns them only when asked to).
+    pub fn has_vectors(&self) -> bool {
+        self.has_vectors
     }
 }
 
@@ -485,6 +503,9 @@ pub fn encode_document<'a>(
     }
     let single_key = (!shape.is_composite()).then(|| shape.key_columns[0]);
     for (index, value) in values.iter().enumerate() {
+        if matches!(shape.columns[index].kind, ValueKind::Vector(_)) {
+            continue;
+        }
         let text = match value {
             ColumnValue::Unchanged => continue,
             ColumnValue::Null => None,
@@ -505,8 +526,45 @@ pub fn encode_document<'a>(
             Some(text) => write_value(out, &shape.columns[index].kind, text),
         }
     }
+    if shape.has_vectors {
+        write_vectors(out, shape, values, first);
+    }
     out.push(b'}');
     Ok(id)
+}
+
+/// The `_vectors` field: one entry per embedder column, `null` for a NULL. An unchanged TOASTed
+/// embedding (an UPDATE that did not touch it) has no entry, and without any entry the field is
+/// left out: the document is then a partial update, which keeps what Meilisearch has.
+fn write_vectors(out: &mut Vec<u8>, shape: &DocumentShape, values: &[ColumnValue], first: bool) {
+    let mut opened = false;
+    for (column, value) in shape.columns.iter().zip(values) {
+        let ValueKind::Vector(embedder) = &column.kind else {
+            continue;
+        };
+        if *value == ColumnValue::Unchanged {
+            continue;
+        }
+        if opened {
+            out.push(b',');
+        } else {
+            if !first {
+                out.push(b',');
+            }
+            write_string(out, crate::vectors::VECTORS_FIELD);
+            out.extend_from_slice(b":{");
+            opened = true;
+        }
+        write_string(out, embedder);
+        out.push(b':');
+        match value {
+            ColumnValue::Text(text) => crate::vectors::write_embedding(out, text),
+            _ => out.extend_from_slice(b"null"),
+        }
+    }
+    if opened {
+        out.push(b'}');
+    }
 }
 
 /// A PostGIS value as `_geo` (a point, or null when empty) or `_geojson` (any other geometry).
@@ -665,7 +723,9 @@ pub fn write_value(out: &mut Vec<u8>, kind: &ValueKind, text: &str) {
             _ => write_string(out, text),
         },
         // A geometry is written by `write_geometry`, which needs the field; its text is the fallback.
-        ValueKind::Text | ValueKind::Other | ValueKind::Geometry => write_string(out, text),
+        ValueKind::Text | ValueKind::Other | ValueKind::Geometry | ValueKind::Vector(_) => {
+            write_string(out, text)
+        }
         ValueKind::Json => write_embedded_json(out, text),
         ValueKind::Date
         | ValueKind::Timestamp
@@ -1943,6 +2003,41 @@ mod tests {
         let values = [ColumnValue::Text("8"), ColumnValue::Null, ColumnValue::Null];
         assert!(encode_row(&shape, &values, &mut without_geo).is_ok());
         assert_eq!(without_geo, br#"{"id":8,"name":null,"_geo":null}"#);
+    }
+
+    #[test]
+    fn embedder_columns_are_entries_of_vectors() {
+        let shape = DocumentShape::new(
+            vec![
+                column("id", ValueKind::Integer),
+                column("embedding", ValueKind::Vector("default".into())),
+                column("name", ValueKind::Text),
+                column("mini", ValueKind::Vector("small".into())),
+            ],
+            vec![0],
+        )
+        .unwrap();
+        assert!(shape.has_vectors());
+        let encode = |values: &[ColumnValue]| {
+            let mut out = Vec::new();
+            encode_row(&shape, values, &mut out).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        let id = ColumnValue::Text("7");
+        let name = ColumnValue::Text("kettle");
+        assert_eq!(
+            encode(&[id, ColumnValue::Text("[1,2,3]"), name, ColumnValue::Null]),
+            r#"{"id":7,"name":"kettle","_vectors":{"default":{"embeddings":[1,2,3],"regenerate":false},"small":null}}"#
+        );
+        // An UPDATE that left a TOASTed embedding alone: no entry for it, no field without any.
+        assert_eq!(
+            encode(&[id, ColumnValue::Unchanged, name, ColumnValue::Text("[0.5]")]),
+            r#"{"id":7,"name":"kettle","_vectors":{"small":{"embeddings":[0.5],"regenerate":false}}}"#
+        );
+        assert_eq!(
+            encode(&[id, ColumnValue::Unchanged, name, ColumnValue::Unchanged]),
+            r#"{"id":7,"name":"kettle"}"#
+        );
     }
 
     #[test]

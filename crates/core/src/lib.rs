@@ -22,3 +22,4 @@ pub mod route;
 pub mod state_change;
 #[cfg(test)]
 mod test_support;
+pub mod vectors;

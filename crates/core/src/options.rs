@@ -82,6 +82,8 @@ pub struct TaskOptions {
     pub mappings: Vec<(String, String)>,
     /// The PostGIS column whose points become `_geo` and other geometries `_geojson`.
     pub geo: Option<String>,
+    /// Embedder name → the pgvector column that holds its user-provided embeddings.
+    pub vectors: Vec<(String, String)>,
 }
 
 impl Default for TaskOptions {
@@ -106,6 +108,7 @@ impl Default for TaskOptions {
             settings: None,
             mappings: Vec::new(),
             geo: None,
+            vectors: Vec::new(),
         }
     }
 }
@@ -139,6 +142,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "settings",
     "mappings",
     "geo",
+    "vectors",
 ];
 
 fn invalid(message: String, hint: &str) -> InvalidOption {
@@ -175,6 +179,43 @@ fn expect_mappings(value: &Value) -> Result<Vec<(String, String)>, InvalidOption
         }
     }
     Ok(mappings)
+}
+
+const VECTORS_HINT: &str = "For example {\"vectors\": {\"default\": \"embedding\"}}: each embedder's user-provided embeddings come from a pgvector column.";
+
+fn expect_vectors(value: &Value) -> Result<Vec<(String, String)>, InvalidOption> {
+    let object = match value {
+        Value::Object(object) if !object.is_empty() => object,
+        _ => {
+            return Err(invalid(
+                format!("option \"vectors\" must be a JSON object of embedder names and columns, not {value}"),
+                VECTORS_HINT,
+            ))
+        }
+    };
+    let mut vectors: Vec<(String, String)> = Vec::new();
+    for (embedder, column) in object {
+        let column = match column.as_str() {
+            Some(column) if !column.is_empty() && !embedder.is_empty() => column,
+            _ => {
+                return Err(invalid(
+                    format!(
+                        "the column of embedder \"{}\" in option \"vectors\" must be a column name, not {column}",
+                        embedder.escape_default()
+                    ),
+                    VECTORS_HINT,
+                ))
+            }
+        };
+        if let Some((other, _)) = vectors.iter().find(|(_, named)| named == column) {
+            return Err(invalid(
+                format!("option \"vectors\" names column \"{column}\" for embedders \"{other}\" and \"{embedder}\""),
+                "Give each embedder a column of its own.",
+            ));
+        }
+        vectors.push((embedder.clone(), column.to_owned()));
+    }
+    Ok(vectors)
 }
 
 fn expect_string(name: &str, value: &Value) -> Result<String, InvalidOption> {
@@ -390,6 +431,7 @@ impl TaskOptions {
                     )),
                 },
                 "mappings" => parsed.mappings = expect_mappings(value)?,
+                "vectors" => parsed.vectors = expect_vectors(value)?,
                 "geo" => {
                     parsed.geo = Some(value.as_str().filter(|name| !name.is_empty()).map(str::to_owned).ok_or_else(|| {
                         invalid(
@@ -476,17 +518,26 @@ impl TaskOptions {
         if let Some(geo) = &self.geo {
             stored.insert("geo".into(), Value::from(geo.as_str()));
         }
+        if !self.vectors.is_empty() {
+            let vectors: Map<String, Value> = self
+                .vectors
+                .iter()
+                .map(|(embedder, column)| (embedder.clone(), Value::from(column.as_str())))
+                .collect();
+            stored.insert("vectors".into(), Value::Object(vectors));
+        }
         Value::Object(stored)
     }
 }
 
 /// The options a task is created with for good: changing one needs a new task.
-pub const FIXED_OPTIONS: [&str; 5] = [
+pub const FIXED_OPTIONS: [&str; 6] = [
     "primary_key",
     "columns",
     "exclude_columns",
     "mappings",
     "geo",
+    "vectors",
 ];
 
 /// The first fixed option among `changes`, if any.
@@ -537,6 +588,42 @@ mod tests {
         assert_eq!(
             fixed_option_in(json!({"geo": "place"}).as_object().unwrap()),
             Some("geo")
+        );
+    }
+
+    #[test]
+    fn vectors_name_a_column_per_embedder_and_are_kept() {
+        let parsed =
+            TaskOptions::parse(&json!({"vectors": {"default": "embedding", "small": "mini"}}))
+                .unwrap();
+        assert_eq!(
+            parsed.vectors,
+            vec![
+                ("default".to_owned(), "embedding".to_owned()),
+                ("small".to_owned(), "mini".to_owned())
+            ]
+        );
+        assert_eq!(
+            TaskOptions::parse(&parsed.to_stored_json())
+                .unwrap()
+                .vectors,
+            parsed.vectors
+        );
+        for bad in [
+            json!({}),
+            json!(["embedding"]),
+            json!({"default": ""}),
+            json!({"default": 3}),
+            json!({"a": "embedding", "b": "embedding"}),
+        ] {
+            assert!(
+                TaskOptions::parse(&json!({ "vectors": bad })).is_err(),
+                "{bad}"
+            );
+        }
+        assert_eq!(
+            fixed_option_in(json!({"vectors": {"a": "b"}}).as_object().unwrap()),
+            Some("vectors")
         );
     }
 

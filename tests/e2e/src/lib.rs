@@ -167,3 +167,25 @@ impl Drop for StopOnDrop<'_> {
         self.0.store(true, std::sync::atomic::Ordering::Relaxed);
     }
 }
+
+/// Starts a cluster with the PostgreSQL extension `name` (a type's extension: PostGIS, pgvector)
+/// and pg_meili_sync created, or returns None after saying why the test skips: `name` is not
+/// installed for this PostgreSQL (`installed_by` says where it would come from).
+pub fn cluster_with_extension(name: &str, installed_by: &str) -> Option<cluster::Cluster> {
+    let cluster = cluster::Cluster::start(&[]);
+    let available = cluster
+        .psql(&format!(
+            "SELECT count(*) FROM pg_available_extensions WHERE name = '{name}'"
+        ))
+        .trim()
+        == "1";
+    if !available {
+        eprintln!(
+            "skipped: extension {name} is not installed for this PostgreSQL ({installed_by})"
+        );
+        return None;
+    }
+    cluster.psql(&format!("CREATE EXTENSION {name}"));
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    Some(cluster)
+}

@@ -11,26 +11,10 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::{Meili, Method};
-use pg_meili_sync_e2e::{assert_no_crash, refusal, start_task, wait_for};
+use pg_meili_sync_e2e::{assert_no_crash, cluster_with_extension, refusal, start_task, wait_for};
 use serde_json::{json, Value};
 
 const CONVERGE: Duration = Duration::from_secs(300);
-
-/// Starts a cluster with PostGIS and the extension, or None (with a note) without PostGIS.
-fn cluster_with_postgis() -> Option<Cluster> {
-    let cluster = Cluster::start(&[]);
-    let available = cluster
-        .psql("SELECT count(*) FROM pg_available_extensions WHERE name = 'postgis'")
-        .trim()
-        == "1";
-    if !available {
-        eprintln!("skipped: PostGIS is not installed for this PostgreSQL (scripts/setup.sh installs postgresql-15-postgis-3)");
-        return None;
-    }
-    cluster.psql("CREATE EXTENSION postgis");
-    cluster.psql("CREATE EXTENSION pg_meili_sync");
-    Some(cluster)
-}
 
 /// Whether two JSON values are equal, numbers compared as floats (PostGIS prints `2`, we send
 /// `2.0`; both are the same coordinate).
@@ -125,7 +109,10 @@ const NEAR_BOUNDARY: &str = "DELETE FROM places
 
 #[test]
 fn points_become_geo_and_a_radius_search_returns_what_st_dwithin_returns() {
-    let Some(cluster) = cluster_with_postgis() else {
+    let Some(cluster) = cluster_with_extension(
+        "postgis",
+        "scripts/setup.sh installs postgresql-15-postgis-3",
+    ) else {
         return;
     };
     let meili = Meili::from_env();
@@ -241,7 +228,10 @@ const SHAPES: &str = "SELECT jsonb_build_object('id', id, 'name', name,
 
 #[test]
 fn other_geometries_become_geojson_and_unreadable_ones_are_dead_letters() {
-    let Some(cluster) = cluster_with_postgis() else {
+    let Some(cluster) = cluster_with_extension(
+        "postgis",
+        "scripts/setup.sh installs postgresql-15-postgis-3",
+    ) else {
         return;
     };
     let meili = Meili::from_env();

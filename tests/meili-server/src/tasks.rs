@@ -1252,6 +1252,20 @@ fn stage(current: Option<&str>, addition: Addition) -> Result<Staged, ApiError> 
     Ok(Staged { pk, keyed, merge })
 }
 
+/// A partial update's fields over the stored document. `_vectors` merges by embedder, as on
+/// Meilisearch 1.50 (a `PUT` whose `_vectors` names one embedder keeps the other embedders'
+/// embeddings: tests/e2e/tests/vectors.rs checks it against the real server).
+fn merge_document(stored: &mut crate::docs::Doc, update: crate::docs::Doc) {
+    for (field, value) in update {
+        match (field.as_str(), stored.get_mut(&field), value) {
+            ("_vectors", Some(Value::Object(kept)), Value::Object(entries)) => kept.extend(entries),
+            (_, _, value) => {
+                stored.insert(field, value);
+            }
+        }
+    }
+}
+
 /// The first bad `_geo` among the documents a batch would store. A later version of a
 /// document supersedes an earlier one's `_geo` when it replaces the document or (merging)
 /// carries its own `_geo`, and a deletion drops it; a merged `_geo` kept from the stored
@@ -1321,7 +1335,7 @@ fn write_documents(shared: &Shared, uid: &str, staged: Staged) -> usize {
             };
             let p = match old {
                 Some(mut doc) => {
-                    doc.extend(p.doc);
+                    merge_document(&mut doc, p.doc);
                     Prepared::new(doc)
                 }
                 None => p,

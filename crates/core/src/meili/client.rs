@@ -515,8 +515,17 @@ impl Client {
     }
 
     /// `POST /indexes/{uid}/documents/fetch` by ids: the documents that exist, in no set order.
-    pub fn fetch_by_ids(&self, uid: &str, ids: &[Value]) -> Result<Vec<Value>, MeiliError> {
-        let query = json!({ "ids": ids, "limit": ids.len().max(1) });
+    pub fn fetch_by_ids(
+        &self,
+        uid: &str,
+        ids: &[Value],
+        retrieve_vectors: bool,
+    ) -> Result<Vec<Value>, MeiliError> {
+        let mut query = json!({ "ids": ids, "limit": ids.len().max(1) });
+        if retrieve_vectors {
+            // Meilisearch leaves `_vectors` out of documents unless asked.
+            query["retrieveVectors"] = json!(true);
+        }
         Ok(self.fetch(uid, &query)?.0)
     }
 
