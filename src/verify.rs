@@ -57,8 +57,9 @@ pub fn id_text(id: &Value) -> Option<String> {
 }
 
 /// Whether the index's document matches the one the table's row makes. Numbers compare by value
-/// (Meilisearch may print `2.0` as `2`), embeddings within a 32-bit float's precision. In `upsert` mode the index may hold fields the task
-/// does not send; only the task's own fields are compared.
+/// (Meilisearch may print `2.0` as `2`), embeddings within a 32-bit float's precision. In
+/// `upsert` mode the index may hold fields the task does not send; only the task's own fields
+/// are compared.
 pub fn same_document(expected: &Value, found: &Value, only_expected_fields: bool) -> bool {
     match (expected, found) {
         (Value::Number(a), Value::Number(b)) => {

@@ -139,6 +139,74 @@ fn checked_source(
     Ok((info, key, published))
 }
 
+/// The column an option names to become a field of its own kind (`geo`, `vectors`): it exists,
+/// is synced, is not a key column (a document id), and its type suits the option
+/// (`ColumnRules::document_column`).
+fn option_column<'a>(
+    info: &'a RelationInfo,
+    key: &[String],
+    rules: &plan::ColumnRules,
+    option: &str,
+    name: &str,
+) -> Result<&'a catalog::ColumnInfo, SyncError> {
+    let table = &info.qualified_name;
+    let column = info
+        .columns
+        .iter()
+        .find(|column| column.name == name)
+        .ok_or_else(|| {
+            SyncError::new(
+                ErrorKind::UndefinedColumn,
+                format!("column \"{name}\" of option \"{option}\" does not exist in table {table}"),
+            )
+            .hint("Name columns of the table, as in its definition.")
+        })?;
+    if key.iter().any(|column| column == name) {
+        return Err(SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!("column \"{name}\" of option \"{option}\" is a key column of {table}"),
+        )
+        .hint("A key column makes the document id: name another column, or another key with \"primary_key\"."));
+    }
+    if !rules.includes(name) {
+        return Err(SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!("column \"{name}\" of option \"{option}\" is not among the synced columns of {table}"),
+        )
+        .hint("Add it to \"columns\", or take it out of \"exclude_columns\"."));
+    }
+    rules.document_column(name, column.type_oid)?;
+    Ok(column)
+}
+
+/// A synced column named like a field an option writes (`_geo`, `_geojson`, `_vectors`) would
+/// make two fields of one name.
+fn refuse_field_clash(
+    info: &RelationInfo,
+    rules: &plan::ColumnRules,
+    option: &str,
+    fields: &[&str],
+    option_column: Option<&str>,
+) -> Result<(), SyncError> {
+    let Some(clash) = info.columns.iter().find(|column| {
+        Some(column.name.as_str()) != option_column
+            && fields.contains(&column.name.as_str())
+            && rules.includes(&column.name)
+    }) else {
+        return Ok(());
+    };
+    Err(SyncError::new(
+        ErrorKind::InvalidParameter,
+        format!(
+            "column \"{}\" of {} clashes with the field the \"{option}\" option writes",
+            clash.name, info.qualified_name
+        ),
+    )
+    .hint(format!(
+        "Leave that column out with \"exclude_columns\", or sync it without the \"{option}\" option."
+    )))
+}
+
 /// Each column of the `vectors` option is a synced pgvector column with declared dimensions (the
 /// embedder is set up with them), not a key column, not also the `geo` column, and no other
 /// synced column is called `_vectors`.
@@ -152,44 +220,16 @@ fn check_vector_columns(
     }
     let table = &info.qualified_name;
     let rules = plan::ColumnRules::new(table, key, options);
-    let refuse = |message: String, hint: &str| {
-        Err(SyncError::new(ErrorKind::InvalidParameter, message).hint(hint))
-    };
-    if info
-        .columns
-        .iter()
-        .any(|column| column.name == vectors::VECTORS_FIELD && rules.includes(&column.name))
-    {
-        return refuse(
-            format!("column \"_vectors\" of {table} clashes with the field the \"vectors\" option writes"),
-            "Leave that column out with \"exclude_columns\", or sync it without the \"vectors\" option.",
-        );
-    }
+    refuse_field_clash(info, &rules, "vectors", &[vectors::VECTORS_FIELD], None)?;
     for (embedder, name) in &options.vectors {
-        check_column_names(info, "vectors", std::slice::from_ref(name))?;
-        if key.contains(name) || options.geo.as_ref() == Some(name) {
-            return refuse(
-                format!("column \"{name}\" of option \"vectors\" is a key column of {table} or the \"geo\" column"),
-                "An embedding can only be an embedding: name another column.",
-            );
+        if options.geo.as_ref() == Some(name) {
+            return Err(SyncError::new(
+                ErrorKind::InvalidParameter,
+                format!("column \"{name}\" is named by both options \"vectors\" and \"geo\""),
+            )
+            .hint("An embedding can only be an embedding: name another column."));
         }
-        if !rules.includes(name) {
-            return refuse(
-                format!("column \"{name}\" of option \"vectors\" is not among the synced columns of {table}"),
-                "Add it to \"columns\", or take it out of \"exclude_columns\".",
-            );
-        }
-        let column = info
-            .columns
-            .iter()
-            .find(|column| &column.name == name)
-            .ok_or_else(|| {
-                SyncError::new(
-                    ErrorKind::UndefinedColumn,
-                    format!("column \"{name}\" does not exist"),
-                )
-            })?;
-        rules.document_column(name, column.type_oid)?;
+        let column = option_column(info, key, &rules, "vectors", name)?;
         if vectors::declared_dimensions(&column.type_name).is_none() {
             return Err(SyncError::new(
                 ErrorKind::UnsupportedType,
@@ -205,59 +245,22 @@ fn check_vector_columns(
 }
 
 /// The `geo` option names a synced PostGIS column, not a key column, and no other synced column
-/// is called `_geo` or `_geojson`. A column that holds more than points needs whole documents:
-/// a row whose value turns from a polygon into a point must lose its `_geojson`, which only
-/// replacing the document does.
+/// is called `_geo` or `_geojson`.
 fn check_geo_column(
     info: &RelationInfo,
     key: &[String],
     options: &TaskOptions,
     geo: &str,
 ) -> Result<(), SyncError> {
-    let table = &info.qualified_name;
-    check_column_names(info, "geo", &[geo.to_owned()])?;
-    let rules = plan::ColumnRules::new(table, key, options);
-    let refuse = |message: String, hint: &str| {
-        Err(SyncError::new(ErrorKind::InvalidParameter, message).hint(hint))
-    };
-    if key.iter().any(|column| column == geo) {
-        return refuse(
-            format!("column \"{geo}\" of option \"geo\" is a key column of {table}"),
-            "A geometry cannot be a document id: name another key with \"primary_key\".",
-        );
-    }
-    if !rules.includes(geo) {
-        return refuse(
-            format!(
-                "column \"{geo}\" of option \"geo\" is not among the synced columns of {table}"
-            ),
-            "Add it to \"columns\", or take it out of \"exclude_columns\".",
-        );
-    }
-    if let Some(clash) = info.columns.iter().find(|column| {
-        column.name != geo
-            && [geo::POINT_FIELD, geo::SHAPE_FIELD].contains(&column.name.as_str())
-            && rules.includes(&column.name)
-    }) {
-        return refuse(
-            format!(
-                "column \"{}\" of {table} clashes with the field the \"geo\" option writes",
-                clash.name
-            ),
-            "Leave that column out with \"exclude_columns\", or sync it without the \"geo\" option.",
-        );
-    }
-    let column = info
-        .columns
-        .iter()
-        .find(|column| column.name == geo)
-        .ok_or_else(|| {
-            SyncError::new(
-                ErrorKind::UndefinedColumn,
-                format!("column \"{geo}\" does not exist"),
-            )
-        })?;
-    rules.document_column(geo, column.type_oid)?;
+    let rules = plan::ColumnRules::new(&info.qualified_name, key, options);
+    option_column(info, key, &rules, "geo", geo)?;
+    refuse_field_clash(
+        info,
+        &rules,
+        "geo",
+        &[geo::POINT_FIELD, geo::SHAPE_FIELD],
+        Some(geo),
+    )?;
     check_geo_write_mode(info, options)
 }
 
