@@ -2,7 +2,8 @@
 # The tiers that run on PostgreSQL $1 (16, 17 or 18) beside the whole suite on 15: the extension
 # built and installed for that major, the golden SQL files, and an end-to-end set on the test
 # server covering copy, streaming (every operation, TOAST, key change, ALTER), faults, security
-# attacks, views, search, the shared decoder, partitioned tables and failover slots. The core crate has no Postgres in
+# attacks, views, search, the shared decoder, partitioned tables, several databases (the DDL guard's ownership check
+# differs from 16 on) and failover slots. The core crate has no Postgres in
 # it: tier 0b covers it for every major. (The #[pg_test]s run on 15 only: building them for
 # another major takes longer than CI can spare.)
 set -euo pipefail
@@ -41,5 +42,6 @@ e2e edges a_pause_or_drop_of_a_shared_task_applies_from_its_commit
 e2e partitions a_partitioned_table_streams_through_every_partition_on_its_own_slot \
     a_partitioned_table_streams_through_every_partition_in_the_shared_pass
 e2e upgrade a_restored_dump_brings_the_tasks_back_stopped_until_they_copy_again
+e2e databases rename_and_template_copy_work_while_a_task_streams_and_a_copy_runs_none_of_its_tasks
 e2e versions the_slots_are_failover_slots_from_postgresql_17_on \
     a_failover_loses_nothing_and_the_index_never_holds_what_the_standby_lacks

@@ -98,11 +98,16 @@ CREATE TABLE meili_sync.dead_letters (
 
 -- This install of the extension: one row, made by CREATE EXTENSION. A physical standby and
 -- pg_upgrade keep it; a dump leaves it out, so a restore's CREATE EXTENSION makes a new one.
+-- `database` is the database it was made in: CREATE DATABASE … TEMPLATE copies the row, and a
+-- copy's tasks (whose slot names are the original's) must not run.
 CREATE TABLE meili_sync.install (
     only_row boolean PRIMARY KEY DEFAULT true CHECK (only_row),
-    token uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid()
+    token uuid NOT NULL DEFAULT pg_catalog.gen_random_uuid(),
+    database oid NOT NULL
 );
-INSERT INTO meili_sync.install DEFAULT VALUES;
+INSERT INTO meili_sync.install (database)
+    SELECT d.oid FROM pg_catalog.pg_database d
+     WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database();
 
 REVOKE ALL ON meili_sync.tasks, meili_sync.task_secrets, meili_sync.dead_letters, meili_sync.install FROM PUBLIC;
 GRANT SELECT ON meili_sync.tasks, meili_sync.task_secrets, meili_sync.dead_letters, meili_sync.install TO meili_sync_admin;

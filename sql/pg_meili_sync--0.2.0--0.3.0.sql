@@ -6,3 +6,10 @@
 -- A partitioned table's leaf partitions that the task's index is in line with (sql/bootstrap.sql
 -- says why). NULL for the tasks of 0.2.0: their workers take the partitions as they find them.
 ALTER TABLE meili_sync.tasks ADD COLUMN partitions oid[];
+
+-- The database the install was made in (sql/bootstrap.sql says why): this one, as 0.2.0 ran only
+-- in the database meili_sync.database named.
+ALTER TABLE meili_sync.install ADD COLUMN database oid;
+UPDATE meili_sync.install SET database = (SELECT d.oid FROM pg_catalog.pg_database d
+                                           WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database());
+ALTER TABLE meili_sync.install ALTER COLUMN database SET NOT NULL;

@@ -10,8 +10,7 @@ pub const TASK_ENTRIES: usize = 256;
 
 static URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static API_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
-static DATABASE: GucSetting<Option<CString>> =
-    GucSetting::<Option<CString>>::new(Some(c"postgres"));
+static DATABASE: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static RESTART_BACKOFF_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static INDEX_CHECK_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
@@ -49,8 +48,8 @@ pub fn init() {
     }
     GucRegistry::define_string_guc(
         c"meili_sync.database",
-        c"Database whose meili_sync tasks the launcher runs.",
-        c"The extension must be created in this database.",
+        c"Serve only this database's meili_sync tasks; empty serves every database.",
+        c"Unset, the launcher runs the tasks of every database that has them.",
         &DATABASE,
         GucContext::Postmaster,
         GucFlags::default(),
@@ -127,7 +126,7 @@ pub fn init() {
     );
     GucRegistry::define_int_guc(
         c"meili_sync.max_tasks",
-        c"How many tasks (resync helpers included) may exist; each running one uses a background worker.",
+        c"How many tasks (resync helpers included) may exist in all databases together; each running one uses a background worker.",
         c"Shared memory holds room for 256; raise max_worker_processes to match.",
         &MAX_TASKS,
         1,
@@ -208,8 +207,9 @@ pub fn default_api_key() -> Option<String> {
     string_setting(&API_KEY)
 }
 
-pub fn database() -> String {
-    string_setting(&DATABASE).unwrap_or_else(|| "postgres".to_owned())
+/// The one database served, when `meili_sync.database` restricts the launcher to it.
+pub fn database() -> Option<String> {
+    string_setting(&DATABASE)
 }
 
 pub fn restart_backoff() -> std::time::Duration {

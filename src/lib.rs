@@ -8,6 +8,7 @@ use pgrx::prelude::*;
 
 mod api;
 mod catalog;
+mod ddl_guard;
 mod decode;
 mod error;
 mod gucs;
@@ -55,7 +56,8 @@ pub extern "C-unwind" fn _PG_init() {
     }
     PRELOADED.store(true, Ordering::Relaxed);
     shmem::init();
-    worker::launcher::register();
+    ddl_guard::install();
+    worker::cluster::register();
 }
 
 #[cfg(any(test, feature = "pg_test"))]

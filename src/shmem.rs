@@ -1,5 +1,7 @@
-//! Shared memory: the launcher's latch (so SQL can wake it) and one live-state entry per task worker (an *entry*, so that "slot" only ever
-//! means a replication slot).
+//! Shared memory: the launchers' latches (so SQL can wake them), one launcher entry per database,
+//! and one live-state entry per task worker (an *entry*, so that "slot" only ever means a
+//! replication slot). Every entry belongs to one database: a backend or worker sees and changes
+//! only its own database's (task ids start at 1 in each database).
 
 use pgrx::lwlock::PgLwLock;
 use pgrx::pg_shmem_init;
@@ -156,6 +158,8 @@ impl std::fmt::Display for WorkerId {
 
 #[derive(Clone, Copy)]
 pub struct LiveEntry {
+    /// The database of the task (free entries: invalid).
+    database: pg_sys::Oid,
     task_id: i64,
     pid: i32,
     /// The entry of a task that the shared decoder streams: its pid is the decoder's, so it is
@@ -216,6 +220,7 @@ impl LiveEntry {
     }
 
     const EMPTY: LiveEntry = LiveEntry {
+        database: pg_sys::Oid::INVALID,
         task_id: 0,
         pid: 0,
         served_by_shared_decoder: false,
@@ -252,6 +257,7 @@ impl LiveEntry {
 /// A backend in `meili_sync_wait`: which task's confirmation, up to where, and its latch.
 #[derive(Clone, Copy)]
 struct Waiter {
+    database: pg_sys::Oid,
     task_id: i64,
     lsn: u64,
     /// Address of the backend's PGPROC latch; 0 for a free place.
@@ -261,6 +267,7 @@ struct Waiter {
 
 impl Waiter {
     const FREE: Waiter = Waiter {
+        database: pg_sys::Oid::INVALID,
         task_id: 0,
         lsn: 0,
         latch: 0,
@@ -268,13 +275,21 @@ impl Waiter {
     };
 }
 
-/// The backends waiting in `meili_sync_wait` with a place: (pid, task, position waited for).
+/// The database this process is connected to (invalid in the cluster launcher).
+fn my_database() -> pg_sys::Oid {
+    // SAFETY: set once when the process connects, read on its main thread.
+    unsafe { pg_sys::MyDatabaseId }
+}
+
+/// The backends of this database waiting in `meili_sync_wait` with a place: (pid, task,
+/// position waited for).
 pub fn waiting_backends() -> Vec<(i32, i64, u64)> {
+    let database = my_database();
     STATE
         .share()
         .waiters
         .iter()
-        .filter(|waiter| waiter.latch != 0)
+        .filter(|waiter| waiter.latch != 0 && waiter.database == database)
         .map(|waiter| (waiter.pid, waiter.task_id, waiter.lsn))
         .collect()
 }
@@ -283,9 +298,47 @@ pub fn waiting_backends() -> Vec<(i32, i64, u64)> {
 /// by looking every 10 ms.
 const WAITERS: usize = 128;
 
+/// Databases whose launcher shared memory can follow at once.
+pub const DATABASES: usize = 64;
+
+/// One database's launcher, as the cluster launcher, the SQL functions and the DDL guard see it.
+#[derive(Clone, Copy)]
+struct DatabaseLauncher {
+    /// Invalid for a free entry.
+    database: pg_sys::Oid,
+    /// The running launcher's pid and latch address (0: none runs).
+    pid: i32,
+    latch: usize,
+    /// A SQL function asked for the launcher since the launcher last read the catalog: one must
+    /// run (again), even if the last one found nothing to do.
+    wanted: bool,
+    /// The last launcher exited because the database had no task and nothing left to clean up.
+    idle: bool,
+    /// A backend about to drop, rename or copy the database (`ddl_guard`): no worker of ours may
+    /// start in it meanwhile (0: none).
+    paused_by: i32,
+}
+
+impl DatabaseLauncher {
+    const FREE: DatabaseLauncher = DatabaseLauncher {
+        database: pg_sys::Oid::INVALID,
+        pid: 0,
+        latch: 0,
+        wanted: false,
+        idle: false,
+        paused_by: 0,
+    };
+
+    fn paused(&self) -> bool {
+        self.paused_by != 0 && backend_alive(self.paused_by)
+    }
+}
+
 #[derive(Clone, Copy)]
 pub struct SharedState {
-    launcher_latch: usize,
+    /// The cluster launcher's latch: it starts the databases' launchers.
+    cluster_latch: usize,
+    databases: [DatabaseLauncher; DATABASES],
     entries: [LiveEntry; crate::gucs::TASK_ENTRIES],
     waiters: [Waiter; WAITERS],
 }
@@ -293,7 +346,8 @@ pub struct SharedState {
 impl Default for SharedState {
     fn default() -> Self {
         SharedState {
-            launcher_latch: 0,
+            cluster_latch: 0,
+            databases: [DatabaseLauncher::FREE; DATABASES],
             entries: [LiveEntry::EMPTY; crate::gucs::TASK_ENTRIES],
             waiters: [Waiter::FREE; WAITERS],
         }
@@ -342,8 +396,13 @@ unsafe extern "C-unwind" fn wake_workers_at_commit(
 }
 
 fn wake_task_workers() {
+    let database = my_database();
     let state = STATE.share();
-    for entry in state.entries.iter().filter(|entry| entry.latch != 0) {
+    for entry in state
+        .entries
+        .iter()
+        .filter(|entry| entry.latch != 0 && entry.database == database)
+    {
         // SAFETY: the address is a worker's PGPROC latch in shared memory (valid for the cluster's
         // life); setting the latch of a process that just exited is harmless.
         unsafe { pg_sys::SetLatch(entry.latch as *mut pg_sys::Latch) };
@@ -378,20 +437,20 @@ pub struct TaskLive {
 /// Whether a backend waits in `meili_sync_wait` for the task (so that its position is worth
 /// publishing at once).
 pub fn has_waiters(task_id: i64) -> bool {
+    let database = my_database();
     STATE
         .share()
         .waiters
         .iter()
-        .any(|waiter| waiter.latch != 0 && waiter.task_id == task_id)
+        .any(|waiter| waiter.latch != 0 && waiter.task_id == task_id && waiter.database == database)
 }
 
 /// Whether a worker has published a confirmation of the task at or past `lsn`.
 fn confirmed_past(task_id: i64, lsn: u64) -> bool {
-    STATE
-        .share()
-        .entries
-        .iter()
-        .any(|entry| entry.task_id == task_id && entry.confirmed_lsn >= lsn)
+    let database = my_database();
+    STATE.share().entries.iter().any(|entry| {
+        entry.task_id == task_id && entry.database == database && entry.confirmed_lsn >= lsn
+    })
 }
 
 /// Frees a waiter's place when the wait ends, also when a cancel's ERROR unwinds through it.
@@ -450,6 +509,7 @@ pub fn wait_confirmed(task_id: i64, lsn: u64, timeout: std::time::Duration) -> b
         let free = state.waiters.iter().position(|waiter| waiter.latch == 0);
         if let Some(index) = free {
             state.waiters[index] = Waiter {
+                database: my_database(),
                 task_id,
                 lsn,
                 latch,
@@ -491,38 +551,280 @@ pub fn wait_confirmed(task_id: i64, lsn: u64, timeout: std::time::Duration) -> b
     }
 }
 
-/// Publishes the calling launcher's latch so SQL functions can wake it.
-pub fn register_launcher() {
+/// Why a worker got no live-state entry.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoEntry {
+    /// All `meili_sync.max_tasks` entries are taken.
+    Full,
+    /// Its database is about to be dropped, renamed or copied (`ddl_guard`).
+    DatabasePaused,
+}
+
+/// This process's PGPROC latch, as an address that is the same in every process.
+fn my_latch() -> usize {
     // SAFETY: MyProc is this process's PGPROC, in shared memory at the same address in every backend.
-    let latch = unsafe { &raw mut (*pg_sys::MyProc).procLatch } as usize;
-    STATE.exclusive().launcher_latch = latch;
+    (unsafe { &raw mut (*pg_sys::MyProc).procLatch }) as usize
 }
 
-pub fn unregister_launcher() {
-    STATE.exclusive().launcher_latch = 0;
+/// The entry of `database` in the launchers' table, claimed when it has none; None when the
+/// table is full.
+fn launcher_entry(state: &mut SharedState, database: pg_sys::Oid) -> Option<&mut DatabaseLauncher> {
+    let index = state
+        .databases
+        .iter()
+        .position(|entry| entry.database == database)
+        .or_else(|| {
+            state
+                .databases
+                .iter()
+                .position(|entry| entry.database == pg_sys::Oid::INVALID)
+        })?;
+    let entry = &mut state.databases[index];
+    if entry.database != database {
+        *entry = DatabaseLauncher {
+            database,
+            ..DatabaseLauncher::FREE
+        };
+    }
+    Some(entry)
 }
 
-/// Sets the launcher's latch so it rereads the catalog now rather than after its naptime.
-pub fn wake_launcher() {
-    let latch = STATE.share().launcher_latch;
-    if latch != 0 {
-        // SAFETY: the address is the launcher's PGPROC latch, which lives in shared memory for the
-        // life of the cluster; setting a latch of a process that has exited is harmless.
-        unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+/// Publishes the calling database launcher's latch so SQL functions can wake it. False when it
+/// must not run: another launcher of its database runs, the database is paused for a DDL
+/// command, or the table of launchers is full.
+pub fn register_launcher() -> bool {
+    let database = my_database();
+    // SAFETY: this process's own pid.
+    let pid = unsafe { pg_sys::MyProcPid };
+    let mut state = STATE.exclusive();
+    let Some(entry) = launcher_entry(&mut state, database) else {
+        return false;
+    };
+    if entry.paused() || (entry.pid != 0 && entry.pid != pid && backend_alive(entry.pid)) {
+        return false;
+    }
+    entry.pid = pid;
+    entry.latch = my_latch();
+    entry.idle = false;
+    true
+}
+
+/// The database launcher begins a round: what SQL asked for until now, it reads.
+pub fn launcher_round_begins() {
+    let database = my_database();
+    let mut state = STATE.exclusive();
+    if let Some(entry) = state
+        .databases
+        .iter_mut()
+        .find(|entry| entry.database == database)
+    {
+        entry.wanted = false;
     }
 }
 
-/// Claims the task's entry (or a free one) for the calling worker; None when all are taken.
-pub fn attach(worker: WorkerId, pid: i32) -> Option<usize> {
-    let task_id = worker.key();
+/// The database launcher exits; `idle` when it found nothing to do, so that the cluster launcher
+/// starts it again only when SQL asks for it.
+pub fn unregister_launcher(idle: bool) {
+    let database = my_database();
+    // SAFETY: this process's own pid.
+    let pid = unsafe { pg_sys::MyProcPid };
     let mut state = STATE.exclusive();
+    if let Some(entry) = state
+        .databases
+        .iter_mut()
+        .find(|entry| entry.database == database && entry.pid == pid)
+    {
+        entry.pid = 0;
+        entry.latch = 0;
+        entry.idle = idle;
+    }
+}
+
+/// Sets this database's launcher's latch so it rereads the catalog now rather than after its
+/// naptime; when none runs, asks the cluster launcher to start one.
+pub fn wake_launcher() {
+    let database = my_database();
+    let (latch, cluster_latch) = {
+        let mut state = STATE.exclusive();
+        let cluster_latch = state.cluster_latch;
+        match launcher_entry(&mut state, database) {
+            Some(entry) => {
+                entry.wanted = true;
+                (entry.latch, cluster_latch)
+            }
+            None => (0, cluster_latch),
+        }
+    };
+    for latch in [latch, cluster_latch] {
+        if latch != 0 {
+            // SAFETY: the address is a launcher's PGPROC latch, which lives in shared memory for
+            // the life of the cluster; setting a latch of a process that has exited is harmless.
+            unsafe { pg_sys::SetLatch(latch as *mut pg_sys::Latch) };
+        }
+    }
+}
+
+static WAKE_PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Wakes this database's launcher when the transaction commits, so a new or changed task takes
+/// effect at once; an aborted transaction wakes nobody.
+pub fn wake_launcher_at_commit() {
+    use pgrx::{register_xact_callback, PgXactCallbackEvent};
+    use std::sync::atomic::Ordering;
+    if !WAKE_PENDING.swap(true, Ordering::Relaxed) {
+        register_xact_callback(PgXactCallbackEvent::Commit, || {
+            WAKE_PENDING.store(false, Ordering::Relaxed);
+            wake_launcher();
+        });
+        register_xact_callback(PgXactCallbackEvent::Abort, || {
+            WAKE_PENDING.store(false, Ordering::Relaxed);
+        });
+    }
+}
+
+/// Publishes the cluster launcher's latch.
+pub fn register_cluster_launcher() {
+    STATE.exclusive().cluster_latch = my_latch();
+}
+
+pub fn unregister_cluster_launcher() {
+    STATE.exclusive().cluster_latch = 0;
+}
+
+/// A database's launcher as the cluster launcher sees it.
+#[derive(Clone, Copy, Debug)]
+pub struct LauncherState {
+    /// The pid of its launcher while one runs.
+    pub pid: Option<i32>,
+    /// SQL asked for it since it last read the catalog.
+    pub wanted: bool,
+    /// It last exited with nothing to do.
+    pub idle: bool,
+    /// A DDL command on the database waits for our processes to leave it.
+    pub paused: bool,
+}
+
+/// The launcher state of `database` (all false for one never seen).
+pub fn launcher_state(database: pg_sys::Oid) -> LauncherState {
+    let state = STATE.share();
+    match state
+        .databases
+        .iter()
+        .find(|entry| entry.database == database)
+    {
+        Some(entry) => LauncherState {
+            pid: (entry.pid != 0 && backend_alive(entry.pid)).then_some(entry.pid),
+            wanted: entry.wanted,
+            idle: entry.idle,
+            paused: entry.paused(),
+        },
+        None => LauncherState {
+            pid: None,
+            wanted: false,
+            idle: false,
+            paused: false,
+        },
+    }
+}
+
+/// Forgets the launchers, live entries and waiters of databases not in `existing` (dropped).
+pub fn forget_databases_except(existing: &[pg_sys::Oid]) {
+    let mut state = STATE.exclusive();
+    for entry in state
+        .databases
+        .iter_mut()
+        .filter(|entry| !existing.contains(&entry.database))
+    {
+        *entry = DatabaseLauncher::FREE;
+    }
+    for entry in state
+        .entries
+        .iter_mut()
+        .filter(|entry| entry.task_id != 0 && !existing.contains(&entry.database))
+    {
+        *entry = LiveEntry::EMPTY;
+    }
+}
+
+/// Marks `database` paused by the calling backend (`ddl_guard`): no launcher or worker of ours
+/// starts in it until [`resume_database`] or the backend's exit. False when the table of
+/// launchers is full.
+pub fn pause_database(database: pg_sys::Oid) -> bool {
+    // SAFETY: this process's own pid.
+    let pid = unsafe { pg_sys::MyProcPid };
+    let mut state = STATE.exclusive();
+    match launcher_entry(&mut state, database) {
+        Some(entry) => {
+            entry.paused_by = pid;
+            true
+        }
+        None => false,
+    }
+}
+
+/// Ends the calling backend's pause of `database`, and wakes the cluster launcher to start its
+/// launcher again (when the database still exists).
+pub fn resume_database(database: pg_sys::Oid) {
+    // SAFETY: this process's own pid.
+    let pid = unsafe { pg_sys::MyProcPid };
+    let cluster_latch = {
+        let mut state = STATE.exclusive();
+        if let Some(entry) = state
+            .databases
+            .iter_mut()
+            .find(|entry| entry.database == database && entry.paused_by == pid)
+        {
+            entry.paused_by = 0;
+        }
+        state.cluster_latch
+    };
+    if cluster_latch != 0 {
+        // SAFETY: the cluster launcher's PGPROC latch, in shared memory for the cluster's life.
+        unsafe { pg_sys::SetLatch(cluster_latch as *mut pg_sys::Latch) };
+    }
+}
+
+/// The pids of our processes connected to `database`: its launcher and its workers.
+pub fn processes_in(database: pg_sys::Oid) -> Vec<i32> {
+    let state = STATE.share();
+    let mut pids: Vec<i32> = state
+        .databases
+        .iter()
+        .filter(|entry| entry.database == database && entry.pid != 0)
+        .map(|entry| entry.pid)
+        .chain(
+            state
+                .entries
+                .iter()
+                .filter(|entry| entry.database == database && entry.pid > 0)
+                .map(|entry| entry.pid),
+        )
+        .collect();
+    pids.sort_unstable();
+    pids.dedup();
+    pids
+}
+
+/// Claims the task's entry (or a free one) for the calling worker.
+pub fn attach(worker: WorkerId, pid: i32) -> Result<usize, NoEntry> {
+    let task_id = worker.key();
+    let database = my_database();
+    let mut state = STATE.exclusive();
+    if state
+        .databases
+        .iter()
+        .any(|entry| entry.database == database && entry.paused())
+    {
+        return Err(NoEntry::DatabasePaused);
+    }
     let usable = &state.entries[..crate::gucs::max_tasks()];
     let index = usable
         .iter()
-        .position(|entry| entry.task_id == task_id)
-        .or_else(|| usable.iter().position(|entry| entry.task_id == 0))?;
+        .position(|entry| entry.task_id == task_id && entry.database == database)
+        .or_else(|| usable.iter().position(|entry| entry.task_id == 0))
+        .ok_or(NoEntry::Full)?;
     let entry = &mut state.entries[index];
-    let keep_error = entry.task_id == task_id;
+    let keep_error = entry.task_id == task_id && entry.database == database;
     let (error_len, error, error_at) = (entry.error_len, entry.error, entry.error_at);
     let (base, stats_reset, last_confirmed_at, last_sent_at) = if keep_error {
         (
@@ -541,28 +843,33 @@ pub fn attach(worker: WorkerId, pid: i32) -> Option<usize> {
         )
     };
     *entry = LiveEntry::EMPTY;
+    entry.database = database;
     entry.base = base;
     entry.stats_reset = stats_reset;
     entry.last_confirmed_at = last_confirmed_at;
     entry.last_sent_at = last_sent_at;
     entry.task_id = task_id;
     entry.pid = pid;
-    // SAFETY: MyProc is this worker's PGPROC, in shared memory at the same address in every backend.
-    entry.latch = unsafe { &raw mut (*pg_sys::MyProc).procLatch } as usize;
+    entry.latch = my_latch();
     entry.phase = Phase::Starting as u8;
     if keep_error {
         entry.error_len = error_len;
         entry.error = error;
         entry.error_at = error_at;
     }
-    Some(index)
+    Ok(index)
 }
 
 /// Frees the entries of workers no longer wanted: of tasks that no longer exist, and of the shared
 /// decoder once no task shares the decoding pass.
 pub fn release_missing(existing: &[WorkerId]) {
+    let database = my_database();
     let mut state = STATE.exclusive();
-    for entry in state.entries.iter_mut() {
+    for entry in state
+        .entries
+        .iter_mut()
+        .filter(|entry| entry.database == database)
+    {
         if entry.task_id != 0 && !existing.contains(&WorkerId::from_key(entry.task_id)) {
             *entry = LiveEntry::EMPTY;
         }
@@ -653,10 +960,13 @@ impl LiveStatus {
         entry.received_lsn = received;
         entry.confirmed_lsn = confirmed;
         entry.oldest_unconfirmed_at = oldest_unconfirmed.unwrap_or(0);
-        let task_id = entry.task_id;
+        let (task_id, database) = (entry.task_id, entry.database);
         if advanced {
             for waiter in state.waiters.iter().filter(|waiter| {
-                waiter.latch != 0 && waiter.task_id == task_id && waiter.lsn <= confirmed
+                waiter.latch != 0
+                    && waiter.task_id == task_id
+                    && waiter.database == database
+                    && waiter.lsn <= confirmed
             }) {
                 // SAFETY: the address is a waiting backend's PGPROC latch in shared memory, valid
                 // for the cluster's life; setting the latch of a backend that stopped waiting
@@ -723,21 +1033,28 @@ pub fn backend_alive(pid: i32) -> bool {
 
 /// The pid of the worker attached to a task's entry, if any.
 pub fn attached_pid(task_id: i64) -> Option<i32> {
+    let database = my_database();
     let state = STATE.share();
     state
         .entries
         .iter()
-        .find(|entry| entry.task_id == task_id && entry.pid > 0)
+        .find(|entry| entry.task_id == task_id && entry.database == database && entry.pid > 0)
         .map(|entry| entry.pid)
 }
 
 /// A worker running now: (whose, pid, the catalog generation it runs with).
 pub fn attached_workers() -> Vec<(WorkerId, i32, i32)> {
+    let database = my_database();
     let state = STATE.share();
     state
         .entries
         .iter()
-        .filter(|entry| entry.task_id != 0 && entry.pid > 0 && !entry.served_by_shared_decoder)
+        .filter(|entry| {
+            entry.task_id != 0
+                && entry.database == database
+                && entry.pid > 0
+                && !entry.served_by_shared_decoder
+        })
         .map(|entry| {
             (
                 WorkerId::from_key(entry.task_id),
@@ -756,13 +1073,26 @@ pub fn last_error(worker: WorkerId) -> Option<String> {
         .and_then(|live| live.last_error)
 }
 
-/// Every entry in use, for the status view.
+/// Live-state entries that tasks of other databases hold: `meili_sync.max_tasks` counts the
+/// tasks of every database.
+pub fn entries_of_other_databases() -> usize {
+    let database = my_database();
+    STATE
+        .share()
+        .entries
+        .iter()
+        .filter(|entry| entry.task_id != 0 && entry.database != database)
+        .count()
+}
+
+/// Every entry of this database in use, for the status view.
 pub fn live_tasks() -> Vec<TaskLive> {
+    let database = my_database();
     let state = STATE.share();
     state
         .entries
         .iter()
-        .filter(|entry| entry.task_id != 0)
+        .filter(|entry| entry.task_id != 0 && entry.database == database)
         .map(|entry| TaskLive {
             task_id: entry.task_id,
             pid: (entry.pid > 0).then_some(entry.pid),
@@ -791,18 +1121,19 @@ pub fn live_tasks() -> Vec<TaskLive> {
         .collect()
 }
 
-/// Cumulative counters of every task that had a worker since the server started.
+/// Cumulative counters of every task of this database that had a worker since the server started.
 pub fn task_counters() -> Vec<(
     i64,
     Counters,
     Option<pg_sys::TimestampTz>,
     pg_sys::TimestampTz,
 )> {
+    let database = my_database();
     let state = STATE.share();
     state
         .entries
         .iter()
-        .filter(|entry| entry.task_id != 0)
+        .filter(|entry| entry.task_id != 0 && entry.database == database)
         .map(|entry| {
             let confirmed = (entry.last_confirmed_at != 0).then_some(entry.last_confirmed_at);
             (
@@ -819,12 +1150,13 @@ pub fn task_counters() -> Vec<(
 pub fn reset_counters(task_id: Option<i64>) {
     // SAFETY: reads the transaction-independent wall clock.
     let now = unsafe { pg_sys::GetCurrentTimestamp() };
+    let database = my_database();
     let mut state = STATE.exclusive();
-    for entry in state
-        .entries
-        .iter_mut()
-        .filter(|entry| entry.task_id != 0 && task_id.is_none_or(|id| id == entry.task_id))
-    {
+    for entry in state.entries.iter_mut().filter(|entry| {
+        entry.task_id != 0
+            && entry.database == database
+            && task_id.is_none_or(|id| id == entry.task_id)
+    }) {
         entry.base = Counters::ZERO.minus(entry.worker_counters());
         entry.stats_reset = now;
     }

@@ -9,28 +9,11 @@ mod stats;
 mod tasks;
 mod verify;
 
-use std::sync::atomic::{AtomicBool, Ordering};
-
-use pgrx::{register_xact_callback, PgXactCallbackEvent};
-
 use crate::catalog;
 use crate::error::{ErrorKind, SyncError};
 use crate::{gucs, security, shmem};
 
-static WAKE_PENDING: AtomicBool = AtomicBool::new(false);
-
-/// Wakes the launcher when this transaction commits, so a new or changed task takes effect at once.
-pub(super) fn wake_launcher_at_commit() {
-    if !WAKE_PENDING.swap(true, Ordering::Relaxed) {
-        register_xact_callback(PgXactCallbackEvent::Commit, || {
-            WAKE_PENDING.store(false, Ordering::Relaxed);
-            shmem::wake_launcher();
-        });
-        register_xact_callback(PgXactCallbackEvent::Abort, || {
-            WAKE_PENDING.store(false, Ordering::Relaxed);
-        });
-    }
-}
+pub(super) use crate::shmem::wake_launcher_at_commit;
 
 /// The caller manages tasks: it must be an admin, and the installed SQL objects must be this
 /// library's (a task written by another version's functions could be misread).
@@ -114,10 +97,24 @@ pub(super) fn require_logical_wal() -> Result<(), SyncError> {
     }
 }
 
-/// The launcher runs the tasks of one database only; a task created elsewhere would never run.
+/// The launcher must run this database's tasks: with `meili_sync.database` set it runs that
+/// database's only, and in a copy of another database (`CREATE DATABASE … TEMPLATE`) it runs
+/// none, as a new task's slot name could be one of the original's.
 pub(super) fn require_launcher_database() -> Result<(), SyncError> {
+    if let Some(original) = catalog::copied_from()? {
+        return Err(SyncError::new(
+            ErrorKind::Prerequisite,
+            format!(
+                "this database is a copy of the database with OID {}, and the tasks of a copy do not run",
+                original.to_u32()
+            ),
+        )
+        .hint("Run DROP EXTENSION pg_meili_sync CASCADE, then CREATE EXTENSION pg_meili_sync, in this database; then start its tasks."));
+    }
+    let Some(configured) = gucs::database() else {
+        return Ok(());
+    };
     let current = catalog::current_database()?;
-    let configured = gucs::database();
     if current == configured {
         Ok(())
     } else {
@@ -126,7 +123,7 @@ pub(super) fn require_launcher_database() -> Result<(), SyncError> {
             format!("meili_sync tasks run in database \"{configured}\", not in \"{current}\""),
         )
         .hint(format!(
-            "Connect to database \"{configured}\", or set meili_sync.database = '{current}' in postgresql.conf and restart the server."
+            "Connect to database \"{configured}\", or set meili_sync.database = '{current}' (or unset it, to serve every database) in postgresql.conf and restart the server."
         )))
     }
 }
@@ -134,12 +131,14 @@ pub(super) fn require_launcher_database() -> Result<(), SyncError> {
 /// Each task (resync helpers too) keeps a slot of shared memory for its live state and counters.
 pub(super) fn require_task_room() -> Result<(), SyncError> {
     let limit = gucs::max_tasks();
-    if catalog::task_count()? < limit as i64 {
+    // The other databases' tasks that have run since the server started hold entries too.
+    let elsewhere = shmem::entries_of_other_databases() as i64;
+    if catalog::task_count()? + elsewhere < limit as i64 {
         return Ok(());
     }
     Err(SyncError::new(
         ErrorKind::Limit,
-        format!("there are already {limit} meili_sync tasks, as many as meili_sync.max_tasks allows"),
+        format!("there are already {limit} meili_sync tasks in this cluster's databases, as many as meili_sync.max_tasks allows"),
     )
     .hint("Drop tasks you no longer need, or raise meili_sync.max_tasks (and max_worker_processes) in postgresql.conf and restart the server."))
 }

@@ -710,6 +710,7 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
     let result = (|| {
         require_admin()?;
         require_preloaded()?;
+        require_launcher_database()?;
         let record = require_task(task)?;
         require_select(&record)?;
         if let Some(rebuilt) = record.resync_of {

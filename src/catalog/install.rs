@@ -37,21 +37,31 @@ pub fn sql_version_mismatch() -> CatalogResult<Option<String>> {
 /// Shows on every active task why it does not stream: `mismatch` (from
 /// [`sql_version_mismatch`]). The task keeps its state and positions.
 pub fn hold_tasks_for_update(mismatch: &str) -> CatalogResult<()> {
-    let message = format!("{WAITING_FOR_UPDATE}: {mismatch}; nothing is lost, the task goes on from where it stopped once the update has run");
-    // Read first: the launcher asks every round, and a write would use up a transaction id.
+    show_on_tasks(
+        "state OPERATOR(pg_catalog.=) ANY ('{snapshot,streaming,swapping}'::pg_catalog.text[])",
+        &format!("{WAITING_FOR_UPDATE}: {mismatch}; nothing is lost, the task goes on from where it stopped once the update has run"),
+    )
+}
+
+/// Sets `message` as the `last_error` of the tasks that `scope` (an SQL condition on
+/// `meili_sync.tasks`) selects, unless they show it already: the launcher asks every round, and
+/// a write would use up a transaction id.
+fn show_on_tasks(scope: &str, message: &str) -> CatalogResult<()> {
     let shown = select_one::<bool>(
-        "SELECT NOT EXISTS (SELECT 1 FROM meili_sync.tasks
-          WHERE state OPERATOR(pg_catalog.=) ANY ('{snapshot,streaming,swapping}'::pg_catalog.text[])
-            AND (last_error IS NULL OR last_error OPERATOR(pg_catalog.<>) $1))",
-        &[message.as_str().into()],
+        &format!(
+            "SELECT NOT EXISTS (SELECT 1 FROM meili_sync.tasks
+              WHERE {scope} AND (last_error IS NULL OR last_error OPERATOR(pg_catalog.<>) $1))"
+        ),
+        &[message.into()],
     )?;
     if shown == Some(true) {
         return Ok(());
     }
     Spi::run_with_args(
-        "UPDATE meili_sync.tasks SET last_error = $1, last_error_at = pg_catalog.now()
-          WHERE state OPERATOR(pg_catalog.=) ANY ('{snapshot,streaming,swapping}'::pg_catalog.text[])
-            AND (last_error IS NULL OR last_error OPERATOR(pg_catalog.<>) $1)",
+        &format!(
+            "UPDATE meili_sync.tasks SET last_error = $1, last_error_at = pg_catalog.now()
+              WHERE {scope} AND (last_error IS NULL OR last_error OPERATOR(pg_catalog.<>) $1)"
+        ),
         &[message.into()],
     )?;
     Ok(())
@@ -130,3 +140,29 @@ const MADE_ELSEWHERE_SQL: &str =
 
 /// The token of this install, which a new task is marked with.
 pub(super) const INSTALL_TOKEN_SQL: &str = "(SELECT i.token FROM meili_sync.install i)";
+
+/// The database this install was made in, when that is not this database: this one is a copy of
+/// it (`CREATE DATABASE … TEMPLATE`), whose tasks are the original's and whose slot names are
+/// the original's slots.
+pub fn copied_from() -> CatalogResult<Option<pg_sys::Oid>> {
+    select_one::<pg_sys::Oid>(
+        "SELECT i.database FROM meili_sync.install i
+          WHERE i.database OPERATOR(pg_catalog.<>)
+                (SELECT d.oid FROM pg_catalog.pg_database d
+                  WHERE d.datname OPERATOR(pg_catalog.=) pg_catalog.current_database())",
+        &[],
+    )
+}
+
+/// What a task of a copied database shows as its last error.
+pub fn copy_message(original: pg_sys::Oid) -> String {
+    format!(
+        "this database is a copy (CREATE DATABASE ... TEMPLATE) of the database with OID {}: its tasks are that database's, and so are their replication slots, so no task runs here; to sync this database's tables, run DROP EXTENSION pg_meili_sync CASCADE, then CREATE EXTENSION pg_meili_sync, and start its tasks again",
+        original.to_u32()
+    )
+}
+
+/// Shows on every task of a copied database why it does not run (see [`copied_from`]).
+pub fn hold_tasks_of_copy(original: pg_sys::Oid) -> CatalogResult<()> {
+    show_on_tasks("true", &copy_message(original))
+}

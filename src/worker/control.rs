@@ -21,7 +21,7 @@ use crate::meili::client::{Client, MeiliError, MeiliTaskStatus};
 use crate::meili::retry::{Backoff, RETRY_BASE, RETRY_CAP};
 use crate::meili::writer::{Writer, WriterConfig};
 use crate::options::TaskOptions;
-use crate::shmem::{self, LiveStatus, Phase, WorkerId};
+use crate::shmem::{self, LiveStatus, NoEntry, Phase, WorkerId};
 
 pub const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long an enqueued Meilisearch task may be missing from its task list before its batch is
@@ -385,21 +385,40 @@ fn start_writer(config: WriterConfig) -> Writer {
     writer
 }
 
+/// The database a worker was started for: every worker the launchers start carries its
+/// database's OID as its extra text.
+pub fn database_of_worker() -> Option<pg_sys::Oid> {
+    BackgroundWorker::get_extra()
+        .parse::<u32>()
+        .ok()
+        .filter(|oid| *oid != 0)
+        .map(pg_sys::Oid::from)
+}
+
 /// A worker process's life around `work(live, pid)`: signal handlers, the connection, the pinned
 /// search path, its shared-memory entry, and how it ends. A permanent failure of a task sets the
 /// task's state `error`; an ERROR is logged and ends the process (the launcher restarts it).
 pub fn worker_main(worker: WorkerId, work: impl FnOnce(LiveStatus, i32) -> Result<(), Stop>) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    BackgroundWorker::connect_worker_to_spi(Some(BackgroundWorker::get_extra()), None);
+    let Some(database) = database_of_worker() else {
+        warning!("pg_meili_sync {worker}: started without a database");
+        return;
+    };
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
     crate::security::pin_search_path();
     // SAFETY: reading this process's own pid.
     let pid = unsafe { pg_sys::MyProcPid };
-    let Some(index) = shmem::attach(worker, pid) else {
-        warning!(
-            "pg_meili_sync: no free shared-memory entry for the {worker} (meili_sync.max_tasks is {})",
-            crate::gucs::max_tasks()
-        );
-        return;
+    let index = match shmem::attach(worker, pid) {
+        Ok(index) => index,
+        Err(NoEntry::Full) => {
+            warning!(
+                "pg_meili_sync: no free shared-memory entry for the {worker} (meili_sync.max_tasks is {})",
+                crate::gucs::max_tasks()
+            );
+            return;
+        }
+        // DROP DATABASE (or a rename, or a copy) waits for our processes to leave the database.
+        Err(NoEntry::DatabasePaused) => return,
     };
     let live = LiveStatus::new(index);
     // After an ERROR nothing of `work` is used again: the process exits.

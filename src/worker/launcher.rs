@@ -1,14 +1,16 @@
-//! The launcher: one static worker that starts a task worker per active task, restarts crashed
-//! ones after a growing backoff, stops the ones whose task was stopped or dropped, and drops the
-//! slots of dropped tasks. It also logs a WARNING when a task's slot holds too much WAL or its
-//! changes wait too long for Meilisearch.
+//! A database's launcher: one worker per database with tasks (started by the cluster launcher,
+//! `worker::cluster`) that starts a task worker per active task, restarts crashed ones after a
+//! growing backoff, stops the ones whose task was stopped or dropped, and drops the slots of
+//! dropped tasks. It also logs a WARNING when a task's slot holds too much WAL or its changes wait
+//! too long for Meilisearch. It exits when its database has no task and nothing to clean up, and
+//! the cluster launcher starts it again when a SQL function asks for it.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use pgrx::bgworkers::{
-    BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, BgWorkerStartTime,
-    DynamicBackgroundWorker, SignalWakeFlags,
+    BackgroundWorker, BackgroundWorkerBuilder, BackgroundWorkerStatus, DynamicBackgroundWorker,
+    SignalWakeFlags,
 };
 use pgrx::prelude::*;
 
@@ -16,7 +18,7 @@ use crate::catalog::{self, TaskSummary};
 use crate::pacing::Throttle;
 use crate::pg_catalog::SlotStatus;
 use crate::shmem::WorkerId;
-use crate::worker::control::reload_config_if_asked;
+use crate::worker::control::{database_of_worker, reload_config_if_asked};
 use crate::{gucs, shmem};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
@@ -28,34 +30,45 @@ const CRASH_LOOP: u32 = 10;
 const GUARD_INTERVAL: Duration = Duration::from_secs(5);
 const WARNING_REPEAT: Duration = Duration::from_secs(300);
 
-pub fn register() {
-    BackgroundWorkerBuilder::new("pg_meili_sync launcher")
-        .set_type("pg_meili_sync launcher")
-        .set_library("pg_meili_sync")
-        .set_function("meili_sync_launcher_main")
-        .enable_spi_access()
-        .set_start_time(BgWorkerStartTime::RecoveryFinished)
-        .set_restart_time(Some(Duration::from_secs(5)))
-        .load();
+/// Starts the launcher of `database` (a dynamic worker that the postmaster never restarts: the
+/// cluster launcher, which it notifies when it exits, decides).
+pub(super) fn start_database_launcher(
+    database: pg_sys::Oid,
+) -> Result<DynamicBackgroundWorker, ()> {
+    // SAFETY: reading this process's own pid.
+    let cluster_launcher_pid = unsafe { pg_sys::MyProcPid };
+    BackgroundWorkerBuilder::new(&format!(
+        "pg_meili_sync launcher of database {}",
+        database.to_u32()
+    ))
+    .set_type("pg_meili_sync launcher")
+    .set_library("pg_meili_sync")
+    .set_function("meili_sync_database_launcher_main")
+    .set_argument(Some(pg_sys::Datum::from(database.to_u32())))
+    .set_extra(&database.to_u32().to_string())
+    .enable_spi_access()
+    .set_notify_pid(cluster_launcher_pid)
+    .load_dynamic()
+    .map_err(|_| ())
 }
 
-/// A task worker the launcher follows: one it started, or one that was already running when it
+/// A worker a launcher follows: one it started, or one that was already running when it
 /// (re)started (a launcher that exited leaves its workers running).
-enum Worker {
+pub(super) enum Worker {
     Started(DynamicBackgroundWorker),
     Adopted(i32),
 }
 
 impl Worker {
     /// The worker's pid while it runs.
-    fn pid(&self) -> Option<i32> {
+    pub(super) fn pid(&self) -> Option<i32> {
         match self {
             Worker::Started(handle) => handle.pid().ok(),
             Worker::Adopted(pid) => shmem::backend_alive(*pid).then_some(*pid),
         }
     }
 
-    fn has_exited(&self) -> bool {
+    pub(super) fn has_exited(&self) -> bool {
         match self {
             Worker::Started(handle) => {
                 matches!(handle.pid(), Err(BackgroundWorkerStatus::Stopped))
@@ -84,10 +97,21 @@ struct Wanted {
     generation: i32,
 }
 
+/// What a round found.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Round {
+    /// The catalog could not be read.
+    Failed,
+    /// Workers run, or tasks exist.
+    Busy,
+    /// No task, no worker, nothing to clean up: the launcher may exit.
+    Idle,
+}
+
 struct Launcher {
     running: HashMap<WorkerId, Running>,
     backoff: HashMap<WorkerId, Backoff>,
-    database: String,
+    database: pg_sys::Oid,
     /// The install whose tasks the workers run. Task ids start again at 1 in a new one, so after
     /// a DROP and CREATE EXTENSION within one round every worker of the old install is stopped.
     install: Option<pg_sys::Oid>,
@@ -159,7 +183,7 @@ impl Launcher {
             if backoff.not_before.is_some_and(|at| Instant::now() < at) {
                 continue;
             }
-            match start_worker(want.worker, &self.database) {
+            match start_worker(want.worker, self.database) {
                 Ok(handle) => {
                     self.running.insert(
                         want.worker,
@@ -202,16 +226,17 @@ impl Launcher {
     }
 
     /// One round: read the catalog, reap, start and stop workers, drop orphans, check the slots.
-    /// False when the catalog could not be read (the extension is being created, say).
-    fn round(&mut self, guard: &mut WalGuard) -> bool {
+    fn round(&mut self, guard: &mut WalGuard) -> Round {
+        shmem::launcher_round_begins();
         let Some(CatalogRead {
             tasks,
             orphans,
             installed,
             install,
+            waits_for_update,
         }) = read_catalog()
         else {
-            return false;
+            return Round::Failed;
         };
         if install.is_some() && self.install.is_some() && install != self.install {
             log!("pg_meili_sync: the extension was created again; stopping the workers of its earlier install");
@@ -244,6 +269,8 @@ impl Launcher {
         self.reap(&wanted);
         self.reconcile(&wanted);
         shmem::release_missing(&existing);
+        let idle =
+            tasks.is_empty() && orphans.is_empty() && self.running.is_empty() && !waits_for_update;
         for (kind, name) in orphans {
             let dropped = BackgroundWorker::transaction(|| match kind.as_str() {
                 "slot" => catalog::drop_slot(&name),
@@ -264,7 +291,11 @@ impl Launcher {
         if installed {
             guard.check();
         }
-        true
+        if idle {
+            Round::Idle
+        } else {
+            Round::Busy
+        }
     }
 
     /// The soonest moment a delayed restart is due, so the wait does not oversleep it.
@@ -377,8 +408,12 @@ impl WalGuard {
 
 /// Runs one launcher round; an ERROR in it (a lock timeout, a catalog that changed under it) is
 /// logged, its transaction is rolled back, and the launcher goes on with the next round instead
-/// of exiting (its workers would run on unfollowed until the postmaster restarted it).
-fn survive(round: impl FnOnce() -> bool + std::panic::UnwindSafe) -> bool {
+/// of exiting (its workers would run on unfollowed until it was started again). `failed` is what
+/// a failed round returns.
+pub(super) fn survive<R: Copy + std::panic::UnwindSafe + std::panic::RefUnwindSafe>(
+    round: impl FnOnce() -> R + std::panic::UnwindSafe,
+    failed: R,
+) -> R {
     PgTryBuilder::new(round)
         .catch_others(|error| {
             let message = crate::error::caught_message(&error);
@@ -386,7 +421,7 @@ fn survive(round: impl FnOnce() -> bool + std::panic::UnwindSafe) -> bool {
             // back the round's transaction (a no-op outside one), as a backend's error recovery does.
             unsafe { pg_sys::AbortCurrentTransaction() };
             warning!("pg_meili_sync launcher: a round failed and is tried again: {message}");
-            false
+            failed
         })
         .execute()
 }
@@ -466,7 +501,7 @@ fn terminate(handle: &Worker) {
     }
 }
 
-fn start_worker(worker: WorkerId, database: &str) -> Result<DynamicBackgroundWorker, ()> {
+fn start_worker(worker: WorkerId, database: pg_sys::Oid) -> Result<DynamicBackgroundWorker, ()> {
     // SAFETY: reading this process's own pid.
     let launcher_pid = unsafe { pg_sys::MyProcPid };
     let (kind, function, argument) = match worker {
@@ -482,7 +517,7 @@ fn start_worker(worker: WorkerId, database: &str) -> Result<DynamicBackgroundWor
         .set_library("pg_meili_sync")
         .set_function(function)
         .set_argument(Some(pg_sys::Datum::from(argument)))
-        .set_extra(database)
+        .set_extra(&database.to_u32().to_string())
         .enable_spi_access()
         .set_notify_pid(launcher_pid)
         .load_dynamic()
@@ -499,6 +534,9 @@ struct CatalogRead {
     orphans: Vec<Orphan>,
     installed: bool,
     install: Option<pg_sys::Oid>,
+    /// Tasks wait for `ALTER EXTENSION … UPDATE`, which wakes nobody: the launcher must stay to
+    /// see it.
+    waits_for_update: bool,
 }
 
 fn read_catalog() -> Option<CatalogRead> {
@@ -517,6 +555,7 @@ fn read_catalog() -> Option<CatalogRead> {
                 )?,
                 installed: false,
                 install: None,
+                waits_for_update: false,
             });
         }
         // Another version's SQL objects (the library was replaced, and ALTER EXTENSION … UPDATE
@@ -535,12 +574,29 @@ fn read_catalog() -> Option<CatalogRead> {
                 orphans: Vec::new(),
                 installed: true,
                 install: None,
+                waits_for_update: true,
             });
         }
         read(
             "the tasks that waited for the update",
             catalog::release_tasks_held_for_update(),
         );
+        // A copy of another database (CREATE DATABASE … TEMPLATE): its tasks are the original's,
+        // slot names included, so none runs here, and nothing is dropped as an orphan.
+        if let Some(original) = read("whether this database is a copy", catalog::copied_from())? {
+            read(
+                "the tasks of the copied database",
+                catalog::hold_tasks_of_copy(original),
+            );
+            warn_once_a_minute(catalog::copy_message(original));
+            return Some(CatalogRead {
+                tasks: Vec::new(),
+                orphans: Vec::new(),
+                installed: true,
+                install: None,
+                waits_for_update: false,
+            });
+        }
         // Before any worker starts: a task restored from another install's dump.
         let restored = read(
             "the tasks restored from a dump",
@@ -575,6 +631,7 @@ fn read_catalog() -> Option<CatalogRead> {
             orphans: read("the slots of dropped tasks", catalog::orphans())?,
             installed: true,
             install: read("the extension's install", catalog::install_id())?,
+            waits_for_update: false,
         })
     })
 }
@@ -620,13 +677,21 @@ fn warn_once_a_minute(message: String) {
 
 #[pg_guard]
 #[no_mangle]
-pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
+pub extern "C-unwind" fn meili_sync_database_launcher_main(_arg: pg_sys::Datum) {
     BackgroundWorker::attach_signal_handlers(SignalWakeFlags::SIGHUP | SignalWakeFlags::SIGTERM);
-    let database = gucs::database();
-    BackgroundWorker::connect_worker_to_spi(Some(&database), None);
+    let Some(database) = database_of_worker() else {
+        warning!("pg_meili_sync: a database launcher was started without a database");
+        return;
+    };
+    BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
     crate::security::pin_search_path();
-    shmem::register_launcher();
-    log!("pg_meili_sync launcher started in database \"{database}\"");
+    // Another launcher of this database runs still, or a DDL command waits for the database.
+    if !shmem::register_launcher() {
+        return;
+    }
+    let name = BackgroundWorker::transaction(catalog::current_database)
+        .unwrap_or_else(|_| database.to_u32().to_string());
+    log!("pg_meili_sync launcher started in database \"{name}\"");
 
     let mut launcher = Launcher {
         running: HashMap::new(),
@@ -637,19 +702,23 @@ pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
     launcher.adopt_running_workers();
     let mut guard = WalGuard::new();
     let mut wait = Duration::ZERO;
+    let mut idle = false;
     while BackgroundWorker::wait_latch(Some(wait)) {
         reload_config_if_asked();
         let round = std::panic::AssertUnwindSafe(|| launcher.round(&mut guard));
-        if !survive(round) {
-            wait = gucs::naptime();
-            continue;
+        match survive(round, Round::Failed) {
+            Round::Failed => wait = gucs::naptime(),
+            Round::Busy => wait = launcher.next_wake(gucs::naptime()).min(GUARD_INTERVAL),
+            Round::Idle => {
+                idle = true;
+                break;
+            }
         }
-        wait = launcher.next_wake(gucs::naptime()).min(GUARD_INTERVAL);
     }
     // The task workers stream on: the next launcher follows them (adopt_running_workers), and
     // at shutdown the postmaster stops them itself.
-    shmem::unregister_launcher();
-    // Exit non-zero so that the postmaster starts the launcher again if someone terminated it.
-    // SAFETY: ends this background worker process the way Postgres expects.
-    unsafe { pg_sys::proc_exit(1) };
+    shmem::unregister_launcher(idle);
+    if idle {
+        log!("pg_meili_sync launcher of database \"{name}\" exits: no task to run");
+    }
 }

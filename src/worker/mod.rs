@@ -1,6 +1,8 @@
-//! The kinds of background worker: one launcher, one worker per task that copies or streams from
-//! a slot of its own, and one shared decoder for the tasks that share the database's decoding.
+//! The kinds of background worker: one cluster launcher, one launcher per database with tasks,
+//! one worker per task that copies or streams from a slot of its own, and one shared decoder per
+//! database for the tasks that share its decoding.
 
+pub mod cluster;
 pub mod control;
 pub mod drive;
 pub mod handover;

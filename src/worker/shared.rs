@@ -291,13 +291,18 @@ impl SharedDecoder {
         else {
             return Ok(None);
         };
-        let Some(index) = shmem::attach(WorkerId::Task(task.id), self.pid) else {
-            warning!(
-                "pg_meili_sync: no free shared-memory entry for task {} (meili_sync.max_tasks is {})",
-                task.id,
-                crate::gucs::max_tasks()
-            );
-            return Ok(None);
+        let index = match shmem::attach(WorkerId::Task(task.id), self.pid) {
+            Ok(index) => index,
+            Err(shmem::NoEntry::Full) => {
+                warning!(
+                    "pg_meili_sync: no free shared-memory entry for task {} (meili_sync.max_tasks is {})",
+                    task.id,
+                    crate::gucs::max_tasks()
+                );
+                return Ok(None);
+            }
+            // A DDL command waits for the database: this decoder is being stopped.
+            Err(shmem::NoEntry::DatabasePaused) => return Err(Stop::Terminated),
         };
         let live = LiveStatus::new(index);
         live.set_served_by_shared_decoder();

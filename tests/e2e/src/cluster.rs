@@ -12,6 +12,8 @@ pub struct Cluster {
     bin_dir: PathBuf,
     as_postgres: bool,
     settings: Vec<String>,
+    /// The database psql connects to: `postgres` unless a test switches (`use_database`).
+    database: std::sync::Mutex<String>,
 }
 
 fn pg_bin_dir() -> PathBuf {
@@ -63,6 +65,7 @@ impl Cluster {
             bin_dir: pg_bin_dir(),
             as_postgres,
             settings,
+            database: std::sync::Mutex::new("postgres".to_owned()),
         };
         let initdb = cluster.run_pg(
             "initdb",
@@ -114,6 +117,7 @@ impl Cluster {
             bin_dir: primary.bin_dir.clone(),
             as_postgres: primary.as_postgres,
             settings,
+            database: std::sync::Mutex::new("postgres".to_owned()),
         };
         let port = primary.port.to_string();
         let backup = standby.run_pg(
@@ -268,7 +272,16 @@ impl Cluster {
         command
     }
 
-    /// psql connected to database `postgres`, unaligned and tuples-only, stopping at the first error.
+    /// Points psql (and every helper built on it) at database `name` from now on.
+    pub fn use_database(&self, name: &str) {
+        *self
+            .database
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner()) = name.to_owned();
+    }
+
+    /// psql connected to the current database (`postgres` unless [`Cluster::use_database`] switched),
+    /// unaligned and tuples-only, stopping at the first error.
     pub fn psql_command(&self) -> Command {
         let mut command = self.command(&self.bin_dir.join("psql"));
         command
@@ -284,7 +297,13 @@ impl Cluster {
                 "-p",
             ])
             .arg(self.port.to_string())
-            .args(["-U", "postgres", "-d", "postgres"]);
+            .args(["-U", "postgres", "-d"])
+            .arg(
+                self.database
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner())
+                    .as_str(),
+            );
         command
     }
 

@@ -70,7 +70,8 @@ fn same(want: &Compared, have: &Compared) -> bool {
 
 const ITEMS: &str = "SELECT jsonb_build_object('id', id, 'name', name, '_vectors', jsonb_build_object(
            'default', CASE WHEN embedding IS NULL THEN NULL ELSE jsonb_build_object('embeddings', embedding::text::jsonb, 'regenerate', false) END,
-           'big', CASE WHEN big IS NULL THEN NULL ELSE jsonb_build_object('embeddings', big::text::jsonb, 'regenerate', false) END))::text
+           'big', CASE WHEN big IS NULL THEN NULL ELSE jsonb_build_object('embeddings', big::text::jsonb, 'regenerate', false) END,
+           'half', CASE WHEN half IS NULL THEN NULL ELSE jsonb_build_object('embeddings', half::text::jsonb, 'regenerate', false) END))::text
    FROM items";
 
 fn expected(cluster: &Cluster) -> BTreeMap<i64, Compared> {
@@ -130,12 +131,14 @@ fn wait_index_matches(cluster: &Cluster, meili: &Meili, index: &str) {
 }
 
 /// Unit vectors at `i` degrees; rows with `i % 40 = 0` also get a 1,000-dimension embedding of
-/// random numbers, which PostgreSQL stores out of line (TOAST).
+/// random numbers, which PostgreSQL stores out of line (TOAST); every row a half-precision
+/// `halfvec(3)` (1/3 is rounded to 16 bits: the index must hold what pgvector prints).
 fn insert_items(from: i64, to: i64) -> String {
     format!(
         "INSERT INTO items
            SELECT i, 'item ' || i, ARRAY[cos(radians(i)), sin(radians(i))]::vector,
-                  CASE WHEN i % 40 = 0 THEN ARRAY(SELECT random() FROM generate_series(1, 1000) WHERE i > 0)::vector END
+                  CASE WHEN i % 40 = 0 THEN ARRAY(SELECT random() FROM generate_series(1, 1000) WHERE i > 0)::vector END,
+                  ARRAY[i % 7 + 1, 1.0 / 3, i / 3.0]::halfvec
              FROM generate_series({from}, {to}) AS i"
     )
 }
@@ -150,7 +153,7 @@ fn embeddings_stream_into_vectors_and_a_vector_search_orders_as_pgvector_does() 
     };
     let meili = Meili::from_env();
     cluster.psql(
-        "CREATE TABLE items (id int PRIMARY KEY, name text, embedding vector(2), big vector(1000), loose vector)",
+        "CREATE TABLE items (id int PRIMARY KEY, name text, embedding vector(2), big vector(1000), half halfvec(3), loose vector)",
     );
     cluster.psql(&insert_items(1, 300));
 
@@ -182,7 +185,7 @@ fn embeddings_stream_into_vectors_and_a_vector_search_orders_as_pgvector_does() 
         &meili,
         None,
         "items",
-        json!({"vectors": {"default": "embedding", "big": "big"}, "exclude_columns": ["loose"]}),
+        json!({"vectors": {"default": "embedding", "big": "big", "half": "half"}, "exclude_columns": ["loose"]}),
     );
     cluster.wait_snapshot_done(task, CONVERGE);
     wait_index_matches(&cluster, &meili, &index);
@@ -195,12 +198,13 @@ fn embeddings_stream_into_vectors_and_a_vector_search_orders_as_pgvector_does() 
         settings["embedders"]["big"]["dimensions"], 1000,
         "{settings}"
     );
+    assert_eq!(settings["embedders"]["half"]["dimensions"], 3, "{settings}");
 
     // Streamed: new rows, a changed embedding, one set to NULL, a row deleted, and rows whose
     // out-of-line embedding an UPDATE leaves alone (pgoutput sends no value for it).
     cluster.psql(&insert_items(301, 360));
     cluster.psql(
-        "UPDATE items SET embedding = '[0.6,0.8]' WHERE id = 5;
+        "UPDATE items SET embedding = '[0.6,0.8]', half = '[0.1,0.2,0.3]' WHERE id = 5;
          UPDATE items SET embedding = NULL WHERE id = 6;
          DELETE FROM items WHERE id = 7;
          UPDATE items SET name = 'renamed ' || id WHERE id IN (40, 80, 120)",
