@@ -17,13 +17,10 @@ use pgrx::prelude::*;
 use crate::gucs;
 use crate::shmem;
 use crate::worker::control::reload_config_if_asked;
-use crate::worker::launcher::{start_database_launcher, survive, Worker};
+use crate::worker::launcher::{start_database_launcher, survive, Backoff, Worker};
 
 /// How often the cluster launcher reads `pg_database` when nothing wakes it.
 const ROUND_INTERVAL: Duration = Duration::from_secs(5);
-const MAX_BACKOFF: Duration = Duration::from_secs(60);
-/// A database launcher that ran this long before exiting is not counted as a crash loop.
-const HEALTHY_RUN: Duration = Duration::from_secs(60);
 /// Databases looked into at once after a start, so that a cluster of many databases does not
 /// take every background worker slot for a moment.
 const LOOKS_AT_ONCE: usize = 2;
@@ -56,8 +53,7 @@ struct DatabaseRun {
     started: Option<Instant>,
     /// Its launcher ran at least once since this cluster launcher started.
     looked_into: bool,
-    crashes: u32,
-    not_before: Option<Instant>,
+    backoff: Backoff,
 }
 
 #[derive(Default)]
@@ -97,14 +93,8 @@ impl Cluster {
                 run.launcher = None;
                 // An exit with work left (an ERROR, a signal) is restarted after a backoff.
                 if !state.idle {
-                    if run.started.is_some_and(|at| at.elapsed() >= HEALTHY_RUN) {
-                        run.crashes = 0;
-                    }
-                    let delay = gucs::restart_backoff()
-                        .saturating_mul(1 << run.crashes.min(16))
-                        .min(MAX_BACKOFF);
-                    run.crashes += 1;
-                    run.not_before = Some(now + delay);
+                    let ran = run.started.map(|at| at.elapsed()).unwrap_or_default();
+                    run.backoff.count_exit(ran);
                 }
             }
             if run.launcher.is_none() {
@@ -118,7 +108,7 @@ impl Cluster {
                 continue;
             }
             let due = !run.looked_into || state.wanted || !state.idle;
-            if !due || run.not_before.is_some_and(|at| now < at) {
+            if !due || run.backoff.not_before.is_some_and(|at| now < at) {
                 continue;
             }
             if !run.looked_into {
@@ -132,14 +122,14 @@ impl Cluster {
                     run.launcher = Some(Worker::Started(handle));
                     run.started = Some(now);
                     run.looked_into = true;
-                    run.not_before = None;
+                    run.backoff.not_before = None;
                 }
                 Err(()) => {
                     warning!(
                         "pg_meili_sync: could not start the launcher of database \"{}\": no background worker slot free",
                         database.name
                     );
-                    run.not_before = Some(now + gucs::restart_backoff());
+                    run.backoff.not_before = Some(now + gucs::restart_backoff());
                 }
             }
         }
@@ -156,7 +146,7 @@ impl Cluster {
         };
         self.runs
             .values()
-            .filter_map(|run| run.not_before)
+            .filter_map(|run| run.backoff.not_before)
             .map(|at| at.saturating_duration_since(now))
             .fold(interval, Duration::min)
             .max(Duration::from_millis(10))

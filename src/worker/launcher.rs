@@ -85,10 +85,28 @@ struct Running {
     terminating: bool,
 }
 
+/// Restarts of a worker (or, in the cluster launcher, of a database's launcher) that keeps
+/// exiting: each exit doubles the wait before the next start, from `meili_sync.restart_backoff`
+/// up to `MAX_BACKOFF`, and a run of `HEALTHY_RUN` starts the count again.
 #[derive(Default)]
-struct Backoff {
-    crashes: u32,
-    not_before: Option<Instant>,
+pub(super) struct Backoff {
+    pub(super) crashes: u32,
+    pub(super) not_before: Option<Instant>,
+}
+
+impl Backoff {
+    /// Counts an exit after a run of `ran`; returns the wait before the next start.
+    pub(super) fn count_exit(&mut self, ran: Duration) -> Duration {
+        if ran >= HEALTHY_RUN {
+            self.crashes = 0;
+        }
+        let delay = gucs::restart_backoff()
+            .saturating_mul(1 << self.crashes.min(16))
+            .min(MAX_BACKOFF);
+        self.crashes += 1;
+        self.not_before = Some(Instant::now() + delay);
+        delay
+    }
 }
 
 /// A worker that should run, with the catalog generation it must run with.
@@ -130,14 +148,7 @@ impl Launcher {
                 .any(|want| want.worker == id && want.generation == running.generation);
             if still_wanted && !running.terminating {
                 let backoff = self.backoff.entry(id).or_default();
-                if running.started.elapsed() >= HEALTHY_RUN {
-                    backoff.crashes = 0;
-                }
-                let delay = gucs::restart_backoff()
-                    .saturating_mul(1 << backoff.crashes.min(16))
-                    .min(MAX_BACKOFF);
-                backoff.crashes += 1;
-                backoff.not_before = Some(Instant::now() + delay);
+                let delay = backoff.count_exit(running.started.elapsed());
                 // The shared decoder has no task row to stop: the tasks it streams stop instead,
                 // and it is restarted after the longest backoff for as long as tasks share it.
                 if backoff.crashes >= CRASH_LOOP {
