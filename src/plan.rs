@@ -145,9 +145,10 @@ pub struct SnapshotPlan {
     pub limits: BatchLimits,
     /// The table's owner: pages are read with its rights (see `security::as_table_owner`).
     pub table_owner: pgrx::pg_sys::Oid,
-    /// A partitioned table's OID: its changes come from its partitions.
-    pub partitioned_root: Option<u32>,
-    /// Its leaf partitions now.
+    /// The partitioned tables whose partitions the task follows: its table when that is
+    /// partitioned, or the partitioned tables its view reads.
+    pub partitioned_roots: Vec<u32>,
+    /// Their leaf partitions now, in OID order.
     pub partitions: Vec<u32>,
 }
 
@@ -248,6 +249,27 @@ pub fn source_plan(
     })?;
     let page_rows = options.batch_size.clamp(100, 10_000);
     let queries = catalog::page_queries(&info.query_name(), &column_names, &key_types);
+    let partitioned_roots: Vec<u32> = if info.is_view() {
+        catalog::base_tables(relid)?
+            .into_iter()
+            .filter(|table| table.relkind == RelationKind::PartitionedTable)
+            .map(|table| table.relid.to_u32())
+            .collect()
+    } else if info.is_partitioned() {
+        vec![relid.to_u32()]
+    } else {
+        Vec::new()
+    };
+    let mut partitions = Vec::new();
+    for &root in &partitioned_roots {
+        partitions.extend(
+            catalog::partition_leaves_now(pg_sys::Oid::from(root))?
+                .into_iter()
+                .map(|(leaf, _)| leaf),
+        );
+    }
+    partitions.sort_unstable();
+    partitions.dedup();
     Ok(SnapshotPlan {
         first_page_query: queries.first_page,
         next_page_query: queries.next_page,
@@ -262,15 +284,8 @@ pub fn source_plan(
             max_age: Duration::from_millis(options.flush_interval_ms),
         },
         table_owner: info.owner,
-        partitioned_root: info.is_partitioned().then(|| relid.to_u32()),
-        partitions: if info.is_partitioned() {
-            catalog::partition_leaves_now(relid)?
-                .into_iter()
-                .map(|(leaf, _)| leaf)
-                .collect()
-        } else {
-            Vec::new()
-        },
+        partitioned_roots,
+        partitions,
     })
 }
 
@@ -432,15 +447,17 @@ pub fn view_plan(
     let query = catalog::view_query(relid, view, key)?;
     catalog::refuse_rows_by_who_asks(relid, view)?;
     let tables = catalog::base_tables(relid)?;
-    if let Some(table) = tables
-        .iter()
-        .find(|table| table.relkind != RelationKind::Table)
-    {
+    if let Some(table) = tables.iter().find(|table| {
+        !matches!(
+            table.relkind,
+            RelationKind::Table | RelationKind::PartitionedTable
+        )
+    }) {
         return Err(SyncError::new(
             ErrorKind::UnsupportedType,
-            format!("view {view} reads {}, which is not an ordinary table (relkind '{}')", table.qualified_name, table.relkind.code()),
+            format!("view {view} reads {}, which is not an ordinary or partitioned table (relkind '{}')", table.qualified_name, table.relkind.code()),
         )
-        .hint("A view task follows the changes of ordinary tables only: materialized views and foreign tables have no row changes in the WAL it could follow, and views over partitioned tables are not supported yet (a task on the partitioned table itself is)."));
+        .hint("A view task follows the changes of ordinary and partitioned tables only: materialized views and foreign tables have no row changes in the WAL it could follow."));
     }
     let mut mapped: Vec<(pg_sys::Oid, String)> = Vec::new();
     let listed = || {
@@ -496,6 +513,12 @@ pub fn view_plan(
     for table in &tables {
         let table_info = catalog::relation_info(table.relid)?;
         let name = table.qualified_name.clone();
+        // A partitioned table's changes are its partitions', each with its own replica identity.
+        let partitions = if table_info.is_partitioned() {
+            catalog::logged_partitions(table.relid, &name)?
+        } else {
+            Vec::new()
+        };
         let mut routes = Vec::new();
         if let Some((_, sql)) = mapped.iter().find(|(relid, _)| *relid == table.relid) {
             let own_key = match table_info.replica_identity {
@@ -530,13 +553,25 @@ pub fn view_plan(
             }
             by_columns.extend(catalog::foreign_keys_to(table.relid, *root, root_columns)?);
             for columns in by_columns {
-                if !identity_carries(&table_info, &columns) {
+                if partitions.is_empty() && !identity_carries(&table_info, &columns) {
                     without_identity.push(format!("{name} ({})", columns.join(", ")));
                 }
                 routes.push(KeyRoute {
                     source: KeySource::Document,
                     columns,
                 });
+            }
+        }
+        for route in &routes {
+            for partition in partitions
+                .iter()
+                .filter(|partition| !identity_carries(partition, &route.columns))
+            {
+                without_identity.push(format!(
+                    "{} (partition of {name}) ({})",
+                    partition.qualified_name,
+                    route.columns.join(", ")
+                ));
             }
         }
         if routes.is_empty() {

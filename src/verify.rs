@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use pgrx::pg_sys;
 use serde_json::Value;
 
 use crate::batch::Operation;
@@ -247,12 +248,27 @@ impl Context {
         sample_limit: usize,
         damaged: &mut OnDamagedRows<'_>,
     ) -> Result<(), SyncError> {
+        let pages = (
+            self.plan.first_page_query.as_str(),
+            self.plan.next_page_query.as_str(),
+        );
+        self.compare_pages(pages, findings, sample_limit, damaged)
+    }
+
+    /// Pass 1 over the rows the page queries `(first, next)` read.
+    fn compare_pages(
+        &self,
+        (first_page_query, next_page_query): (&str, &str),
+        findings: &mut Findings,
+        sample_limit: usize,
+        damaged: &mut OnDamagedRows<'_>,
+    ) -> Result<(), SyncError> {
         let mut after: Option<Vec<String>> = None;
         let mut pages = PageSizer::new(self.plan.page_rows);
         loop {
             let (query, key) = match &after {
-                Some(key) => (&self.plan.next_page_query, Some(key.as_slice())),
-                None => (&self.plan.first_page_query, None),
+                Some(key) => (next_page_query, Some(key.as_slice())),
+                None => (first_page_query, None),
             };
             let limit = pages.rows();
             let rows = self.as_owner(|| {
@@ -550,6 +566,38 @@ pub fn repair(task: TaskRecord) -> Result<Repairs, SyncError> {
     let extra = context.extra_documents(&mut findings, 0)?;
     repairs.deleted = context.delete_extra(extra)?;
     Ok(repairs)
+}
+
+/// After an ATTACH PARTITION of tables with rows (`partitions`, leaf partitions of the task's
+/// partitioned table): sends the rows of those partitions that the index lacks or holds in
+/// another version, reading only them, so the work grows with the partitions attached and not
+/// with the table. An attach deletes no row, so the index is not browsed. None, with nothing
+/// done, when a partition cannot be read on its own as the table's owner reads the table (no
+/// SELECT on it, or row-level security of its own): then only `repair` brings its rows in.
+pub fn repair_partitions(task: TaskRecord, partitions: &[u32]) -> Result<Option<i64>, SyncError> {
+    let context = Context::new(task)?;
+    let mut queries = Vec::new();
+    for &partition in partitions {
+        let partition = pg_sys::Oid::from(partition);
+        if !catalog::reads_like_its_root(partition, context.plan.table_owner)? {
+            return Ok(None);
+        }
+        let info = catalog::relation_info(partition)?;
+        queries.push(catalog::page_queries(
+            &info.query_name(),
+            &context.column_names,
+            &context.key,
+        ));
+    }
+    let mut resent = 0;
+    for query in &queries {
+        let pages = (query.first_page.as_str(), query.next_page.as_str());
+        context.compare_pages(pages, &mut Findings::default(), 0, &mut |context, keys| {
+            resent += context.send(&context.locked_rows(keys)?.documents)?;
+            Ok(())
+        })?;
+    }
+    Ok(Some(resent))
 }
 
 #[cfg(test)]

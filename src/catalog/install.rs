@@ -113,7 +113,7 @@ pub fn stop_restored_tasks() -> CatalogResult<Vec<i64>> {
             let rows = client.update(
                 &format!("UPDATE meili_sync.tasks t
                     SET state = 'error', generation = t.generation OPERATOR(pg_catalog.+) 1,
-                        install_token = i.token, stream_position = NULL,
+                        install_token = i.token, stream_position = NULL, partitions = NULL,
                         snapshot_key = NULL, rows_copied = 0,
                         snapshot_started_at = NULL, snapshot_finished_at = NULL,
                         resync_phase = NULL, swap_lsn = NULL, swap_created_at = NULL,

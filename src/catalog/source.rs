@@ -174,6 +174,24 @@ fn leaf_partitions(root: pg_sys::Oid) -> CatalogResult<Vec<RelationInfo>> {
         .collect()
 }
 
+/// The leaf partitions of the partitioned table `root` (named `table`), refused when one is
+/// foreign, temporary or unlogged: its changes are not in the WAL.
+pub fn logged_partitions(root: pg_sys::Oid, table: &str) -> CatalogResult<Vec<RelationInfo>> {
+    let partitions = leaf_partitions(root)?;
+    if let Some(leaf) = partitions
+        .iter()
+        .find(|leaf| leaf.relkind != RelationKind::Table || leaf.persistence != "p")
+    {
+        let name = &leaf.qualified_name;
+        return Err(SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!("partition {name} of table {table} is foreign, temporary or unlogged, so its changes are not in the WAL"),
+        )
+        .hint(format!("Run ALTER TABLE {name} SET LOGGED, or detach the partition.")));
+    }
+    Ok(partitions)
+}
+
 /// The table or view a task syncs, checked as `meili_sync_start` checks it and as the worker
 /// checks it again before each copy: an ordinary, permanent user table, or a view, that `role`
 /// may read. (What a view reads is checked by `plan::view_plan`.)
@@ -204,19 +222,8 @@ pub fn syncable_source(relid: pg_sys::Oid, role: pg_sys::Oid) -> CatalogResult<R
         )));
     }
     if info.relkind == RelationKind::PartitionedTable {
-        info.partitions = leaf_partitions(relid)?;
-        if let Some(leaf) = info
-            .partitions
-            .iter()
-            .find(|leaf| leaf.relkind != RelationKind::Table || leaf.persistence != "p")
-        {
-            let name = &leaf.qualified_name;
-            return Err(SyncError::new(
-                ErrorKind::InvalidParameter,
-                format!("partition {name} of table {table} is foreign, temporary or unlogged, so its changes are not in the WAL"),
-            )
-            .hint(format!("Run ALTER TABLE {name} SET LOGGED, or detach the partition.")));
-        }
+        let partitions = logged_partitions(relid, table)?;
+        info.partitions = partitions;
     }
     let table = &info.qualified_name;
     if !may_select(role, relid)? {

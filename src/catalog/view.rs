@@ -216,7 +216,8 @@ unsafe fn column_origin(
         }
         let rte = rtable.get_ptr(usize::try_from(var.varno).ok()?.checked_sub(1)?)?;
         match (*rte).rtekind {
-            pg_sys::RTEKind::RTE_RELATION if (*rte).relkind as u8 == b'r' => {
+            // An ordinary or partitioned table.
+            pg_sys::RTEKind::RTE_RELATION if matches!((*rte).relkind as u8, b'r' | b'p') => {
                 return Some(((*rte).relid, var.varattno))
             }
             pg_sys::RTEKind::RTE_JOIN => {

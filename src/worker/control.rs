@@ -108,6 +108,31 @@ pub fn in_user_transaction<T>(
     run_transaction(live, what, Some(advice), work)
 }
 
+/// Like [`in_user_transaction`], for work that also calls Meilisearch: an `Err` of `work` that
+/// `is_transient` rolls its transaction back and runs it again after the retry policy's delay,
+/// as [`retry_transient`] does; any other `Err` stops the task.
+pub fn in_user_transaction_retrying<T>(
+    live: LiveStatus,
+    what: &str,
+    advice: Advice,
+    is_transient: impl Fn(&SyncError) -> bool,
+    mut work: impl FnMut() -> Result<T, SyncError>,
+) -> Result<T, Stop> {
+    let mut backoff = Backoff::policy();
+    let mut attempt = 0;
+    loop {
+        // The transaction commits either way: `work` wrote nothing it would keep.
+        match in_user_transaction(live, what, advice.clone(), || Ok(work()))? {
+            Ok(value) => return Ok(value),
+            Err(error) if is_transient(&error) => {
+                retry_pause(live, &format!("{what}: {error}"), backoff.delay(attempt))?;
+                attempt += 1;
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
+
 /// How a transaction's ERROR was caught.
 enum Caught {
     /// Of [`PASSING_ERRORS`]: retried.
@@ -242,7 +267,7 @@ pub fn with_retry<T>(
 /// Runs `call` until it succeeds: after each failure that `is_transient`, the task shows
 /// `retrying` with the error and waits the retry policy's delay (unless asked to stop); any other
 /// failure becomes `stop`'s.
-pub fn retry_transient<T, E: std::fmt::Display>(
+fn retry_transient<T, E: std::fmt::Display>(
     live: LiveStatus,
     what: &str,
     is_transient: impl Fn(&E) -> bool,

@@ -7,6 +7,7 @@ pub mod control;
 pub mod drive;
 pub mod handover;
 pub mod launcher;
+pub mod partitions;
 pub mod render;
 pub mod resync;
 pub mod shared;

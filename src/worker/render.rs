@@ -29,6 +29,7 @@ use crate::shmem::LiveStatus;
 use crate::state_change;
 use crate::worker::control::{in_transaction, in_user_transaction, should_stop, Stop};
 use crate::worker::drive::{PassStream, Settlement, TaskStream};
+use crate::worker::partitions::PartitionWatch;
 use crate::worker::stream::parse_noting_commits;
 
 /// What to do when the view's or a mapping's query fails at run time: a render failed, so the
@@ -55,6 +56,7 @@ fn collector(view: &ViewPlan) -> AffectedKeys {
         .map(|(relid, routes)| (relid.to_u32(), routes.clone()))
         .collect();
     AffectedKeys::new(planned, view.mappings.len())
+        .with_partition_ancestors(Box::new(catalog::partition_ancestors))
 }
 
 /// One view task's stream: collects affected keys while decoding and renders them between reads.
@@ -73,6 +75,8 @@ pub struct ViewStream<D: BorrowMut<Dispatcher>> {
     /// Read a state change of the task (`state_change`): nothing after it is collected, and
     /// the window it interrupted is never rendered (the slot keeps it).
     ended: bool,
+    /// The partitions of the partitioned tables the view reads.
+    partitioned: Option<PartitionWatch>,
 }
 
 impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
@@ -96,7 +100,14 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
             limits,
             settlement: Settlement::default(),
             ended: false,
+            partitioned: None,
         }
+    }
+
+    /// Follows the partitions of the partitioned tables the view reads (see `PartitionWatch`).
+    pub fn with_partitions(mut self, watch: Option<PartitionWatch>) -> Self {
+        self.partitioned = watch;
+        self
     }
 
     fn pump(&mut self) {
@@ -316,12 +327,23 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for ViewStream<D> {
 
     fn settle(&mut self) -> Result<Option<u64>, Stop> {
         self.pump();
-        self.settlement
-            .settle(self.task.id, self.live, self.dispatcher.borrow_mut())
+        let settled =
+            self.settlement
+                .settle(self.task.id, self.live, self.dispatcher.borrow_mut())?;
+        match self.partitioned.as_mut() {
+            Some(partitioned) => partitioned.when_due(self.live, settled),
+            None => Ok(settled),
+        }
     }
 
     fn confirm_idle(&mut self, read_position: u64) -> Option<u64> {
         let idle = self.is_idle();
+        if let Some(partitioned) = self.partitioned.as_mut() {
+            // Not past a change of partitions before the view's documents are in line.
+            if partitioned.holds(idle, read_position) {
+                return None;
+            }
+        }
         self.settlement.confirm_idle(idle, read_position)
     }
 
@@ -352,8 +374,11 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for ViewStream<D> {
 
     /// A message the collector could not take fails the task.
     fn after_read(&mut self, _nothing_coming: bool) -> Result<(), Stop> {
-        match self.settlement.take_failure() {
-            Some(failure) => Err(Stop::Failed(failure)),
+        if let Some(failure) = self.settlement.take_failure() {
+            return Err(Stop::Failed(failure));
+        }
+        match self.partitioned.as_mut() {
+            Some(partitioned) => partitioned.look(self.live),
             None => Ok(()),
         }
     }
@@ -384,6 +409,10 @@ impl PassStream for ViewStream<Dispatcher> {
             && !self.batcher.has_closed()
             && self.dispatcher.is_quiet()
             && self.settlement.is_empty()
+            && !self
+                .partitioned
+                .as_ref()
+                .is_some_and(PartitionWatch::pending)
     }
 
     /// Decoding does not wait for a view's renders in the shared pass: a task that collected as
@@ -395,6 +424,9 @@ impl PassStream for ViewStream<Dispatcher> {
     fn restart(&mut self) {
         self.keys = collector(&self.view);
         self.batcher = ChangeBatcher::new(self.limits);
+        if let Some(partitioned) = self.partitioned.as_mut() {
+            partitioned.forget_read();
+        }
     }
 
     fn unsent_bytes(&self) -> usize {

@@ -32,6 +32,7 @@ use crate::worker::control::{
 use crate::worker::drive::{
     drive_pass, log_rewind, log_state_change, IndexWatch, Nap, Pass, PassStream, Turn,
 };
+use crate::worker::partitions::PartitionWatch;
 use crate::worker::render::ViewStream;
 use crate::worker::stream::Streamer;
 
@@ -356,19 +357,15 @@ impl SharedDecoder {
                     .iter()
                     .map(|(relid, _)| relid.to_u32())
                     .collect();
-                let stream = ViewStream::new(task, live, dispatcher, view, plan.limits, &options);
+                let stream = ViewStream::new(task, live, dispatcher, view, plan.limits, &options)
+                    .with_partitions(PartitionWatch::of_plan(&plan, task, &options, true));
                 (Box::new(stream), relations)
             }
             None => {
                 let rules = ColumnRules::new(&task.relation, &task.primary_key, &options);
                 let stream = Streamer::new(task, live, dispatcher, rules, plan.limits, &options)
                     .with_stall_limit(STALL_LIMIT)
-                    .with_partitioned_root(
-                        plan.partitioned_root,
-                        plan.partitions.clone(),
-                        task,
-                        &options,
-                    );
+                    .with_partitions(PartitionWatch::of_plan(&plan, task, &options, false));
                 (Box::new(stream), vec![task.relid.to_u32()])
             }
         };

@@ -181,7 +181,7 @@ pub fn run(
     in_transaction(live, "starting the copy", || {
         catalog::mark_snapshot_started(
             task.id,
-            plan.partitioned_root.map(|_| plan.partitions.as_slice()),
+            (!plan.partitioned_roots.is_empty()).then_some(plan.partitions.as_slice()),
         )
     })?;
 

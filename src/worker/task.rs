@@ -23,10 +23,11 @@ use crate::worker::control::{
 };
 use crate::worker::drive::{drive, IndexWatch, SwapGate};
 use crate::worker::handover::{self, MoveGate};
+use crate::worker::partitions::{prune_index, PartitionWatch};
 use crate::worker::render::ViewStream;
 use crate::worker::resync::{self, ResyncGate};
 use crate::worker::snapshot::{self, SnapshotOutcome};
-use crate::worker::stream::{prune_index, Streamer};
+use crate::worker::stream::Streamer;
 
 /// Creates the index with the task's key attribute, or checks an existing one; applies settings.
 fn prepare_index(
@@ -410,17 +411,13 @@ fn copy_then_stream(
         return Err(Stop::Terminated);
     }
     if let Some(view) = view {
-        let mut stream = ViewStream::new(task, live, dispatcher, view, plan.limits, options);
+        let mut stream = ViewStream::new(task, live, dispatcher, view, plan.limits, options)
+            .with_partitions(PartitionWatch::of_plan(plan, task, options, true));
         return drive(&mut stream, task, &mut watch, gate);
     }
     let rules = ColumnRules::new(&task.relation, &task.primary_key, options);
     let mut streamer = Streamer::new(task, live, dispatcher, rules, plan.limits, options)
-        .with_partitioned_root(
-            plan.partitioned_root,
-            plan.partitions.clone(),
-            task,
-            options,
-        );
+        .with_partitions(PartitionWatch::of_plan(plan, task, options, false));
     drive(&mut streamer, task, &mut watch, gate)
 }
 

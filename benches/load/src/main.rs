@@ -10,11 +10,13 @@
 //!   cargo run --release -p pg_meili_sync_load -- view [products] [new_products]
 //!   cargo run --release -p pg_meili_sync_load -- fanout [parents] [children_per_parent] [rows_per_transaction]
 //!   cargo run --release -p pg_meili_sync_load -- hotrow [ids] [rounds]
+//!   cargo run --release -p pg_meili_sync_load -- attach [table_rows] [attached_rows]
 //!   cargo run --release -p pg_meili_sync_load -- search [rows] [seconds per query] [clients] [split cores 0|1]
 //!
 //! Set LOAD_VERIFY=1 to also check that the index holds exactly the table's rows afterwards.
 
 mod decoders;
+mod partitions;
 mod search;
 mod views;
 
@@ -787,6 +789,7 @@ fn main() {
         "view" => views::view(arg(0, 100_000), arg(1, 20_000)),
         "fanout" => views::fanout(arg(0, 1000), arg(1, 20), arg(2, 500)),
         "hotrow" => views::hot_rows(arg(0, 1000), arg(1, 100)),
+        "attach" => partitions::attach(arg(0, 500_000), arg(1, 20_000)),
         "search" => search::search(
             arg(0, 200_000),
             arg(1, 10) as u64,
@@ -795,7 +798,7 @@ fn main() {
         ),
         other => {
             eprintln!(
-                "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout, hotrow or search"
+                "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout, hotrow, attach or search"
             );
             std::process::exit(2);
         }

@@ -11,12 +11,18 @@
 //!   at render time (lookup tables, many-to-many links, the tables of a UNION).
 //!
 //! A TRUNCATE of any published table affects every document ([`Window::everything`]).
+//!
+//! A partitioned table's changes come under its partitions' own OIDs (pgoutput, with
+//! `publish_via_partition_root` off): each partition takes the routes of the partitioned table it
+//! belongs to, resolved against the partition's own Relation message (its columns may be in
+//! another order).
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
 use crate::failure::{Advice, Failure, FailureKind};
 use crate::pgoutput::{Message, Relation, Tuple, TupleValue};
+use crate::route::PartitionAncestors;
 
 /// Where a route's key values go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -76,6 +82,11 @@ impl Window {
 pub struct AffectedKeys {
     planned: HashMap<u32, TableRoutes>,
     resolved: HashMap<u32, ResolvedRoutes>,
+    /// Partitions described so far whose partitioned ancestor is planned: partition → ancestor.
+    partitions: HashMap<u32, u32>,
+    /// Looks up a described relation's partitioned ancestors (none: every relation is planned
+    /// under its own OID).
+    ancestors_of: Option<PartitionAncestors>,
     mappings: usize,
     documents: HashSet<Vec<String>>,
     mapped: Vec<HashSet<Vec<String>>>,
@@ -95,6 +106,8 @@ impl AffectedKeys {
         AffectedKeys {
             planned,
             resolved: HashMap::new(),
+            partitions: HashMap::new(),
+            ancestors_of: None,
             mappings,
             documents: HashSet::new(),
             mapped: vec![HashSet::new(); mappings],
@@ -105,6 +118,22 @@ impl AffectedKeys {
             opened_at: None,
             changes: 0,
         }
+    }
+
+    /// Changes of partitions count as changes of their planned partitioned ancestors, which
+    /// `ancestors_of` names (nearest first) when a partition is described.
+    pub fn with_partition_ancestors(mut self, ancestors_of: PartitionAncestors) -> Self {
+        self.ancestors_of = Some(ancestors_of);
+        self
+    }
+
+    /// The planned table whose routes a relation's changes take: itself, or the partitioned
+    /// table it is a partition of (as when it was last described).
+    fn planned_as(&self, relation: u32) -> Option<u32> {
+        if self.planned.contains_key(&relation) {
+            return Some(relation);
+        }
+        self.partitions.get(&relation).copied()
     }
 
     /// Applies one decoded message. An error is permanent for the task: the change's documents
@@ -134,7 +163,7 @@ impl AffectedKeys {
                 None => return Err(self.lost_old_row(*relation, "a DELETE")),
             },
             Message::Truncate { relations, .. }
-                if relations.iter().any(|oid| self.planned.contains_key(oid)) =>
+                if relations.iter().any(|oid| self.planned_as(*oid).is_some()) =>
             {
                 self.everything = true;
                 self.touch(now);
@@ -151,7 +180,26 @@ impl AffectedKeys {
     }
 
     fn resolve(&mut self, relation: &Relation) -> Result<(), Failure> {
-        let Some(planned) = self.planned.get(&relation.oid) else {
+        // Described again after an ATTACH or DETACH: its ancestors are looked up again.
+        self.partitions.remove(&relation.oid);
+        self.resolved.remove(&relation.oid);
+        if !self.planned.contains_key(&relation.oid) {
+            let ancestors = self
+                .ancestors_of
+                .as_mut()
+                .map(|ancestors_of| ancestors_of(relation.oid))
+                .unwrap_or_default();
+            if let Some(&ancestor) = ancestors
+                .iter()
+                .find(|ancestor| self.planned.contains_key(ancestor))
+            {
+                self.partitions.insert(relation.oid, ancestor);
+            }
+        }
+        let Some(planned) = self
+            .planned_as(relation.oid)
+            .and_then(|planned| self.planned.get(&planned))
+        else {
             return Ok(());
         };
         let mut routes = Vec::new();
@@ -208,7 +256,7 @@ impl AffectedKeys {
         old: bool,
         now: &dyn Fn() -> Instant,
     ) -> Result<(), Failure> {
-        if !self.planned.contains_key(&relation) {
+        if self.planned_as(relation).is_none() {
             return Ok(());
         }
         let Some(resolved) = self.resolved.get(&relation) else {
@@ -271,8 +319,8 @@ impl AffectedKeys {
 
     fn lost_old_row(&self, relation: u32, change: &str) -> Failure {
         let table = self
-            .planned
-            .get(&relation)
+            .planned_as(relation)
+            .and_then(|planned| self.planned.get(&planned))
             .map_or("a table of the view", |planned| planned.table.as_str());
         Failure::new(
             FailureKind::Source,
@@ -583,5 +631,117 @@ mod tests {
             .unwrap_err()
             .last_error(Some(5));
         assert!(error.contains("without its old row"), "{error}");
+    }
+
+    #[test]
+    fn a_partition_takes_its_partitioned_tables_routes() {
+        // Reviews is partitioned: 201 and 202 are its partitions (202 with its columns in
+        // another order), 203 a partition of another table, and 204 one detached later.
+        let ancestors = |relation: u32| match relation {
+            201 | 202 | 204 => vec![REVIEWS],
+            203 => vec![OTHER],
+            _ => Vec::new(),
+        };
+        let mut collected = collector().with_partition_ancestors(Box::new(ancestors));
+        for message in [
+            relation(
+                201,
+                "reviews_2025",
+                &[("id", true), ("product_id", true), ("stars", true)],
+            ),
+            relation(
+                202,
+                "reviews_2026",
+                &[("stars", true), ("product_id", true), ("id", true)],
+            ),
+            relation(203, "other_1", &[("product_id", true)]),
+        ] {
+            collected.apply(&message, &Instant::now).unwrap();
+        }
+        collected.apply(&begin(7), &Instant::now).unwrap();
+        for (relation, values) in [
+            (201, [Some("1"), Some("10"), Some("5")]),
+            (202, [Some("4"), Some("20"), Some("2")]),
+        ] {
+            collected
+                .apply(
+                    &Message::Insert {
+                        relation,
+                        new: tuple(&values),
+                    },
+                    &Instant::now,
+                )
+                .unwrap();
+        }
+        collected
+            .apply(
+                &Message::Insert {
+                    relation: 203,
+                    new: tuple(&[Some("30")]),
+                },
+                &Instant::now,
+            )
+            .unwrap();
+        collected.apply(&commit(20), &Instant::now).unwrap();
+        let window = collected.take();
+        assert_eq!(window.documents, keys(&[&["10"], &["20"]]));
+        assert_eq!(window.xids, vec![7]);
+
+        // A TRUNCATE of one partition affects every document of the view.
+        collected.apply(&begin(8), &Instant::now).unwrap();
+        collected
+            .apply(
+                &Message::Truncate {
+                    options: 0,
+                    relations: vec![202],
+                },
+                &Instant::now,
+            )
+            .unwrap();
+        collected.apply(&commit(30), &Instant::now).unwrap();
+        assert!(collected.take().everything);
+
+        // A partition of a table the view does not read is ignored, also when truncated.
+        collected.apply(&begin(9), &Instant::now).unwrap();
+        collected
+            .apply(
+                &Message::Truncate {
+                    options: 0,
+                    relations: vec![203],
+                },
+                &Instant::now,
+            )
+            .unwrap();
+        collected.apply(&commit(40), &Instant::now).unwrap();
+        assert!(!collected.take().everything);
+
+        // A partition whose identity lost a route column stops the task, naming the table.
+        let error = collected
+            .apply(
+                &relation(204, "reviews_old", &[("id", true), ("product_id", false)]),
+                &Instant::now,
+            )
+            .unwrap_err()
+            .last_error(Some(5));
+        assert!(error.contains("public.reviews"), "{error}");
+
+        // Without a lookup of ancestors, partitions are unknown relations.
+        let mut plain = collector();
+        plain
+            .apply(
+                &relation(201, "reviews_2025", &[("product_id", true)]),
+                &Instant::now,
+            )
+            .unwrap();
+        plain
+            .apply(
+                &Message::Insert {
+                    relation: 201,
+                    new: tuple(&[Some("10")]),
+                },
+                &Instant::now,
+            )
+            .unwrap();
+        assert!(plain.take().documents.is_empty());
     }
 }

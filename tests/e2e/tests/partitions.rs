@@ -2,6 +2,7 @@
 //! a default partition, partitions created while it streams), on a slot of its own and in the
 //! shared pass; a row that moves between partitions stays one document; a TRUNCATE of the whole
 //! table empties the index, and a TRUNCATE of some partitions deletes exactly their documents. Each step ends with "the index equals SELECT * FROM events".
+//! A view over the partitioned table follows its partitions the same way.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -58,10 +59,25 @@ fn indexed(meili: &Meili, index: &str) -> BTreeMap<String, Value> {
 
 /// Waits until the index holds exactly the table's rows, ids and bodies.
 fn wait_index_matches_events(cluster: &Cluster, meili: &Meili, index: &str) {
+    wait_until_equal(
+        cluster,
+        &format!("index {index} to equal events"),
+        || expected(cluster),
+        || indexed(meili, index),
+    );
+}
+
+/// Waits until `have` returns what `want` returns (documents by id), failing with samples of
+/// what differs after `CONVERGE`.
+fn wait_until_equal(
+    cluster: &Cluster,
+    what: &str,
+    want: impl Fn() -> BTreeMap<String, Value>,
+    have: impl Fn() -> BTreeMap<String, Value>,
+) {
     let deadline = Instant::now() + CONVERGE;
     loop {
-        let want = expected(cluster);
-        let have = indexed(meili, index);
+        let (want, have) = (want(), have());
         if want == have {
             assert_no_crash(cluster);
             return;
@@ -84,7 +100,7 @@ fn wait_index_matches_events(cluster: &Cluster, meili: &Meili, index: &str) {
                 .take(5)
                 .collect();
             panic!(
-                "index {index} does not match events after {CONVERGE:?}: {} rows, {} documents; missing {missing:?}, extra {extra:?}, different {different:?}\n{}",
+                "waited {CONVERGE:?} for {what}: {} rows, {} documents; missing {missing:?}, extra {extra:?}, different {different:?}\n{}",
                 want.len(),
                 have.len(),
                 cluster.tail_log()
@@ -92,6 +108,148 @@ fn wait_index_matches_events(cluster: &Cluster, meili: &Meili, index: &str) {
         }
         std::thread::sleep(Duration::from_millis(250));
     }
+}
+
+/// Waits until the task's catalog row holds `partition` among the partitions its index is in
+/// line with: the worker records them once Meilisearch has confirmed the repair, a moment after
+/// the index is seen in line.
+fn wait_partitions_recorded(cluster: &Cluster, task: i64, partition: &str) {
+    wait_for(
+        "the catalog row to hold the partitions the index is in line with",
+        CONVERGE,
+        || {
+            (cluster.psql(&format!(
+                "SELECT count(*) FROM meili_sync.tasks t, unnest(t.partitions) p WHERE t.id = {task} AND p = '{partition}'::regclass"
+            )) == "1")
+                .then_some(())
+        },
+    );
+}
+
+/// The rows a task logged as sent for partitions attached, the last time.
+fn rows_sent_for_partitions_attached(log: &str) -> Option<u64> {
+    log.lines().rev().find_map(|line| {
+        let (_, after) = line.split_once(": sent ")?;
+        let (count, rest) = after.split_once(' ')?;
+        rest.starts_with("rows of the partitions attached")
+            .then(|| count.parse().ok())
+            .flatten()
+    })
+}
+
+/// A view whose documents are events with the label of their kind (a lookup table, followed by
+/// a mapping), keyed by the event's id alone: a row moved to another partition stays one
+/// document.
+const CREATE_EVENT_DOCUMENTS: &str = "
+CREATE TABLE kinds (id int PRIMARY KEY, label text NOT NULL);
+INSERT INTO kinds VALUES (0, 'zero'), (1, 'one'), (2, 'two');
+CREATE VIEW event_documents AS
+  SELECT e.id, e.at, e.body, k.label FROM events e JOIN kinds k ON k.id = e.id % 3;";
+
+/// The view's documents, by id.
+fn expected_view(cluster: &Cluster) -> BTreeMap<String, Value> {
+    cluster
+        .psql("SELECT jsonb_build_object('id', id, 'at', at, 'body', body, 'label', label)::text FROM event_documents")
+        .lines()
+        .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+        .map(|document| (document["id"].to_string(), document))
+        .collect()
+}
+
+fn indexed_by_id(meili: &Meili, index: &str) -> BTreeMap<String, Value> {
+    meili
+        .all_documents(index)
+        .into_iter()
+        .map(|document| (document["id"].to_string(), document))
+        .collect()
+}
+
+/// Waits until the index holds exactly the view's rows, ids and bodies.
+fn wait_index_matches_view(cluster: &Cluster, meili: &Meili, index: &str) {
+    wait_until_equal(
+        cluster,
+        &format!("index {index} to equal event_documents"),
+        || expected_view(cluster),
+        || indexed_by_id(meili, index),
+    );
+}
+
+/// A view over the partitioned table: changes come from its partitions (and the lookup table's
+/// through its mapping); a TRUNCATE of one partition renders the view again; a partition
+/// detached, dropped or attached with rows has the index repaired, while writes go on.
+fn a_view_follows_the_partitions_of_its_table(decoding: &str) {
+    let cluster = Cluster::start(&[]);
+    let meili = Meili::from_env();
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(CREATE_EVENTS);
+    cluster.psql(CREATE_EVENT_DOCUMENTS);
+    cluster.psql(&insert_events(1, 300));
+    let (index, task) = start_task(
+        &cluster,
+        &meili,
+        None,
+        "event_documents",
+        json!({
+            "primary_key": "id",
+            "decoding": decoding,
+            "mappings": {"kinds": "SELECT e.id FROM public.events e WHERE e.id % 3 = ANY($1::int[])"},
+        }),
+    );
+    cluster.wait_snapshot_done(task, CONVERGE);
+    wait_index_matches_view(&cluster, &meili, &index);
+    assert_eq!(indexed_by_id(&meili, &index).len(), 300);
+
+    // Changes in every partition, a row moved from January to February (the same document, its
+    // date changed), a partition created while the task streams, and a label changed.
+    cluster.psql(&insert_events(301, 400));
+    cluster.psql("UPDATE events SET body = 'changed ' || id WHERE id % 10 = 1");
+    cluster.psql("UPDATE events SET at = date '2026-02-15' WHERE id = 3");
+    cluster.psql("DELETE FROM events WHERE id % 10 = 2");
+    cluster.psql(
+        "CREATE TABLE events_2026_03 PARTITION OF events FOR VALUES FROM ('2026-03-01') TO ('2026-04-01');
+         INSERT INTO events SELECT i, date '2026-03-03', 'march ' || i FROM generate_series(901, 950) AS i;
+         UPDATE kinds SET label = 'ONE' WHERE id = 1",
+    );
+    wait_index_matches_view(&cluster, &meili, &index);
+    let documents = indexed_by_id(&meili, &index);
+    assert_eq!(documents["3"]["at"], "2026-02-15");
+    assert_eq!(documents["904"]["label"], "ONE");
+
+    // TRUNCATE of one partition: the view is rendered again.
+    cluster.psql("TRUNCATE events_2026_01");
+    cluster.psql("INSERT INTO events VALUES (5001, '2026-01-11', 'after the truncate')");
+    wait_index_matches_view(&cluster, &meili, &index);
+    assert!(indexed_by_id(&meili, &index).contains_key("5001"));
+
+    // DETACH and DROP of partitions, with no row change in the WAL: their rows leave the view.
+    cluster.psql("ALTER TABLE events DETACH PARTITION events_2026_03");
+    cluster.psql("DROP TABLE events_2026_02_h1");
+    cluster.psql("INSERT INTO events VALUES (7001, '2026-01-04', 'still the table''s')");
+    wait_index_matches_view(&cluster, &meili, &index);
+    let documents = indexed_by_id(&meili, &index);
+    assert!(!documents.contains_key("904") && documents.contains_key("7001"));
+
+    // ATTACH of a table with rows: they come into the view's index while writes go on.
+    cluster.psql("ALTER TABLE events ATTACH PARTITION events_2026_03 FOR VALUES FROM ('2026-03-01') TO ('2026-04-01')");
+    cluster.psql("INSERT INTO events VALUES (7002, '2026-03-05', 'after the attach')");
+    wait_index_matches_view(&cluster, &meili, &index);
+    let documents = indexed_by_id(&meili, &index);
+    assert!(documents.contains_key("904") && documents.contains_key("7002"));
+    assert_eq!(
+        cluster.status(task).get("state").map(String::as_str),
+        Some("streaming")
+    );
+    wait_partitions_recorded(&cluster, task, "events_2026_03");
+}
+
+#[test]
+fn a_view_over_a_partitioned_table_follows_its_partitions_on_its_own_slot() {
+    a_view_follows_the_partitions_of_its_table("own");
+}
+
+#[test]
+fn a_view_over_a_partitioned_table_follows_its_partitions_in_the_shared_pass() {
+    a_view_follows_the_partitions_of_its_table("shared");
 }
 
 fn streams_through_every_partition(decoding: &str) {
@@ -200,6 +358,15 @@ fn streams_through_every_partition(decoding: &str) {
             && documents.contains_key("7002__2026-03-05"),
         "the attached partition's rows are in the index"
     );
+    // Only the attached partition was read: its 41 rows, less those the stream had sent first.
+    let sent = wait_for("the log of the rows attached", CONVERGE, || {
+        rows_sent_for_partitions_attached(&cluster.server_log())
+    });
+    assert!((39..=42).contains(&sent), "{sent} rows sent");
+    assert!(
+        !cluster.server_log().contains("rows the index lacked"),
+        "no repair of the whole table"
+    );
     assert_eq!(
         cluster.status(task).get("state").map(String::as_str),
         Some("streaming")
@@ -266,18 +433,105 @@ fn partitions_attached_detached_or_dropped_while_the_task_is_paused_are_followed
         documents.contains_key("9001__2026-03-02") && documents.contains_key("9100__2026-01-20")
     );
     assert!(documents.keys().all(|id| !id.contains("2027-")));
-    // The worker records the partitions once Meilisearch has confirmed the repair, which is a
-    // moment after the index is seen in line.
-    wait_for(
-        "the catalog row to hold the partitions the index is in line with",
-        CONVERGE,
-        || {
-            (cluster.psql(&format!(
-                "SELECT count(*) FROM meili_sync.tasks t, unnest(t.partitions) p WHERE t.id = {task} AND p = 'events_2026_03'::regclass"
-            )) == "1")
-                .then_some(())
-        },
+    wait_partitions_recorded(&cluster, task, "events_2026_03");
+}
+
+/// Every path that encodes rows reads a partitioned table through its partitions: the preview
+/// (in key order, a dead letter left out), dead letters from the copy and the stream (in two
+/// partitions) and their retry once fixed, verify, and a resync into a new index.
+#[test]
+fn preview_dead_letters_verify_and_resync_of_a_partitioned_table() {
+    let cluster = Cluster::start(&[]);
+    let meili = Meili::from_env();
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(CREATE_EVENTS);
+    cluster.psql("ALTER TABLE events ADD COLUMN _geo jsonb");
+    cluster.psql(&insert_events(1, 300));
+    // Row 17 is in the default partition, row 42 in January.
+    cluster.psql(r#"UPDATE events SET _geo = '{"lat": "north", "lng": 2}' WHERE id = 17"#);
+    let preview = cluster
+        .psql("SELECT string_agg(d->>'id', ',') FROM meili_sync_preview('events', '{}', 20) d");
+    // The first 20 rows, less the poison row.
+    let want: Vec<String> = (1..=20)
+        .filter(|id| *id != 17)
+        .map(|id: i64| id.to_string())
+        .collect();
+    assert_eq!(
+        preview,
+        want.join(","),
+        "key order across partitions, the poison row left out"
     );
+    let (index, task) = start_task(
+        &cluster,
+        &meili,
+        None,
+        "events",
+        json!({"settings": {"filterableAttributes": ["_geo"]}}),
+    );
+    cluster.wait_snapshot_done(task, CONVERGE);
+    cluster.psql(r#"UPDATE events SET _geo = '"somewhere"' WHERE id = 42"#);
+    let poison = cluster.psql(
+        "SELECT string_agg(id || '__' || at || ':invalid_document_geo_field', ',' ORDER BY id) FROM events WHERE id IN (17, 42)",
+    );
+    let dead_letters = || {
+        cluster.psql(
+            "SELECT string_agg(document_id || ':' || error_code, ',' ORDER BY split_part(document_id, '__', 1)::int) FROM meili_sync_dead_letters",
+        )
+    };
+    wait_for("the poison rows as dead letters", CONVERGE, || {
+        (dead_letters() == poison).then_some(())
+    });
+    cluster.psql("UPDATE events SET _geo = NULL WHERE id IN (17, 42)");
+    assert_eq!(
+        cluster.psql(&format!("SELECT meili_sync_retry_dead_letters({task})")),
+        "2"
+    );
+    assert_eq!(dead_letters(), "");
+    let ids = |index: &str| -> Vec<String> {
+        let mut ids: Vec<String> = indexed(&meili, index).into_keys().collect();
+        ids.sort();
+        ids
+    };
+    let table_ids = || -> Vec<String> {
+        let mut ids: Vec<String> = expected(&cluster).into_keys().collect();
+        ids.sort();
+        ids
+    };
+    wait_for("every row in the index", CONVERGE, || {
+        (ids(&index) == table_ids()).then_some(())
+    });
+    let verify = || {
+        cluster.psql(&format!(
+            "SELECT rows_checked || ':' || missing + extra + different FROM meili_sync_verify({task})"
+        ))
+    };
+    wait_for("verify to find the index equal", CONVERGE, || {
+        (verify() == "300:0").then_some(())
+    });
+
+    // A resync copies the partitions into a new index and swaps it in.
+    let helper: i64 = cluster
+        .psql(&format!("SELECT meili_sync_resync({task})"))
+        .parse()
+        .expect("helper task id");
+    cluster.psql("INSERT INTO events VALUES (9000, '2026-01-09', 'during the resync', NULL)");
+    wait_for("the resync to finish", CONVERGE, || {
+        (cluster.psql(&format!(
+            "SELECT count(*) FROM meili_sync.tasks WHERE id = {helper}"
+        )) == "0")
+            .then_some(())
+    });
+    wait_for("every row in the resynced index", CONVERGE, || {
+        (ids(&index) == table_ids()).then_some(())
+    });
+    assert!(ids(&index).contains(&"9000__2026-01-09".to_owned()));
+    assert!(cluster
+        .server_log()
+        .contains("resync swapped in the new index"));
+    wait_for("verify to find the resynced index equal", CONVERGE, || {
+        (verify() == "301:0").then_some(())
+    });
+    assert_no_crash(&cluster);
 }
 
 #[test]
@@ -350,15 +604,33 @@ fn a_partition_whose_changes_cannot_be_followed_is_refused_by_name() {
     assert!(refused
         .hint
         .contains("ALTER TABLE public.events_2026_02_h1 REPLICA IDENTITY"));
+    // A view over the table is refused the same way, naming the partition.
+    cluster.psql(CREATE_EVENT_DOCUMENTS);
+    let view_options = meili.options(json!({
+        "primary_key": "id",
+        "mappings": {"kinds": "SELECT e.id FROM public.events e WHERE e.id % 3 = ANY($1::int[])"},
+    }));
+    let start_view =
+        format!("SELECT meili_sync_start('event_documents', 'event_documents', '{view_options}')");
+    let refused = refusal(&cluster, &start_view);
+    assert_eq!(refused.sqlstate, "55000", "{refused:?}");
+    assert!(
+        refused
+            .message
+            .contains("public.events_2026_02_h1 (partition of public.events) (id)"),
+        "{refused:?}"
+    );
     cluster.psql("ALTER TABLE events_2026_02_h1 REPLICA IDENTITY DEFAULT");
     cluster.psql(
         "CREATE UNLOGGED TABLE events_2028 (id bigint NOT NULL, at date NOT NULL, body text, PRIMARY KEY (id, at));
          ALTER TABLE events DETACH PARTITION events_default;
          ALTER TABLE events ATTACH PARTITION events_2028 FOR VALUES FROM ('2028-01-01') TO ('2029-01-01')",
     );
-    let refused = refusal(&cluster, &start);
-    assert_eq!(refused.sqlstate, "22023", "{refused:?}");
-    assert!(refused.message.contains("events_2028"), "{refused:?}");
+    for sql in [&start, &start_view] {
+        let refused = refusal(&cluster, sql);
+        assert_eq!(refused.sqlstate, "22023", "{refused:?}");
+        assert!(refused.message.contains("events_2028"), "{refused:?}");
+    }
     assert_eq!(
         cluster.psql("SELECT count(*) FROM meili_sync.tasks"),
         "0",

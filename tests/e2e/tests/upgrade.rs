@@ -254,6 +254,10 @@ fn a_restored_dump_brings_the_tasks_back_stopped_until_they_copy_again() {
         wait_index_matches_table(&source, &meili, index, "products", CONVERGE);
     }
     let secrets = source.psql("SELECT count(*) FROM meili_sync.task_secrets");
+    // The partitions a task's index is in line with are OIDs of the dumped cluster.
+    source.psql(&format!(
+        "UPDATE meili_sync.tasks SET partitions = ARRAY[16384, 16385]::oid[] WHERE id = {own}"
+    ));
     let dump = source.socket_dir.join("database.dump");
     let dumped = source
         .client_command("pg_dump")
@@ -293,6 +297,11 @@ fn a_restored_dump_brings_the_tasks_back_stopped_until_they_copy_again() {
         target.psql("SELECT count(*) FROM meili_sync.task_secrets"),
         secrets,
         "the tasks' keys came back with them"
+    );
+    assert_eq!(
+        target.psql("SELECT count(*) FROM meili_sync.tasks WHERE partitions IS NOT NULL"),
+        "0",
+        "the other cluster's partition OIDs are forgotten"
     );
     target.psql(&products::insert_sql(101, 120));
     std::thread::sleep(Duration::from_secs(3));
