@@ -248,27 +248,12 @@ impl Context {
         sample_limit: usize,
         damaged: &mut OnDamagedRows<'_>,
     ) -> Result<(), SyncError> {
-        let pages = (
-            self.plan.first_page_query.as_str(),
-            self.plan.next_page_query.as_str(),
-        );
-        self.compare_pages(pages, findings, sample_limit, damaged)
-    }
-
-    /// Pass 1 over the rows the page queries `(first, next)` read.
-    fn compare_pages(
-        &self,
-        (first_page_query, next_page_query): (&str, &str),
-        findings: &mut Findings,
-        sample_limit: usize,
-        damaged: &mut OnDamagedRows<'_>,
-    ) -> Result<(), SyncError> {
         let mut after: Option<Vec<String>> = None;
         let mut pages = PageSizer::new(self.plan.page_rows);
         loop {
             let (query, key) = match &after {
-                Some(key) => (next_page_query, Some(key.as_slice())),
-                None => (first_page_query, None),
+                Some(key) => (&self.plan.next_page_query, Some(key.as_slice())),
+                None => (&self.plan.first_page_query, None),
             };
             let limit = pages.rows();
             let rows = self.as_owner(|| {
@@ -441,6 +426,13 @@ impl Context {
         if documents.is_empty() {
             return Ok(0);
         }
+        let uid = self.enqueue(documents)?;
+        self.wait_succeeded(uid, "re-sending documents")?;
+        Ok(documents.len() as i64)
+    }
+
+    /// Enqueues documents of locked rows in Meilisearch; returns its task's uid.
+    fn enqueue(&self, documents: &[(String, Value, Vec<String>)]) -> Result<u64, SyncError> {
         let mut body = Vec::new();
         for (_, document, _) in documents {
             body.extend_from_slice(document.to_string().as_bytes());
@@ -451,12 +443,9 @@ impl Context {
         } else {
             Operation::Replace
         };
-        let uid = self
-            .client
+        self.client
             .send_batch(&self.task.index_uid, self.primary_key(), op, &body, false)
-            .map_err(meili_error("re-sending documents"))?;
-        self.wait_succeeded(uid, "re-sending documents")?;
-        Ok(documents.len() as i64)
+            .map_err(meili_error("re-sending documents"))
     }
 
     /// Deletes documents whose row does not exist, checked again while writes are blocked.
@@ -568,36 +557,81 @@ pub fn repair(task: TaskRecord) -> Result<Repairs, SyncError> {
     Ok(repairs)
 }
 
+/// Before `repair_partitions`, in a transaction of its own that the caller ends at once: locks
+/// each of the partitions attached against writes for that moment (as the table's owner), which
+/// waits for the writers whose commits the stream has read but which may not be visible yet.
+/// False, with nothing locked, when a partition cannot be read on its own as the table's owner
+/// reads the table (another owner, or row-level security of its own): then only `repair` brings
+/// its rows in.
+pub fn wait_for_partition_writers(
+    task: &TaskRecord,
+    partitions: &[u32],
+) -> Result<bool, SyncError> {
+    let owner = catalog::relation_info(task.relid)?.owner;
+    let mut names = Vec::new();
+    for &partition in partitions {
+        let partition = pg_sys::Oid::from(partition);
+        if !catalog::reads_like_its_root(partition, owner)? {
+            return Ok(false);
+        }
+        names.push(catalog::relation_info(partition)?.query_name());
+    }
+    for name in &names {
+        security::as_table_owner(owner, || catalog::lock_table_against_writes(name))?;
+    }
+    Ok(true)
+}
+
 /// After an ATTACH PARTITION of tables with rows (`partitions`, leaf partitions of the task's
-/// partitioned table): sends the rows of those partitions that the index lacks or holds in
-/// another version, reading only them, so the work grows with the partitions attached and not
-/// with the table. An attach deletes no row, so the index is not browsed. None, with nothing
-/// done, when a partition cannot be read on its own as the table's owner reads the table (no
-/// SELECT on it, or row-level security of its own): then only `repair` brings its rows in.
-pub fn repair_partitions(task: TaskRecord, partitions: &[u32]) -> Result<Option<i64>, SyncError> {
+/// partitioned table), from the task's stream, once `wait_for_partition_writers` returned true:
+/// sends every row of those partitions, reading only them, so the work grows with the partitions
+/// attached and not with the table. The pages are enqueued one after the other and waited for
+/// together, which lets Meilisearch batch them. Unlike `repair`, the rows are not locked: the
+/// stream reads no change while this runs, so a change committed after a page was read is
+/// enqueued after that page, and one the stream read before is visible to every page (see
+/// `wait_for_partition_writers`); no newer version is overtaken. An attach deletes no row, so
+/// the index is not browsed. Returns how many rows were sent.
+pub fn repair_partitions(task: TaskRecord, partitions: &[u32]) -> Result<i64, SyncError> {
     let context = Context::new(task)?;
     let mut queries = Vec::new();
     for &partition in partitions {
-        let partition = pg_sys::Oid::from(partition);
-        if !catalog::reads_like_its_root(partition, context.plan.table_owner)? {
-            return Ok(None);
-        }
-        let info = catalog::relation_info(partition)?;
+        let info = catalog::relation_info(pg_sys::Oid::from(partition))?;
         queries.push(catalog::page_queries(
             &info.query_name(),
             &context.column_names,
             &context.key,
         ));
     }
-    let mut resent = 0;
+    let width = context.plan.shape.columns().len();
+    let mut sent = 0;
+    let mut enqueued = Vec::new();
     for query in &queries {
-        let pages = (query.first_page.as_str(), query.next_page.as_str());
-        context.compare_pages(pages, &mut Findings::default(), 0, &mut |context, keys| {
-            resent += context.send(&context.locked_rows(keys)?.documents)?;
-            Ok(())
-        })?;
+        let mut after: Option<Vec<String>> = None;
+        let mut pages = PageSizer::new(context.plan.page_rows);
+        loop {
+            let (page_query, key) = match &after {
+                Some(key) => (&query.next_page, Some(key.as_slice())),
+                None => (&query.first_page, None),
+            };
+            let limit = pages.rows();
+            let rows = context.as_owner(|| catalog::read_page(page_query, key, limit, width))?;
+            pages.read(&rows);
+            // Rows that are dead letters are left to the stream's dead letters, as in `repair`.
+            let documents = context.encode(&rows).documents;
+            if !documents.is_empty() {
+                enqueued.push(context.enqueue(&documents)?);
+                sent += documents.len() as i64;
+            }
+            if rows.len() < limit {
+                break;
+            }
+            after = rows.last().map(|last| context.plan.shape.key_of_row(last));
+        }
     }
-    Ok(Some(resent))
+    for uid in enqueued {
+        context.wait_succeeded(uid, "sending the rows of partitions attached")?;
+    }
+    Ok(sent)
 }
 
 #[cfg(test)]

@@ -86,16 +86,16 @@ pub fn may_select(role: pg_sys::Oid, relid: pg_sys::Oid) -> CatalogResult<bool> 
     .unwrap_or(false))
 }
 
-/// Whether the partition `partition` reads as its partitioned table does for `role` (its owner):
-/// `role` may SELECT it, and it has no row-level security of its own (a query through the
-/// partitioned table applies only the partitioned table's).
-pub fn reads_like_its_root(partition: pg_sys::Oid, role: pg_sys::Oid) -> CatalogResult<bool> {
-    Ok(may_select(role, partition)?
-        && select_one::<bool>(
-            "SELECT NOT c.relrowsecurity FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) $1",
-            &[partition.into()],
-        )?
-        .unwrap_or(false))
+/// Whether the partition `partition` can be read and locked on its own as its partitioned table
+/// is, by that table's owner `owner`: `owner` owns it too, and it has no row-level security of
+/// its own (a query through the partitioned table applies only the partitioned table's).
+pub fn reads_like_its_root(partition: pg_sys::Oid, owner: pg_sys::Oid) -> CatalogResult<bool> {
+    Ok(select_one::<bool>(
+        "SELECT c.relowner OPERATOR(pg_catalog.=) $2 AND NOT c.relrowsecurity
+           FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) $1",
+        &[partition.into(), owner.into()],
+    )?
+    .unwrap_or(false))
 }
 
 /// Whether the current role has the rights of `role` (is it, a member of it, or a superuser).

@@ -15,7 +15,9 @@ use crate::failure::{Advice, Failure, FailureKind};
 use crate::options::TaskOptions;
 use crate::plan::{check_task_source, SnapshotPlan};
 use crate::shmem::LiveStatus;
-use crate::worker::control::{in_transaction, in_user_transaction_retrying, Stop};
+use crate::worker::control::{
+    in_transaction, in_user_transaction, in_user_transaction_retrying, Stop,
+};
 
 /// How often a task looks for partitions detached, dropped or attached.
 const LOOK_INTERVAL: Duration = Duration::from_secs(2);
@@ -241,9 +243,10 @@ impl PartitionWatch {
     }
 }
 
-/// Sends the rows of the partitions `attached` (those still partitions of `roots`) that the
-/// index lacks, reading only them (`verify::repair_partitions`). False, with nothing done, when
-/// one of them cannot be read on its own: then the whole table is repaired.
+/// Sends the rows of the partitions `attached` (those still partitions of `roots`), reading only
+/// them (`verify::repair_partitions`), once their writers are visible
+/// (`verify::wait_for_partition_writers`). False, with nothing done, when one of them cannot be
+/// read on its own: then the whole table is repaired.
 fn repair_partitions(
     task: &TaskRecord,
     roots: &[u32],
@@ -253,35 +256,39 @@ fn repair_partitions(
     if attached.is_empty() {
         return Ok(true);
     }
-    let resent = in_user_transaction_retrying(
+    // One detached or dropped since is pruned instead (its documents are gone too).
+    let attached = in_transaction(live, "looking at the partitions attached", || {
+        let mut still = Vec::new();
+        for &root in roots {
+            still.extend(catalog::partition_leaves_now(pg_sys::Oid::from(root))?);
+        }
+        Ok(attached
+            .iter()
+            .copied()
+            .filter(|leaf| still.iter().any(|(other, _)| other == leaf))
+            .collect::<Vec<u32>>())
+    })?;
+    let readable = in_user_transaction(
+        live,
+        "waiting for the writers of partitions attached",
+        Advice::FixThenResume,
+        || crate::verify::wait_for_partition_writers(task, &attached),
+    )?;
+    if !readable {
+        return Ok(false);
+    }
+    let sent = in_user_transaction_retrying(
         live,
         "sending the rows of partitions attached",
         Advice::FixThenResume,
         |error| error.kind == ErrorKind::Meilisearch,
-        || {
-            // One detached or dropped since is pruned instead (its documents are gone too).
-            let mut still = Vec::new();
-            for &root in roots {
-                still.extend(catalog::partition_leaves_now(pg_sys::Oid::from(root))?);
-            }
-            let attached: Vec<u32> = attached
-                .iter()
-                .copied()
-                .filter(|leaf| still.iter().any(|(other, _)| other == leaf))
-                .collect();
-            crate::verify::repair_partitions(task.clone(), &attached)
-        },
+        || crate::verify::repair_partitions(task.clone(), &attached),
     )?;
-    match resent {
-        Some(resent) => {
-            log!(
-                "pg_meili_sync task {}: sent {resent} rows of the partitions attached",
-                task.id
-            );
-            Ok(true)
-        }
-        None => Ok(false),
-    }
+    log!(
+        "pg_meili_sync task {}: sent {sent} rows of the partitions attached",
+        task.id
+    );
+    Ok(true)
 }
 
 /// Sends the rows the index lacks or holds in another version, and deletes the documents of rows
