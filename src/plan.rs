@@ -150,6 +150,9 @@ pub struct SnapshotPlan {
     pub partitioned_roots: Vec<u32>,
     /// Their leaf partitions now, in OID order.
     pub partitions: Vec<u32>,
+    /// The source's columns the page queries read, in the order of `shape`'s columns (whose
+    /// names are the documents' fields: a `geo` column's is `_geo`).
+    pub source_columns: Vec<String>,
 }
 
 pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPlan, SyncError> {
@@ -286,6 +289,7 @@ pub fn source_plan(
         table_owner: info.owner,
         partitioned_roots,
         partitions,
+        source_columns: column_names,
     })
 }
 

@@ -157,6 +157,7 @@ struct Context {
     client: Client,
     key: Vec<(String, String)>,
     key_kinds: Vec<ValueKind>,
+    /// The source's columns, as the rows are read (`SnapshotPlan::source_columns`).
     column_names: Vec<String>,
     upsert: bool,
 }
@@ -179,7 +180,7 @@ impl Context {
             .iter()
             .map(|&index| columns[index].kind.clone())
             .collect();
-        let column_names = columns.iter().map(|column| column.name.clone()).collect();
+        let column_names = plan.source_columns.clone();
         let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
             .map_err(meili_error("cannot reach Meilisearch"))?;
         Ok(Context {

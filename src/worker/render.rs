@@ -179,12 +179,8 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
                 let plan = plan::source_plan(task.relid, &task.primary_key, options)?;
                 view.check_follows_every_table(task.relid, task.id)?;
                 catalog::refuse_rows_by_who_asks(task.relid, &view.view)?;
-                let columns: Vec<String> = plan
-                    .shape
-                    .columns()
-                    .iter()
-                    .map(|column| column.name.clone())
-                    .collect();
+                // The view's columns, not the documents' fields (a `geo` column's is `_geo`).
+                let columns = plan.source_columns.clone();
                 security::as_table_owner(plan.table_owner, || {
                     let keys = catalog::canonical_keys(&view.key, &keys)?;
                     let mut rows = Vec::new();

@@ -316,4 +316,150 @@ fn other_geometries_become_geojson_and_unreadable_ones_are_dead_letters() {
         )),
         "8 0 0 0"
     );
+
+    // A retry while one row is still out of range is refused, naming it, and clears nothing;
+    // once every row is fixed, the retry sends them all and the dead letters are gone.
+    cluster.psql("UPDATE shapes SET shape = ST_Transform(shape, 4326) WHERE id IN (5, 7)");
+    let still_bad = refusal(
+        &cluster,
+        &format!("SELECT meili_sync_retry_dead_letters({task})"),
+    );
+    assert_eq!(still_bad.sqlstate, "55000", "{still_bad:?}");
+    assert!(still_bad.message.contains("latitude 95"), "{still_bad:?}");
+    let dead_letters = || {
+        cluster.psql(&format!(
+            "SELECT count(*) FROM meili_sync_dead_letters WHERE task = {task}"
+        ))
+    };
+    assert_eq!(dead_letters(), "3", "a refused retry clears nothing");
+    cluster.psql("UPDATE shapes SET shape = 'SRID=4326;POINT(2.35 85)' WHERE id = 6");
+    wait_index_matches(&cluster, &meili, &index, SHAPES);
+    // The updates above streamed: the rows are in the index, and the retry sends them again.
+    assert_eq!(
+        cluster.psql(&format!("SELECT meili_sync_retry_dead_letters({task})")),
+        "3"
+    );
+    assert_eq!(dead_letters(), "0");
+    wait_index_matches(&cluster, &meili, &index, SHAPES);
+    assert_eq!(indexed(&meili, &index).len(), 8);
+}
+
+/// A `geometry(Point, 4326)` column of a partitioned table: points become `_geo` through the
+/// copy and the stream of every partition, a point beyond the pole is a dead letter of its
+/// partition, and the rest lands.
+#[test]
+fn a_typed_point_column_of_a_partitioned_table_becomes_geo() {
+    let Some(cluster) = cluster_with_extension(
+        "postgis",
+        "scripts/setup.sh installs postgresql-15-postgis-3",
+    ) else {
+        return;
+    };
+    let meili = Meili::from_env();
+    cluster.psql(
+        "CREATE TABLE stops (id int NOT NULL, line int NOT NULL, at geometry(Point, 4326),
+                             PRIMARY KEY (id, line)) PARTITION BY LIST (line);
+         CREATE TABLE stops_1 PARTITION OF stops FOR VALUES IN (1);
+         CREATE TABLE stops_other PARTITION OF stops DEFAULT;
+         INSERT INTO stops SELECT i, 1 + i % 3, ST_SetSRID(ST_MakePoint(2.3 + i / 1000.0, 48.8 + i / 2000.0), 4326)
+           FROM generate_series(1, 60) i",
+    );
+    let query = "SELECT jsonb_build_object('_pk', id || '__' || line, 'id', id, 'line', line,
+                        '_geo', jsonb_build_object('lat', ST_Y(at), 'lng', ST_X(at)))::text
+                   FROM stops WHERE ST_Y(at) <= 90";
+    let by_key = |documents: Vec<Value>| -> BTreeMap<String, Value> {
+        documents
+            .into_iter()
+            .map(|document| {
+                (
+                    document["_pk"].as_str().unwrap_or_default().to_owned(),
+                    document,
+                )
+            })
+            .collect()
+    };
+    let (index, task) = start_task(&cluster, &meili, None, "stops", json!({"geo": "at"}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    cluster.psql(
+        "INSERT INTO stops VALUES (61, 1, 'SRID=4326;POINT(2.35 48.86)'), (62, 2, 'SRID=4326;POINT(2.35 95)');
+         UPDATE stops SET at = 'SRID=4326;POINT(-73.98 40.75)' WHERE id = 3",
+    );
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let want = by_key(
+            cluster
+                .psql(query)
+                .lines()
+                .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+                .collect(),
+        );
+        let have = by_key(meili.all_documents(&index));
+        let same_points = want.len() == have.len()
+            && want.iter().all(|(key, document)| {
+                have.get(key).is_some_and(|found| {
+                    same(&found["_geo"], &document["_geo"]) && found.get("at").is_none()
+                })
+            });
+        if same_points {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{} rows, {} documents\n{}",
+            want.len(),
+            have.len(),
+            cluster.tail_log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let dead = wait_for("the dead letter of row 62", CONVERGE, || {
+        let rows = cluster.psql(&format!(
+            "SELECT document_id || ' ' || error_code FROM meili_sync_dead_letters WHERE task = {task}"
+        ));
+        (!rows.is_empty()).then_some(rows)
+    });
+    assert_eq!(dead, "62__2 invalid_document_geo_field");
+
+    // A partition attached with rows is read alone; its points come in as `_geo` too.
+    cluster.psql(
+        "CREATE TABLE stops_9 (LIKE stops INCLUDING ALL);
+         INSERT INTO stops_9 VALUES (900, 9, 'SRID=4326;POINT(2.1 48.7)');
+         ALTER TABLE stops ATTACH PARTITION stops_9 FOR VALUES IN (9)",
+    );
+    let geo_of = |index: &str, key: &str| {
+        by_key(meili.all_documents(index))
+            .get(key)
+            .map(|document| document["_geo"].clone())
+    };
+    wait_for("the attached stop in the index", CONVERGE, || {
+        geo_of(&index, "900__9")
+            .filter(|geo| same(geo, &json!({"lat": 48.7, "lng": 2.1})))
+            .map(|_| ())
+    });
+
+    // A view of the partitioned table with the option renders the view's point column as
+    // `_geo`, in the copy and after a change.
+    cluster.psql("CREATE VIEW line_one AS SELECT s.id, s.at FROM stops s WHERE s.line = 1");
+    let (view_index, view_task) = start_task(
+        &cluster,
+        &meili,
+        None,
+        "line_one",
+        json!({"primary_key": "id", "geo": "at"}),
+    );
+    cluster.wait_snapshot_done(view_task, CONVERGE);
+    cluster.psql("UPDATE stops SET at = 'SRID=4326;POINT(2.2 48.9)' WHERE id = 3 AND line = 1");
+    wait_for("the view's changed point", CONVERGE, || {
+        let documents = meili.all_documents(&view_index);
+        let three = documents
+            .iter()
+            .find(|document| document["id"] == json!(3))?;
+        (same(&three["_geo"], &json!({"lat": 48.9, "lng": 2.2})) && three.get("at").is_none())
+            .then_some(())
+    });
+    assert_eq!(
+        meili.all_documents(&view_index).len().to_string(),
+        cluster.psql("SELECT count(*) FROM line_one")
+    );
+    assert_no_crash(&cluster);
 }
