@@ -96,6 +96,47 @@ unsafe extern "C-unwind" fn leave_database_first(
     if wakes {
         shmem::wake_launcher_at_commit();
     }
+    // SAFETY: as above.
+    if unsafe { may_change_partitions(node) } {
+        shmem::note_partitions_changed_at_commit();
+    }
+}
+
+/// Whether `node` may attach, detach or drop a partition: an `ALTER TABLE` with `ATTACH` or
+/// `DETACH PARTITION` (also its `FINALIZE`), or a `DROP TABLE`.
+///
+/// # Safety
+/// `node` is a valid utility statement node (or null).
+unsafe fn may_change_partitions(node: *mut pg_sys::Node) -> bool {
+    if node.is_null() {
+        return false;
+    }
+    // SAFETY: each cast follows the node's tag; the command list is the parser's.
+    unsafe {
+        match (*node).type_ {
+            pg_sys::NodeTag::T_AlterTableStmt => {
+                let commands = (*node.cast::<pg_sys::AlterTableStmt>()).cmds;
+                if commands.is_null() {
+                    return false;
+                }
+                (0..(*commands).length).any(|index| {
+                    let command = (*(*commands).elements.add(index as usize)).ptr_value
+                        as *mut pg_sys::AlterTableCmd;
+                    !command.is_null()
+                        && matches!(
+                            (*command).subtype,
+                            pg_sys::AlterTableType::AT_AttachPartition
+                                | pg_sys::AlterTableType::AT_DetachPartition
+                                | pg_sys::AlterTableType::AT_DetachPartitionFinalize
+                        )
+                })
+            }
+            pg_sys::NodeTag::T_DropStmt => {
+                (*node.cast::<pg_sys::DropStmt>()).removeType == pg_sys::ObjectType::OBJECT_TABLE
+            }
+            _ => false,
+        }
+    }
 }
 
 /// Whether `node` creates or updates the extension, or copies rows into its catalog (a

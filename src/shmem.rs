@@ -338,6 +338,8 @@ impl DatabaseLauncher {
 pub struct SharedState {
     /// The cluster launcher's latch: it starts the databases' launchers.
     cluster_latch: usize,
+    /// Commits that attached, detached or dropped a table (`note_partitions_changed_at_commit`).
+    partitions_changed: u64,
     databases: [DatabaseLauncher; DATABASES],
     entries: [LiveEntry; crate::gucs::TASK_ENTRIES],
     waiters: [Waiter; WAITERS],
@@ -347,6 +349,7 @@ impl Default for SharedState {
     fn default() -> Self {
         SharedState {
             cluster_latch: 0,
+            partitions_changed: 0,
             databases: [DatabaseLauncher::FREE; DATABASES],
             entries: [LiveEntry::EMPTY; crate::gucs::TASK_ENTRIES],
             waiters: [Waiter::FREE; WAITERS],
@@ -680,6 +683,35 @@ pub fn wake_launcher_at_commit() {
             WAKE_PENDING.store(false, Ordering::Relaxed);
         });
     }
+}
+
+static PARTITIONS_PENDING: std::sync::atomic::AtomicBool =
+    std::sync::atomic::AtomicBool::new(false);
+
+/// When the transaction commits, counts a change that may have attached, detached or dropped a
+/// partition (`partitions_changed`) and wakes this database's workers: a task on a partitioned
+/// table then looks at its partitions at once rather than at its next look.
+pub fn note_partitions_changed_at_commit() {
+    use pgrx::{register_xact_callback, PgXactCallbackEvent};
+    use std::sync::atomic::Ordering;
+    if !PARTITIONS_PENDING.swap(true, Ordering::Relaxed) {
+        register_xact_callback(PgXactCallbackEvent::Commit, || {
+            PARTITIONS_PENDING.store(false, Ordering::Relaxed);
+            {
+                let mut state = STATE.exclusive();
+                state.partitions_changed = state.partitions_changed.wrapping_add(1);
+            }
+            wake_task_workers();
+        });
+        register_xact_callback(PgXactCallbackEvent::Abort, || {
+            PARTITIONS_PENDING.store(false, Ordering::Relaxed);
+        });
+    }
+}
+
+/// How many commits may have attached, detached or dropped a partition since the server started.
+pub fn partitions_changed() -> u64 {
+    STATE.share().partitions_changed
 }
 
 /// Publishes the cluster launcher's latch.

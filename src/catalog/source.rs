@@ -135,6 +135,12 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
 /// rows the WAL never carried as the table's changes (an ATTACH, or rows written in the very
 /// transaction that created and attached it).
 pub fn partition_leaves_now(root: pg_sys::Oid) -> CatalogResult<Vec<(u32, bool)>> {
+    // pg_partition_tree locks the partitions but not the table: locked first here, as a query
+    // on the table locks it, so that an ALTER TABLE … DETACH PARTITION (which holds the table and
+    // waits for the partition) never waits for us in a cycle while we wait for the table.
+    // SAFETY: a heavyweight lock by OID inside a transaction, released at its end; an OID of a
+    // relation dropped meanwhile is locked harmlessly.
+    unsafe { pg_sys::LockRelationOid(root, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
     Spi::connect(|client| {
         let rows = client.select(
             "SELECT t.relid, pg_catalog.pg_relation_size(t.relid) OPERATOR(pg_catalog.>) 0

@@ -14,12 +14,13 @@ use crate::error::ErrorKind;
 use crate::failure::{Advice, Failure, FailureKind};
 use crate::options::TaskOptions;
 use crate::plan::{check_task_source, SnapshotPlan};
-use crate::shmem::LiveStatus;
+use crate::shmem::{self, LiveStatus};
 use crate::worker::control::{
     in_transaction, in_user_transaction, in_user_transaction_retrying, Stop,
 };
 
-/// How often a task looks for partitions detached, dropped or attached.
+/// How often a task looks for partitions detached, dropped or attached, besides at once after a
+/// commit that may have changed some (`shmem::note_partitions_changed_at_commit`).
 const LOOK_INTERVAL: Duration = Duration::from_secs(2);
 
 pub struct PartitionWatch {
@@ -47,6 +48,8 @@ pub struct PartitionWatch {
     /// The leaf partitions the catalog says the index is in line with (`catalog::save_partitions`).
     stored: Option<Vec<u32>>,
     next_look: Instant,
+    /// `shmem::partitions_changed` at the last look: when it moves, the next look is now.
+    changes_seen: u64,
 }
 
 impl PartitionWatch {
@@ -79,6 +82,7 @@ impl PartitionWatch {
                 .unwrap_or_else(|| plan.partitions.clone()),
             stored: task.partitions.clone(),
             next_look: Instant::now(),
+            changes_seen: shmem::partitions_changed(),
         })
     }
 
@@ -115,10 +119,12 @@ impl PartitionWatch {
     /// key), then its rows are brought in by a repair, which sends what the index lacks. A new
     /// partition without pages (created ahead) streams like the others.
     pub fn look(&mut self, live: LiveStatus) -> Result<(), Stop> {
-        if Instant::now() < self.next_look {
+        let changes = shmem::partitions_changed();
+        if Instant::now() < self.next_look && changes == self.changes_seen {
             return Ok(());
         }
         self.next_look = Instant::now() + LOOK_INTERVAL;
+        self.changes_seen = changes;
         let roots = &self.roots;
         let (leaves, now) = in_transaction(live, "looking at the partitions", || {
             let mut leaves = Vec::new();
@@ -239,7 +245,9 @@ impl PartitionWatch {
 
     /// Something is due, or a look: the stream is not quiet.
     pub fn pending(&self) -> bool {
-        self.due_at.is_some() || Instant::now() >= self.next_look
+        self.due_at.is_some()
+            || Instant::now() >= self.next_look
+            || shmem::partitions_changed() != self.changes_seen
     }
 }
 
