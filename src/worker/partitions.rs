@@ -211,16 +211,17 @@ impl PartitionWatch {
         let Some(position) = due else {
             return Ok(settled);
         };
-        let attached = std::mem::take(&mut self.attached);
         // A view's documents may be made of rows of several partitions and tables: repaired
         // whole, bodies compared.
-        let whole = self.is_view || !repair_partitions(&self.task, &self.roots, &attached, live)?;
+        let whole =
+            self.is_view || !repair_partitions(&self.task, &self.roots, &self.attached, live)?;
         if whole {
             repair_index(&self.task, live)?;
         } else if self.prune {
             prune_index(&self.task, live)?;
         }
         self.due_at = None;
+        self.attached.clear();
         self.prune = false;
         self.store(live)?;
         Ok(Some(position))
