@@ -146,17 +146,37 @@ pub struct SnapshotPlan {
     /// The table's owner: pages are read with its rights (see `security::as_table_owner`).
     pub table_owner: pgrx::pg_sys::Oid,
     /// The partitioned tables whose partitions the task follows: its table when that is
-    /// partitioned, or the partitioned tables its view reads.
+    /// partitioned, or the partitioned tables its view reads. Filled by `build_plan` (a worker's
+    /// copy and stream), left empty by `source_plan` (a render, a preview).
     pub partitioned_roots: Vec<u32>,
-    /// Their leaf partitions now, in OID order.
+    /// Their leaf partitions when planned, in OID order.
     pub partitions: Vec<u32>,
     /// The source's columns the page queries read, in the order of `shape`'s columns (whose
     /// names are the documents' fields: a `geo` column's is `_geo`).
     pub source_columns: Vec<String>,
 }
 
+/// The plan of a task's copy and stream: `source_plan`, with the partitioned tables whose
+/// partitions the task follows.
 pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPlan, SyncError> {
-    source_plan(task.relid, &task.primary_key, options)
+    let mut plan = source_plan(task.relid, &task.primary_key, options)?;
+    let info = catalog::relation_info(task.relid)?;
+    plan.partitioned_roots = if info.is_view() {
+        catalog::base_tables(task.relid)?
+            .into_iter()
+            .filter(|table| table.relkind == RelationKind::PartitionedTable)
+            .map(|table| table.relid.to_u32())
+            .collect()
+    } else if info.is_partitioned() {
+        vec![task.relid.to_u32()]
+    } else {
+        Vec::new()
+    };
+    plan.partitions = catalog::leaves_of(&plan.partitioned_roots)?
+        .into_iter()
+        .map(|(leaf, _)| leaf)
+        .collect();
+    Ok(plan)
 }
 
 /// What a worker checks again before it copies or streams a task, since `meili_sync_start`
@@ -252,27 +272,6 @@ pub fn source_plan(
     })?;
     let page_rows = options.batch_size.clamp(100, 10_000);
     let queries = catalog::page_queries(&info.query_name(), &column_names, &key_types);
-    let partitioned_roots: Vec<u32> = if info.is_view() {
-        catalog::base_tables(relid)?
-            .into_iter()
-            .filter(|table| table.relkind == RelationKind::PartitionedTable)
-            .map(|table| table.relid.to_u32())
-            .collect()
-    } else if info.is_partitioned() {
-        vec![relid.to_u32()]
-    } else {
-        Vec::new()
-    };
-    let mut partitions = Vec::new();
-    for &root in &partitioned_roots {
-        partitions.extend(
-            catalog::partition_leaves_now(pg_sys::Oid::from(root))?
-                .into_iter()
-                .map(|(leaf, _)| leaf),
-        );
-    }
-    partitions.sort_unstable();
-    partitions.dedup();
     Ok(SnapshotPlan {
         first_page_query: queries.first_page,
         next_page_query: queries.next_page,
@@ -287,8 +286,8 @@ pub fn source_plan(
             max_age: Duration::from_millis(options.flush_interval_ms),
         },
         table_owner: info.owner,
-        partitioned_roots,
-        partitions,
+        partitioned_roots: Vec::new(),
+        partitions: Vec::new(),
         source_columns: column_names,
     })
 }

@@ -160,6 +160,18 @@ pub fn partition_leaves_now(root: pg_sys::Oid) -> CatalogResult<Vec<(u32, bool)>
     })
 }
 
+/// The leaf partitions of the partitioned tables `roots` now, each with whether it has pages on
+/// disk (see `partition_leaves_now`), in OID order and once each.
+pub fn leaves_of(roots: &[u32]) -> CatalogResult<Vec<(u32, bool)>> {
+    let mut leaves = Vec::new();
+    for &root in roots {
+        leaves.extend(partition_leaves_now(pg_sys::Oid::from(root))?);
+    }
+    leaves.sort_unstable();
+    leaves.dedup();
+    Ok(leaves)
+}
+
 /// Where the WAL is being written now: every transaction that committed before this call is
 /// before it.
 pub fn wal_insert_position() -> CatalogResult<u64> {

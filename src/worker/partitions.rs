@@ -127,13 +127,7 @@ impl PartitionWatch {
         self.changes_seen = changes;
         let roots = &self.roots;
         let (leaves, now) = in_transaction(live, "looking at the partitions", || {
-            let mut leaves = Vec::new();
-            for &root in roots {
-                leaves.extend(catalog::partition_leaves_now(pg_sys::Oid::from(root))?);
-            }
-            leaves.sort_unstable();
-            leaves.dedup();
-            Ok((leaves, catalog::wal_insert_position()?))
+            Ok((catalog::leaves_of(roots)?, catalog::wal_insert_position()?))
         })?;
         let attached: Vec<u32> = leaves
             .iter()
@@ -267,10 +261,7 @@ fn repair_partitions(
     }
     // One detached or dropped since is pruned instead (its documents are gone too).
     let attached = in_transaction(live, "looking at the partitions attached", || {
-        let mut still = Vec::new();
-        for &root in roots {
-            still.extend(catalog::partition_leaves_now(pg_sys::Oid::from(root))?);
-        }
+        let still = catalog::leaves_of(roots)?;
         Ok(attached
             .iter()
             .copied()
