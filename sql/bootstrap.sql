@@ -64,7 +64,10 @@ CREATE TABLE meili_sync.tasks (
     -- A partitioned table's leaf partitions that the task's index is in line with: the worker
     -- compares them with the table's when it starts, so that a partition attached, detached or
     -- dropped while it was not running still comes into the index or leaves it.
-    partitions oid[]
+    partitions oid[],
+    -- A replica of another task (`replicas`): it writes the same changes into its own server, with
+    -- its own position, state and last error; the task's state changes apply to it too.
+    replica_of bigint REFERENCES meili_sync.tasks (id) ON DELETE CASCADE
 );
 COMMENT ON TABLE meili_sync.tasks IS 'One row per sync task; state is what the task should be doing.';
 -- Task workers update this table while they hold a decoding context; as a user catalog table its

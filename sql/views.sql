@@ -79,7 +79,10 @@ SELECT t.id AS task,
        CASE WHEN coalesce(t.options ->> 'decoding', 'shared') <> 'shared' OR t.resync_of IS NOT NULL THEN 'own'
             WHEN o.slot_name IS NOT NULL THEN 'moving'
             ELSE 'shared'
-       END AS decoding
+       END AS decoding,
+       -- On a replica (option replicas): the task it is a replica of. The task's own row is its
+       -- first replica; each other server has a row of its own, with its own position and state.
+       t.replica_of
   FROM meili_sync.tasks t
   LEFT JOIN pg_catalog.pg_class c ON c.oid = t.source
   LEFT JOIN @extschema@.meili_sync_worker_state() w ON w.task = t.id
@@ -159,9 +162,10 @@ AS $$
 $$;
 
 -- Every backend keeps the tasks it searched through (catalog::search_targets); these triggers
--- invalidate those copies, at commit, when a task's table, index, URL, key columns or keys change.
+-- invalidate those copies, at commit, when a task's table, index, URL, key columns, keys or
+-- replicas (rows inserted) change.
 -- ENABLE ALWAYS: they fire under session_replication_role = replica too (a restore, a replica).
-CREATE TRIGGER search_targets AFTER UPDATE OF source, index_uid, url, primary_key OR DELETE OR TRUNCATE
+CREATE TRIGGER search_targets AFTER INSERT OR UPDATE OF source, index_uid, url, primary_key OR DELETE OR TRUNCATE
     ON meili_sync.tasks FOR EACH STATEMENT
     EXECUTE FUNCTION @extschema@.meili_sync_invalidate_search_targets();
 CREATE TRIGGER search_targets AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE

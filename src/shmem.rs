@@ -456,13 +456,17 @@ fn confirmed_past(task_id: i64, lsn: u64) -> bool {
     })
 }
 
-/// Frees a waiter's place when the wait ends, also when a cancel's ERROR unwinds through it.
-struct WaiterPlace(Option<usize>);
+/// Frees a waiter's places when the wait ends, also when a cancel's ERROR unwinds through it.
+struct WaiterPlaces(Vec<usize>);
 
-impl Drop for WaiterPlace {
+impl Drop for WaiterPlaces {
     fn drop(&mut self) {
-        if let Some(index) = self.0 {
-            STATE.exclusive().waiters[index] = Waiter::FREE;
+        if self.0.is_empty() {
+            return;
+        }
+        let mut state = STATE.exclusive();
+        for index in &self.0 {
+            state.waiters[*index] = Waiter::FREE;
         }
     }
 }
@@ -500,17 +504,20 @@ fn free_waiter_places_at_exit_once() {
     REGISTERED.set(true);
 }
 
-/// Sleeps on this backend's latch until a worker confirms the task at or past `lsn` (true) or
-/// `timeout` passes (false). The worker that publishes the confirmation sets the latch; a cancel
-/// or `statement_timeout` ends the wait with its ERROR.
-pub fn wait_confirmed(task_id: i64, lsn: u64, timeout: std::time::Duration) -> bool {
+/// Sleeps on this backend's latch until workers confirm each of `tasks` (a task and its
+/// replicas) at or past `lsn` (true) or `timeout` passes (false). The worker that publishes a
+/// confirmation sets the latch; a cancel or `statement_timeout` ends the wait with its ERROR.
+pub fn wait_confirmed(tasks: &[i64], lsn: u64, timeout: std::time::Duration) -> bool {
     // SAFETY: MyProc is this backend's PGPROC, in shared memory at the same address everywhere.
     let latch = unsafe { &raw mut (*pg_sys::MyProc).procLatch } as usize;
     free_waiter_places_at_exit_once();
-    let _place = {
+    let places = {
         let mut state = STATE.exclusive();
-        let free = state.waiters.iter().position(|waiter| waiter.latch == 0);
-        if let Some(index) = free {
+        let mut places = WaiterPlaces(Vec::with_capacity(tasks.len()));
+        for &task_id in tasks {
+            let Some(index) = state.waiters.iter().position(|waiter| waiter.latch == 0) else {
+                break;
+            };
             state.waiters[index] = Waiter {
                 database: my_database(),
                 task_id,
@@ -519,10 +526,12 @@ pub fn wait_confirmed(task_id: i64, lsn: u64, timeout: std::time::Duration) -> b
                 // SAFETY: this backend's own pid.
                 pid: unsafe { pg_sys::MyProcPid },
             };
+            places.0.push(index);
         }
-        WaiterPlace(free)
+        places
     };
-    let look_every = if _place.0.is_some() {
+    // Without a place for each task, a confirmation may set no latch: look every 10 ms.
+    let look_every = if places.0.len() == tasks.len() {
         timeout
     } else {
         std::time::Duration::from_millis(10)
@@ -532,7 +541,7 @@ pub fn wait_confirmed(task_id: i64, lsn: u64, timeout: std::time::Duration) -> b
         // SAFETY: resets this backend's own latch before looking, so that a confirmation
         // published after the look sets it again and the wait below returns at once.
         unsafe { pg_sys::ResetLatch(latch as *mut pg_sys::Latch) };
-        if confirmed_past(task_id, lsn) {
+        if tasks.iter().all(|&task_id| confirmed_past(task_id, lsn)) {
             return true;
         }
         let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -1103,6 +1112,17 @@ pub fn last_error(worker: WorkerId) -> Option<String> {
         .into_iter()
         .find(|live| live.task_id == worker.key())
         .and_then(|live| live.last_error)
+}
+
+/// Whether a worker streams the task with nothing failing (phase `streaming`): a search goes
+/// first to such a replica. A task without a live entry is not.
+pub fn streams_well(task_id: i64) -> bool {
+    let database = my_database();
+    STATE.share().entries.iter().any(|entry| {
+        entry.task_id == task_id
+            && entry.database == database
+            && entry.phase == Phase::Streaming as u8
+    })
 }
 
 /// Live-state entries that tasks of other databases hold: `meili_sync.max_tasks` counts the

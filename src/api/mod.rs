@@ -128,12 +128,22 @@ pub(super) fn require_launcher_database() -> Result<(), SyncError> {
     }
 }
 
-/// Each task (resync helpers too) keeps a slot of shared memory for its live state and counters.
-pub(super) fn require_task_room() -> Result<(), SyncError> {
+/// The task's row and its replicas' rows (on a replica's row: that replica alone).
+pub(super) fn task_and_replicas(
+    record: catalog::TaskRecord,
+) -> Result<Vec<catalog::TaskRecord>, SyncError> {
+    let mut rows = catalog::replicas_of(record.id)?;
+    rows.insert(0, record);
+    Ok(rows)
+}
+
+/// Each task row (resync helpers' and replicas' too) keeps a slot of shared memory for its live
+/// state and counters: room for `adding` more rows within `meili_sync.max_tasks`.
+pub(super) fn require_task_room(adding: usize) -> Result<(), SyncError> {
     let limit = gucs::max_tasks();
     // The other databases' tasks that have run since the server started hold entries too.
     let elsewhere = shmem::entries_of_other_databases() as i64;
-    if catalog::task_count()? + elsewhere < limit as i64 {
+    if catalog::task_count()? + elsewhere + adding as i64 <= limit as i64 {
         return Ok(());
     }
     Err(SyncError::new(

@@ -50,13 +50,58 @@ fn readable_target(task: Option<i64>) -> Result<Rc<catalog::SearchTarget>, SyncE
     )))
 }
 
-/// The task to search through, for a caller that may read its table (or view), and the
-/// backend's client for its URL and key (its `search_api_key` when it has one, never then its
-/// `api_key`).
-fn search_target(task: Option<i64>) -> Result<(Client, Rc<catalog::SearchTarget>), SyncError> {
+/// Runs `request` with the backend's client for a server of the task, for a caller that may read
+/// its table (or view), with the server's `search_api_key` when it has one (never then its
+/// `api_key`). A task with replicas tries those streaming with nothing failing first, in their
+/// order, then the others; a server that cannot be reached, times out, fails inside, or lacks
+/// the index hands the request on to the next. Any other answer, a refusal too, is the answer.
+fn on_a_server<T>(
+    task: Option<i64>,
+    mut request: impl FnMut(&Client, &catalog::SearchTarget) -> Result<T, SyncError>,
+) -> Result<T, SyncError> {
     let target = readable_target(task)?;
-    let client = search::client(&target.url, target.api_key.as_deref())?;
-    Ok((client, target))
+    if target.replicas.is_empty() {
+        let client = search::client(&target.url, target.api_key.as_deref())?;
+        return request(&client, &target);
+    }
+    let mut servers: Vec<(i64, &str, Option<&str>)> = std::iter::once((
+        target.task_id,
+        target.url.as_str(),
+        target.api_key.as_deref(),
+    ))
+    .chain(target.replicas.iter().map(|replica| {
+        (
+            replica.task_id,
+            replica.url.as_str(),
+            replica.api_key.as_deref(),
+        )
+    }))
+    .collect();
+    servers.sort_by_key(|(row, _, _)| !shmem::streams_well(*row));
+    let mut failures = Vec::new();
+    for (_, url, api_key) in servers {
+        let client = search::client(url, api_key)?;
+        match request(&client, &target) {
+            Err(error)
+                if matches!(
+                    error.kind,
+                    ErrorKind::Meilisearch | ErrorKind::UndefinedTask
+                ) =>
+            {
+                failures.push(format!("{url}: {}", error.message));
+            }
+            answer => return answer,
+        }
+    }
+    Err(SyncError::new(
+        ErrorKind::Meilisearch,
+        format!(
+            "no replica of task {} answered the search: {}",
+            target.task_id,
+            failures.join("; ")
+        ),
+    )
+    .hint("Check that at least one of the task's Meilisearch servers is up (meili_sync_status shows each replica); meili_sync.search_timeout bounds the wait for each."))
 }
 
 fn search_options(options: Option<JsonB>) -> Result<serde_json::Value, SyncError> {
@@ -131,14 +176,16 @@ fn meili_search(
     ),
 > {
     let result = (|| {
-        let (client, target) = search_target(task)?;
-        hit_rows(
-            &client,
-            &target.index_uid,
-            &target.primary_key,
-            query,
-            search_options(options)?,
-        )
+        let options = search_options(options)?;
+        on_a_server(task, |client, target| {
+            hit_rows(
+                client,
+                &target.index_uid,
+                &target.primary_key,
+                query,
+                options.clone(),
+            )
+        })
     })();
     result.or_raise()
 }
@@ -213,7 +260,6 @@ fn meili_facets(
     ),
 > {
     let result = (|| {
-        let (client, target) = search_target(task)?;
         let facets = required(
             facets,
             "facets",
@@ -228,7 +274,9 @@ fn meili_facets(
         }
         let body = crate::meili::search::search_body(query, &options)
             .map_err(|message| SyncError::new(ErrorKind::InvalidParameter, message))?;
-        let answer = search::run(&client, &target.index_uid, body)?;
+        let answer = on_a_server(task, |client, target| {
+            search::run(client, &target.index_uid, body.clone())
+        })?;
         Ok(TableIterator::new(crate::meili::search::facet_counts(
             &answer,
         )))
@@ -242,17 +290,14 @@ fn meili_facets(
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_search_raw(task: Option<i64>, body: Option<JsonB>) -> DirectJsonb {
     let result = (|| {
-        let (client, target) = search_target(task)?;
         let body = required(
             body,
             "body",
             "Pass a search request, for example '{\"q\": \"kettle\"}'.",
         )?;
-        Ok(DirectJsonb(search::run(
-            &client,
-            &target.index_uid,
-            body.0,
-        )?))
+        Ok(DirectJsonb(on_a_server(task, |client, target| {
+            search::run(client, &target.index_uid, body.0.clone())
+        })?))
     })();
     result.or_raise()
 }
@@ -281,8 +326,13 @@ fn meili_sync_wait_at(task: Option<i64>, lsn: Option<i64>, timeout_ms: Option<f6
             )
             .hint("Wait between 0 seconds and 1 day."));
         }
+        // A task with replicas: until every replica has the changes, so that a search answered
+        // by any of them sees them.
+        let tasks: Vec<i64> = std::iter::once(target.task_id)
+            .chain(target.replicas.iter().map(|replica| replica.task_id))
+            .collect();
         Ok(shmem::wait_confirmed(
-            target.task_id,
+            &tasks,
             u64::try_from(lsn).unwrap_or(0),
             Duration::from_millis(timeout_ms as u64),
         ))

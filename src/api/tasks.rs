@@ -14,7 +14,7 @@ use crate::encode::{encode_row, ColumnValue};
 use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::geo;
 use crate::meili::client::{Client, MeiliError};
-use crate::options::{validate_index_uid, TaskOptions, WriteMode};
+use crate::options::{validate_index_uid, Replica, TaskOptions, WriteMode};
 use crate::pg_catalog::ReplicaIdentity;
 use crate::vectors;
 use crate::worker::resync;
@@ -355,19 +355,8 @@ fn start_task(
     require_logical_wal()?;
     require_launcher_database()?;
     validate_index_uid(index_uid)?;
-    let parsed = TaskOptions::parse(options)?;
-    let url = parsed
-        .url
-        .clone()
-        .or_else(gucs::default_url)
-        .ok_or_else(|| {
-            SyncError::new(ErrorKind::InvalidParameter, "no Meilisearch URL given")
-                .hint("Pass {\"url\": \"http://host:7700\"} in the options, or set meili_sync.url.")
-        })?;
-    crate::options::validate_url(&url)?;
-    let url = url.trim_end_matches('/').to_owned();
-
-    let mut parsed = parsed;
+    let mut parsed = TaskOptions::parse(options)?;
+    let servers = task_servers(&parsed)?;
     let (info, key, published) = checked_source(source.oid(), &parsed)?;
     if info.is_view() {
         parsed.mappings = stored_mappings(&info, source.oid(), &key, &parsed)?;
@@ -392,25 +381,60 @@ fn start_task(
         )
         .hint("The key columns identify each document and are always sent."));
     }
-    require_task_room()?;
-    refuse_index_in_use(&url, index_uid, None)?;
-    let api_key = parsed.api_key.clone().or_else(gucs::default_api_key);
-    let id = catalog::insert_task(
-        NewTask {
-            relid: source.oid(),
-            owner: security::current_role(),
-            index_uid,
-            url: &url,
-            api_key: api_key.as_deref(),
-            search_api_key: parsed.search_api_key.as_deref(),
-            primary_key: &key,
-            options: parsed.to_stored_json(),
-            resync_of: None,
-        },
-        &published,
-    )?;
+    require_task_room(servers.len())?;
+    for server in &servers {
+        refuse_index_in_use(&server.url, index_uid, None)?;
+    }
+    // The first server is the task's own row; each other replica gets a row of its own.
+    let mut id = None;
+    for server in &servers {
+        let inserted = catalog::insert_task(
+            NewTask {
+                relid: source.oid(),
+                owner: security::current_role(),
+                index_uid,
+                url: &server.url,
+                api_key: server.api_key.as_deref(),
+                search_api_key: parsed.search_api_key.as_deref(),
+                primary_key: &key,
+                options: parsed.to_stored_json(),
+                resync_of: None,
+                replica_of: id,
+            },
+            &published,
+        )?;
+        id.get_or_insert(inserted);
+    }
     wake_launcher_at_commit();
-    Ok(id)
+    id.ok_or_else(|| SyncError::new(ErrorKind::Internal, "a task without a server"))
+}
+
+/// The servers a new task writes to: its `replicas`, or its one `url` (else `meili_sync.url`).
+/// A server without a key of its own uses `meili_sync.api_key`.
+fn task_servers(parsed: &TaskOptions) -> Result<Vec<Replica>, SyncError> {
+    if !parsed.replicas.is_empty() {
+        return Ok(parsed
+            .replicas
+            .iter()
+            .map(|replica| Replica {
+                url: replica.url.clone(),
+                api_key: replica.api_key.clone().or_else(gucs::default_api_key),
+            })
+            .collect());
+    }
+    let url = parsed
+        .url
+        .clone()
+        .or_else(gucs::default_url)
+        .ok_or_else(|| {
+            SyncError::new(ErrorKind::InvalidParameter, "no Meilisearch URL given")
+                .hint("Pass {\"url\": \"http://host:7700\"} in the options, or set meili_sync.url.")
+        })?;
+    crate::options::validate_url(&url)?;
+    Ok(vec![Replica {
+        url: url.trim_end_matches('/').to_owned(),
+        api_key: parsed.api_key.clone().or_else(gucs::default_api_key),
+    }])
 }
 
 /// One index, one task: a second task writing into an index at the same URL would mix two
@@ -626,6 +650,9 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
     let result = (|| {
         require_admin()?;
         let record = require_task(task)?;
+        refuse_on_replica(&record, |task| {
+            format!("Alter task {task} itself: its replicas follow it.")
+        })?;
         refuse_while_swapping(&record)?;
         let options = required(
             options,
@@ -651,6 +678,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
         require_select(&record)?;
         if (changes.contains_key("url")
             || changes.contains_key("api_key")
+            || changes.contains_key("replicas")
             || changes.contains_key("search_api_key"))
             && !catalog::acts_as(record.owner)?
         {
@@ -658,7 +686,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             return Err(SyncError::new(
                 ErrorKind::Privilege,
                 format!(
-                    "only the owner of task {} may change its url, api_key or search_api_key",
+                    "only the owner of task {} may change its url, api_key, replicas or search_api_key",
                     record.id
                 ),
             )
@@ -674,10 +702,15 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             &record.index_uid,
             Some(record.id),
         )?;
+        let own_key = if changes.contains_key("replicas") {
+            change_replicas(&record, &parsed)?
+        } else {
+            None
+        };
         catalog::alter_task(
             record.id,
             &url,
-            parsed.api_key.as_deref(),
+            parsed.api_key.as_deref().or(own_key.as_deref()),
             parsed.search_api_key.as_deref(),
             parsed.to_stored_json(),
         )?;
@@ -685,6 +718,114 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
         Ok(true)
     })();
     result.or_raise()
+}
+
+/// A replica's row takes its options from its task, and has no resync of its own;
+/// `hint(task)` says what to do instead.
+fn refuse_on_replica(
+    record: &catalog::TaskRecord,
+    hint: impl Fn(i64) -> String,
+) -> Result<(), SyncError> {
+    let Some(task) = record.replica_of else {
+        return Ok(());
+    };
+    Err(SyncError::new(
+        ErrorKind::InvalidParameter,
+        format!("task {} is a replica of task {task}", record.id),
+    )
+    .hint(hint(task)))
+}
+
+/// The tables a task's publication holds: its table, or every table its view reads.
+fn published_tables(
+    record: &catalog::TaskRecord,
+    options: &TaskOptions,
+) -> Result<Vec<String>, SyncError> {
+    Ok(match plan::check_task_source(record, options)? {
+        (_, Some(view)) => view.published_tables(),
+        (info, None) => vec![info.qualified_name],
+    })
+}
+
+/// `meili_sync_alter(task, '{"replicas": [...]}')`: each server the task does not write to yet
+/// gets a replica row (its worker copies the table into it while the others stream on), and each
+/// replica left out is removed. The task's own server stays. Returns the key given for it.
+fn change_replicas(
+    record: &catalog::TaskRecord,
+    parsed: &TaskOptions,
+) -> Result<Option<String>, SyncError> {
+    let Some(own) = parsed
+        .replicas
+        .iter()
+        .find(|replica| replica.url == record.url)
+    else {
+        return Err(SyncError::new(
+            ErrorKind::UnsupportedType,
+            format!(
+                "option \"replicas\" leaves out {}, the server of task {} itself",
+                record.url, record.id
+            ),
+        )
+        .detail("A task's own row writes to its first server; its other replicas have rows of their own.")
+        .hint("Keep that server in \"replicas\"; to move the task to another server, alter its \"url\" on its own."));
+    };
+    let existing = catalog::replicas_of(record.id)?;
+    let adding: Vec<&Replica> = parsed
+        .replicas
+        .iter()
+        .filter(|replica| {
+            replica.url != record.url && !existing.iter().any(|row| row.url == replica.url)
+        })
+        .collect();
+    require_task_room(adding.len())?;
+    for replica in &adding {
+        refuse_index_in_use(&replica.url, &record.index_uid, None)?;
+    }
+    for row in &existing {
+        match parsed
+            .replicas
+            .iter()
+            .find(|replica| replica.url == row.url)
+        {
+            Some(kept) => {
+                if let Some(key) = &kept.api_key {
+                    catalog::set_replica_key(row.id, key)?;
+                }
+            }
+            None => {
+                catalog::delete_task(row)?;
+                warning!(
+                    "pg_meili_sync task {}: replica {} at {} is removed; index \"{}\" there is no longer kept in step, and its position no longer holds back WAL",
+                    record.id, row.id, row.url, row.index_uid
+                );
+            }
+        }
+    }
+    if !adding.is_empty() {
+        let published = published_tables(record, parsed)?;
+        for replica in adding {
+            catalog::insert_task(
+                NewTask {
+                    relid: record.relid,
+                    owner: record.owner,
+                    index_uid: &record.index_uid,
+                    url: &replica.url,
+                    api_key: replica
+                        .api_key
+                        .clone()
+                        .or_else(gucs::default_api_key)
+                        .as_deref(),
+                    search_api_key: record.search_api_key.as_deref(),
+                    primary_key: &record.primary_key,
+                    options: parsed.to_stored_json(),
+                    resync_of: None,
+                    replica_of: Some(record.id),
+                },
+                &published,
+            )?;
+        }
+    }
+    Ok(own.api_key.clone())
 }
 
 /// Copies the whole table into the index again, then keeps streaming.
@@ -713,6 +854,22 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
         require_launcher_database()?;
         let record = require_task(task)?;
         require_select(&record)?;
+        let replica = record.id;
+        refuse_on_replica(&record, |_| {
+            format!(
+                "SELECT meili_sync_snapshot({replica}) copies the table into this replica again."
+            )
+        })?;
+        if !catalog::replicas_of(record.id)?.is_empty() {
+            return Err(SyncError::new(
+                ErrorKind::UnsupportedType,
+                format!("task {} has replicas, and a resync of a task with replicas is not supported yet", record.id),
+            )
+            .hint(format!(
+                "SELECT meili_sync_snapshot({}) copies the table into every replica again; meili_sync_snapshot(replica) copies one of them (meili_sync_status shows their ids, with replica_of = {}).",
+                record.id, record.id
+            )));
+        }
         if let Some(rebuilt) = record.resync_of {
             return Err(SyncError::new(
                 ErrorKind::InvalidParameter,
@@ -761,13 +918,10 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
             )
             .hint(format!("Drop task {existing} first.")));
         }
-        require_task_room()?;
+        require_task_room(1)?;
         let options = TaskOptions::parse(&record.options)?;
         // Checked as the task's worker checks it: the helper copies with the owner's rights.
-        let published = match plan::check_task_source(&record, &options)? {
-            (_, Some(view)) => view.published_tables(),
-            (info, None) => vec![info.qualified_name],
-        };
+        let published = published_tables(&record, &options)?;
         let helper = catalog::insert_task(
             NewTask {
                 relid: record.relid,
@@ -781,6 +935,7 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
                 primary_key: &record.primary_key,
                 options: record.options.clone(),
                 resync_of: Some(record.id),
+                replica_of: None,
             },
             &published,
         )?;
@@ -826,6 +981,9 @@ fn meili_sync_drop(task: Option<i64>, drop_index: default!(Option<bool>, false))
         )?;
         let helper = catalog::resync_helper(record.id)?;
         if drop_index {
+            for replica in catalog::replicas_of(record.id)? {
+                delete_index(&replica, &replica.index_uid)?;
+            }
             delete_index(&record, &record.index_uid)?;
             // The index a resync was building goes too.
             if helper.is_some() {
@@ -836,6 +994,15 @@ fn meili_sync_drop(task: Option<i64>, drop_index: default!(Option<bool>, false))
             catalog::delete_task(&catalog::require_task(helper)?)?;
         }
         catalog::delete_task(&record)?;
+        if let Some(task) = record.replica_of {
+            warning!(
+                "pg_meili_sync task {task}: replica {} at {} is removed; index \"{}\" there is no longer kept in step{}",
+                record.id,
+                record.url,
+                record.index_uid,
+                if drop_index { " (and it was deleted)" } else { "" }
+            );
+        }
         wake_launcher_at_commit();
         Ok(true)
     })();

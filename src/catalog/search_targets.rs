@@ -27,9 +27,21 @@ pub struct SearchTarget {
     /// The task's `search_api_key` when it has one, else its `api_key`.
     pub api_key: Option<String>,
     pub primary_key: Vec<String>,
+    /// The task's other replicas (option `replicas`): a search fails over to them.
+    pub replicas: Vec<ReplicaServer>,
     /// Why the task may not be searched at all: its view's rows depend on who reads it (made
     /// `security_invoker`, or replaced, after the task started).
     pub refusal: Option<SyncError>,
+}
+
+/// One more server holding the task's index.
+#[derive(Debug)]
+pub struct ReplicaServer {
+    /// The replica's own task row (its live state says whether it is in step).
+    pub task_id: i64,
+    pub url: String,
+    /// Its `search_api_key` when it has one, else its `api_key`.
+    pub api_key: Option<String>,
 }
 
 thread_local! {
@@ -68,6 +80,14 @@ pub fn search_target(task_id: i64) -> CatalogResult<Option<Rc<SearchTarget>>> {
     let Some(record) = super::load_task_for_search(task_id)? else {
         return Ok(None);
     };
+    let replicas = as_catalog_owner(|| super::replicas_of(record.id))?
+        .into_iter()
+        .map(|replica| ReplicaServer {
+            task_id: replica.id,
+            url: replica.url,
+            api_key: replica.search_api_key.or(replica.api_key),
+        })
+        .collect();
     let refusal = super::refuse_rows_by_who_asks(record.relid, &record.relation)
         .err()
         .map(|error| {
@@ -86,6 +106,7 @@ pub fn search_target(task_id: i64) -> CatalogResult<Option<Rc<SearchTarget>>> {
         index_uid: record.index_uid,
         api_key: record.search_api_key.or(record.api_key),
         primary_key: record.primary_key,
+        replicas,
     });
     // Kept under the epoch read before the task was: an invalidation that arrived while it was
     // read (locks process them) leaves this entry stale, to be read again next time.

@@ -130,6 +130,8 @@ pub struct TaskRecord {
     /// A partitioned table's leaf partitions that the index is in line with (`save_partitions`).
     /// None before a copy of 0.3.0 recorded them.
     pub partitions: Option<Vec<u32>>,
+    /// On a replica's row: the task it is a replica of (its state changes apply to this row too).
+    pub replica_of: Option<i64>,
 }
 
 /// A task as the launcher sees it.
@@ -171,6 +173,7 @@ pub struct NewTask<'a> {
     pub primary_key: &'a [String],
     pub options: serde_json::Value,
     pub resync_of: Option<i64>,
+    pub replica_of: Option<i64>,
 }
 
 /// Inserts the task and its publication of `published` (schema-qualified tables: the task's
@@ -191,8 +194,8 @@ fn insert_task_row(task: NewTask<'_>, published: &[String]) -> CatalogResult<i64
         let id: i64 = client
             .update(
                 &format!(
-                    "INSERT INTO meili_sync.tasks (source, index_uid, url, primary_key, options, resync_of, owner, install_token)
-                     VALUES ($1::oid::regclass, $2, $3, $4, $5, $6, $7::oid::regrole, {INSTALL_TOKEN_SQL}) RETURNING id"
+                    "INSERT INTO meili_sync.tasks (source, index_uid, url, primary_key, options, resync_of, owner, install_token, replica_of)
+                     VALUES ($1::oid::regclass, $2, $3, $4, $5, $6, $7::oid::regrole, {INSTALL_TOKEN_SQL}, $8) RETURNING id"
                 ),
                 Some(1),
                 &[
@@ -203,6 +206,7 @@ fn insert_task_row(task: NewTask<'_>, published: &[String]) -> CatalogResult<i64
                     JsonB(task.options).into(),
                     task.resync_of.into(),
                     task.owner.into(),
+                    task.replica_of.into(),
                 ],
             )?
             .first()
@@ -259,7 +263,7 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
                     t.resync_of, t.resync_phase, pg_catalog.pg_wal_lsn_diff(t.swap_lsn, '0/0')::bigint,
                     t.swap_created_at, t.owner::oid, t.generation, {SHARED_TASK_SQL},
                     pg_catalog.pg_wal_lsn_diff(t.stream_position, '0/0')::bigint, {OWN_SLOT_SQL},
-                    s.search_api_key, t.partitions
+                    s.search_api_key, t.partitions, t.replica_of
                FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id OPERATOR(pg_catalog.=) t.id
               WHERE t.id OPERATOR(pg_catalog.=) $1"),
             Some(1),
@@ -309,6 +313,7 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
             partitions: row
                 .get::<Vec<pg_sys::Oid>>(23)?
                 .map(|oids| oids.into_iter().map(pg_sys::Oid::to_u32).collect()),
+            replica_of: row.get(24)?,
         }))
     })
 }
@@ -330,14 +335,57 @@ pub fn require_task(task_id: i64) -> CatalogResult<TaskRecord> {
     })
 }
 
+/// Sets the state of the task and of its replicas (on a replica's row: of that replica alone).
 pub fn set_state(task_id: i64, state: TaskState) -> CatalogResult<()> {
     as_catalog_owner(|| {
-        Spi::run_with_args(
-            "UPDATE meili_sync.tasks SET state = $2, generation = generation + 1 WHERE id OPERATOR(pg_catalog.=) $1",
-            &[task_id.into(), state.as_str().into()],
+        let changed = update_task_and_replicas(
+            task_id,
+            "state = $2, generation = generation + 1",
+            vec![state.as_str().into()],
         )?;
-        announce_state_change(task_id)
+        changed.into_iter().try_for_each(announce_state_change)
     })
+}
+
+/// `UPDATE meili_sync.tasks SET <set>` on the task and on its replicas' rows (parameters `$2`...
+/// are `args`); returns their ids.
+fn update_task_and_replicas(
+    task_id: i64,
+    set: &str,
+    args: Vec<pgrx::datum::DatumWithOid<'_>>,
+) -> CatalogResult<Vec<i64>> {
+    let mut all = vec![task_id.into()];
+    all.extend(args);
+    Spi::connect_mut(|client| {
+        let rows = client.update(
+            &format!(
+                "UPDATE meili_sync.tasks SET {set}
+                  WHERE id OPERATOR(pg_catalog.=) $1 OR replica_of OPERATOR(pg_catalog.=) $1
+                 RETURNING id"
+            ),
+            None,
+            &all,
+        )?;
+        Ok(ids_of(rows)?)
+    })
+}
+
+/// The rows of a task's other replicas (none for a task without `replicas`, and for a replica's
+/// own row), in the order they were added.
+pub fn replicas_of(task_id: i64) -> CatalogResult<Vec<TaskRecord>> {
+    let ids = Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT id FROM meili_sync.tasks WHERE replica_of OPERATOR(pg_catalog.=) $1 ORDER BY id",
+            None,
+            &[task_id.into()],
+        )?;
+        ids_of(rows)
+    })?;
+    let mut replicas = Vec::with_capacity(ids.len());
+    for id in ids {
+        replicas.extend(load_task(id)?);
+    }
+    Ok(replicas)
 }
 
 /// Writes the task's new generation into the WAL, in the transaction that changed it: a decoder
@@ -371,6 +419,7 @@ pub fn alter_task(
     search_api_key: Option<&str>,
     options: serde_json::Value,
 ) -> CatalogResult<()> {
+    let options_for_replicas = options.clone();
     as_catalog_owner(|| {
         Spi::connect_mut(|client| {
             client.update(
@@ -396,37 +445,77 @@ pub fn alter_task(
             }
             Ok::<(), pgrx::spi::Error>(())
         })?;
-        announce_state_change(task_id)
+        announce_state_change(task_id)?;
+        // A replica writes what its task writes: the same options, restarted with them.
+        let replicas = Spi::connect_mut(|client| {
+            let rows = client.update(
+                "UPDATE meili_sync.tasks SET options = $2, generation = generation + 1
+                  WHERE replica_of OPERATOR(pg_catalog.=) $1 RETURNING id",
+                None,
+                &[task_id.into(), JsonB(options_for_replicas).into()],
+            )?;
+            ids_of(rows)
+        })?;
+        for replica in &replicas {
+            // The task's search key is every replica's (Meilisearch derives a key from its uid and the
+            // master key, so servers with one master key can share it).
+            if let Some(key) = search_api_key {
+                Spi::run_with_args(
+                    "INSERT INTO meili_sync.task_secrets (task_id, search_api_key) VALUES ($1, $2)
+                     ON CONFLICT (task_id) DO UPDATE SET search_api_key = EXCLUDED.search_api_key",
+                    &[(*replica).into(), key.into()],
+                )?;
+            }
+            announce_state_change(*replica)?;
+        }
+        Ok(())
     })
 }
 
-pub fn resume(task_id: i64) -> CatalogResult<()> {
-    as_catalog_owner(|| {
-        Ok(Spi::run_with_args(
-            "UPDATE meili_sync.tasks
-            SET state = CASE WHEN snapshot_finished_at IS NULL THEN 'snapshot' ELSE 'streaming' END,
-                generation = generation + 1, last_error = NULL, last_error_at = NULL
-          WHERE id OPERATOR(pg_catalog.=) $1",
-            &[task_id.into()],
-        )?)
-    })
-}
-
-pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
+/// Sets the key a replica's row writes with.
+pub fn set_replica_key(replica_id: i64, api_key: &str) -> CatalogResult<()> {
     as_catalog_owner(|| {
         Spi::run_with_args(
-        "UPDATE meili_sync.tasks
-            SET state = 'snapshot', generation = generation + 1, snapshot_key = NULL, rows_copied = 0,
-                stream_position = NULL, partitions = NULL,
-                snapshot_started_at = NULL, snapshot_finished_at = NULL, last_error = NULL, last_error_at = NULL
-          WHERE id OPERATOR(pg_catalog.=) $1",
-        &[task_id.into()],
-    )?;
-        announce_state_change(task_id)
+            "INSERT INTO meili_sync.task_secrets (task_id, api_key) VALUES ($1, $2)
+             ON CONFLICT (task_id) DO UPDATE SET api_key = EXCLUDED.api_key",
+            &[replica_id.into(), api_key.into()],
+        )?;
+        Ok(())
     })
 }
 
+/// Resumes the task and its replicas (on a replica's row: that replica alone).
+pub fn resume(task_id: i64) -> CatalogResult<()> {
+    as_catalog_owner(|| {
+        update_task_and_replicas(
+            task_id,
+            "state = CASE WHEN snapshot_finished_at IS NULL THEN 'snapshot' ELSE 'streaming' END,
+             generation = generation + 1, last_error = NULL, last_error_at = NULL",
+            Vec::new(),
+        )?;
+        Ok(())
+    })
+}
+
+/// Copies the task and its replicas again (on a replica's row: that replica alone).
+pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
+    as_catalog_owner(|| {
+        let changed = update_task_and_replicas(
+            task_id,
+            "state = 'snapshot', generation = generation + 1, snapshot_key = NULL, rows_copied = 0,
+             stream_position = NULL, partitions = NULL,
+             snapshot_started_at = NULL, snapshot_finished_at = NULL, last_error = NULL, last_error_at = NULL",
+            Vec::new(),
+        )?;
+        changed.into_iter().try_for_each(announce_state_change)
+    })
+}
+
+/// Deletes the task, and first its replicas' rows: each stream of each ends at this commit.
 pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
+    for replica in replicas_of(task.id)? {
+        delete_task(&replica)?;
+    }
     as_catalog_owner(|| {
         let deleted = Spi::connect_mut(|client| {
             // The shared publication stays: the shared decoder stops publishing the table.

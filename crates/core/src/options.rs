@@ -49,10 +49,24 @@ impl Decoding {
     }
 }
 
+/// One Meilisearch server of a task's `replicas`: each holds every document of the index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Replica {
+    pub url: String,
+    pub api_key: Option<String>,
+}
+
+/// At most this many replicas per task: each one is a pipeline (and, with its own decoding, a
+/// replication slot) of its own.
+pub const MAX_REPLICAS: usize = 16;
+
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskOptions {
     pub url: Option<String>,
     pub api_key: Option<String>,
+    /// The servers given with `replicas`, in place of `url` and `api_key` (empty when not given).
+    /// Like the URL and the keys, they are not stored in the options: each replica has a task row.
+    pub replicas: Vec<Replica>,
     /// A key that may only search, for `meili_search` (never sent by the workers).
     pub search_api_key: Option<String>,
     pub primary_key: Option<Vec<String>>,
@@ -91,6 +105,7 @@ impl Default for TaskOptions {
         TaskOptions {
             url: None,
             api_key: None,
+            replicas: Vec::new(),
             search_api_key: None,
             primary_key: None,
             columns: None,
@@ -125,6 +140,7 @@ pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 95_000_000;
 const KNOWN_OPTIONS: &[&str] = &[
     "url",
     "api_key",
+    "replicas",
     "search_api_key",
     "primary_key",
     "columns",
@@ -216,6 +232,74 @@ fn expect_vectors(value: &Value) -> Result<Vec<(String, String)>, InvalidOption>
         vectors.push((embedder.clone(), column.to_owned()));
     }
     Ok(vectors)
+}
+
+const REPLICAS_HINT: &str = "For example {\"replicas\": [{\"url\": \"http://a:7700\", \"api_key\": \"...\"}, {\"url\": \"http://b:7700\", \"api_key\": \"...\"}]}: every change is written to each server.";
+
+/// `replicas`: a non-empty array of `{"url", "api_key"}` objects with distinct URLs.
+fn expect_replicas(value: &Value) -> Result<Vec<Replica>, InvalidOption> {
+    let items = match value {
+        Value::Array(items) if !items.is_empty() => items,
+        _ => {
+            return Err(invalid(
+                format!("option \"replicas\" must be a non-empty array of servers, not {value}"),
+                REPLICAS_HINT,
+            ))
+        }
+    };
+    if items.len() > MAX_REPLICAS {
+        return Err(invalid(
+            format!(
+                "option \"replicas\" names {} servers, more than {MAX_REPLICAS}",
+                items.len()
+            ),
+            "Each replica is written to by a pipeline of its own; use at most 16.",
+        ));
+    }
+    let mut replicas: Vec<Replica> = Vec::with_capacity(items.len());
+    for item in items {
+        let Value::Object(fields) = item else {
+            return Err(invalid(
+                format!("each of \"replicas\" must be an object with \"url\" and \"api_key\", not {item}"),
+                REPLICAS_HINT,
+            ));
+        };
+        let mut url = None;
+        let mut api_key = None;
+        for (name, value) in fields {
+            match name.as_str() {
+                "url" => {
+                    let given = expect_string("replicas.url", value)?;
+                    validate_url(&given)?;
+                    url = Some(given.trim_end_matches('/').to_owned());
+                }
+                "api_key" => api_key = Some(expect_string("replicas.api_key", value)?),
+                unknown => {
+                    return Err(invalid(
+                        format!(
+                            "unknown field \"{}\" in a replica of \"replicas\"",
+                            unknown.escape_default()
+                        ),
+                        "A replica has a \"url\" and an \"api_key\".",
+                    ))
+                }
+            }
+        }
+        let url = url.ok_or_else(|| {
+            invalid(
+                "a replica of \"replicas\" has no \"url\"".to_owned(),
+                REPLICAS_HINT,
+            )
+        })?;
+        if replicas.iter().any(|other| other.url == url) {
+            return Err(invalid(
+                format!("option \"replicas\" names {url} twice"),
+                "Each replica is another Meilisearch server: name each once.",
+            ));
+        }
+        replicas.push(Replica { url, api_key });
+    }
+    Ok(replicas)
 }
 
 fn expect_string(name: &str, value: &Value) -> Result<String, InvalidOption> {
@@ -361,6 +445,7 @@ impl TaskOptions {
                     parsed.url = Some(url.trim_end_matches('/').to_owned());
                 }
                 "api_key" => parsed.api_key = Some(expect_string(name, value)?),
+                "replicas" => parsed.replicas = expect_replicas(value)?,
                 "search_api_key" => parsed.search_api_key = Some(expect_string(name, value)?),
                 "primary_key" => parsed.primary_key = Some(expect_names(name, value)?),
                 "columns" => parsed.columns = Some(expect_names(name, value)?),
@@ -459,6 +544,12 @@ impl TaskOptions {
                 ));
             }
             parsed.batch_bytes = parsed.max_payload_bytes;
+        }
+        if !parsed.replicas.is_empty() && (parsed.url.is_some() || parsed.api_key.is_some()) {
+            return Err(invalid(
+                "option \"replicas\" replaces \"url\" and \"api_key\"; they cannot be given together".to_owned(),
+                "Give each server's url and api_key inside \"replicas\", for example {\"replicas\": [{\"url\": \"http://a:7700\", \"api_key\": \"...\"}, {\"url\": \"http://b:7700\"}]}.",
+            ));
         }
         if parsed.columns.is_some() && !parsed.exclude_columns.is_empty() {
             return Err(invalid(
@@ -571,6 +662,68 @@ pub fn merged_options(stored: &Value, changes: &Map<String, Value>) -> Value {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn replicas_replace_url_and_key_and_are_not_stored() {
+        let parsed = TaskOptions::parse(&json!({"replicas": [
+            {"url": "http://a:7700/", "api_key": "ka"},
+            {"url": "http://b:7700"}
+        ]}))
+        .expect("parse");
+        assert_eq!(
+            parsed.replicas,
+            vec![
+                Replica {
+                    url: "http://a:7700".into(),
+                    api_key: Some("ka".into())
+                },
+                Replica {
+                    url: "http://b:7700".into(),
+                    api_key: None
+                }
+            ]
+        );
+        assert!(parsed.to_stored_json().get("replicas").is_none());
+    }
+
+    #[test]
+    fn bad_replicas_are_refused() {
+        for (options, expected) in [
+            (json!({"replicas": []}), "non-empty array"),
+            (json!({"replicas": "http://a"}), "non-empty array"),
+            (json!({"replicas": ["http://a"]}), "must be an object"),
+            (json!({"replicas": [{"api_key": "k"}]}), "has no \"url\""),
+            (json!({"replicas": [{"url": "ftp://a"}]}), "scheme"),
+            (
+                json!({"replicas": [{"url": "http://a", "key": "k"}]}),
+                "unknown field \"key\"",
+            ),
+            (
+                json!({"replicas": [{"url": "http://a"}, {"url": "http://a/"}]}),
+                "names http://a twice",
+            ),
+            (
+                json!({"url": "http://a", "replicas": [{"url": "http://b"}]}),
+                "replaces \"url\"",
+            ),
+            (
+                json!({"api_key": "k", "replicas": [{"url": "http://b"}]}),
+                "replaces \"url\"",
+            ),
+        ] {
+            let error = TaskOptions::parse(&options).expect_err("refused");
+            assert!(
+                error.message.contains(expected),
+                "{options}: {}",
+                error.message
+            );
+        }
+        let many: Vec<Value> = (0..=MAX_REPLICAS)
+            .map(|n| json!({"url": format!("http://r{n}:7700")}))
+            .collect();
+        let error = TaskOptions::parse(&json!({ "replicas": many })).expect_err("too many");
+        assert!(error.message.contains("more than 16"), "{}", error.message);
+    }
 
     #[test]
     fn geo_names_one_column_and_is_kept() {

@@ -167,6 +167,24 @@ impl Meili {
         })
     }
 
+    /// A server of the test's own (the test server, or a real one with `E2E_MEILI=real`); None
+    /// with `MEILI_URL`, whose one shared server cannot be several replicas.
+    pub fn own() -> Option<Meili> {
+        if std::env::var("MEILI_URL").is_ok_and(|url| !url.is_empty()) {
+            return None;
+        }
+        Some(Meili::from_env())
+    }
+
+    /// `{"url", "api_key"}` of this server, as an entry of a task's `replicas`.
+    pub fn replica(&self) -> Value {
+        let mut replica = json!({ "url": self.url });
+        if let Some(key) = &self.key {
+            replica["api_key"] = json!(key);
+        }
+        replica
+    }
+
     pub fn from_env() -> Meili {
         let agent = test_agent();
         match std::env::var("MEILI_URL")

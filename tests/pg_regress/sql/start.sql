@@ -101,6 +101,22 @@ SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:99999"}');
 SELECT meili_sync_start('products', 'x', '{"url": "http://a b/"}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 
+-- Replicas: a non-empty list of servers, each with a good URL, each once, in place of url.
+SELECT meili_sync_start('products', 'x', '{"replicas": []}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"replicas": ["http://127.0.0.1:1"]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"replicas": [{"api_key": "k"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"replicas": [{"url": "http://127.0.0.1:1", "key": "k"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"replicas": [{"url": "javascript:alert(1)"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"replicas": [{"url": "http://127.0.0.1:1"}, {"url": "http://127.0.0.1:1/"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "replicas": [{"url": "http://127.0.0.1:2"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+
 -- Nothing of the above was created.
 SELECT * FROM leftovers;
 

@@ -51,8 +51,26 @@ SELECT meili_sync_alter(:task, NULL);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_drop(:task, NULL);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- Replicas: the task's own server stays in the list.
+SELECT meili_sync_alter(:task, '{"replicas": [{"url": "http://127.0.0.1:2"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:task, '{"url": "http://127.0.0.1:1", "replicas": [{"url": "http://127.0.0.1:2"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
 -- Unchanged by all of the above.
 SELECT url, options FROM meili_sync.tasks WHERE id = :task;
+
+-- One more server is a replica row, which takes its options from its task, and goes with it.
+SELECT meili_sync_alter(:task, '{"replicas": [{"url": "http://127.0.0.1:1"}, {"url": "http://127.0.0.1:2"}]}');
+SELECT url, replica_of OPERATOR(pg_catalog.=) :task AS replica, options FROM meili_sync.tasks ORDER BY id;
+SELECT id AS replica FROM meili_sync.tasks WHERE replica_of = :task \gset
+SELECT meili_sync_alter(:replica, '{"batch_size": 10}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_resync(:task);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_resync(:replica);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:task, '{"batch_size": 20}');
+SELECT url, options ->> 'batch_size' AS batch_size FROM meili_sync.tasks ORDER BY id;
 
 -- Dropping it removes everything it made.
 SELECT meili_sync_drop(:task);

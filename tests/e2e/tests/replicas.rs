@@ -1,0 +1,296 @@
+//! End to end: a task with `replicas` writes every change to each server. A replica that is
+//! frozen or crashed holds its own position (and the shared slot) while the others go on, and
+//! catches up when it is back; searches through SQL fail over to a replica that answers; a
+//! replica is added (copied while the others stream on) and removed by `meili_sync_alter`.
+//! Each test starts servers of its own (the test server, or real ones with `E2E_MEILI=real`), so
+//! it skips with `MEILI_URL`.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use pg_meili_sync_e2e::cluster::Cluster;
+use pg_meili_sync_e2e::meili::Meili;
+use pg_meili_sync_e2e::{
+    assert_no_crash, products, refusal, start_with_options, wait_for, wait_index_matches_table,
+    StopOnDrop,
+};
+use serde_json::{json, Value};
+
+const CONVERGE: Duration = Duration::from_secs(300);
+
+/// `count` Meilisearch servers of the test's own, or None (the test skips) with `MEILI_URL`.
+fn servers(count: usize) -> Option<Vec<Meili>> {
+    let servers: Option<Vec<Meili>> = (0..count).map(|_| Meili::own()).collect();
+    if servers.is_none() {
+        eprintln!("skipped: the one Meilisearch at MEILI_URL cannot be several replicas");
+    }
+    servers
+}
+
+fn cluster_with_products(rows: i64) -> Cluster {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, rows));
+    cluster
+}
+
+/// The options of a task writing to each of `servers` (ids filterable), SQL-quoted.
+fn replicas_options(servers: &[&Meili]) -> String {
+    let replicas: Vec<Value> = servers.iter().map(|meili| meili.replica()).collect();
+    json!({ "replicas": replicas, "settings": {"filterableAttributes": ["id"]} })
+        .to_string()
+        .replace('\'', "''")
+}
+
+/// The rows of the task's other replicas in the status view, in their order.
+fn replica_rows(cluster: &Cluster, task: i64) -> Vec<i64> {
+    cluster
+        .psql(&format!(
+            "SELECT task FROM meili_sync_status WHERE replica_of = {task} ORDER BY task"
+        ))
+        .lines()
+        .filter_map(|line| line.trim().parse().ok())
+        .collect()
+}
+
+fn current_lsn(cluster: &Cluster) -> String {
+    cluster
+        .psql("SELECT pg_current_wal_lsn()")
+        .trim()
+        .to_owned()
+}
+
+/// Whether the SQL condition on pg_lsn values holds.
+fn holds(cluster: &Cluster, condition: &str) -> bool {
+    cluster.psql(&format!("SELECT ({condition})::text")).trim() == "true"
+}
+
+#[test]
+fn every_replica_gets_every_change_and_a_frozen_or_crashed_one_catches_up() {
+    let Some(meilis) = servers(3) else {
+        return;
+    };
+    let cluster = cluster_with_products(2_000);
+    let index = meilis[0].unique_index("replicas");
+    let all: Vec<&Meili> = meilis.iter().collect();
+    let task = start_with_options(&cluster, None, "products", &index, &replicas_options(&all));
+    let others = replica_rows(&cluster, task);
+    assert_eq!(others.len(), 2, "one row per other replica: {others:?}");
+    for row in std::iter::once(task).chain(others.iter().copied()) {
+        cluster.wait_snapshot_done(row, CONVERGE);
+    }
+    for meili in &meilis {
+        wait_index_matches_table(&cluster, meili, &index, "products", CONVERGE);
+    }
+
+    // The task's own server stops answering: the other two get every change; it keeps its
+    // position, and so does the shared slot.
+    meilis[0].freeze();
+    cluster.psql("UPDATE products SET version = version + 1, name = name || ' v2' WHERE id <= 500");
+    cluster.psql(&products::insert_sql(2_001, 2_500));
+    cluster.psql("DELETE FROM products WHERE id BETWEEN 1000 AND 1100");
+    let written = current_lsn(&cluster);
+    for meili in &meilis[1..] {
+        wait_index_matches_table(&cluster, meili, &index, "products", CONVERGE);
+    }
+    assert!(
+        holds(
+            &cluster,
+            &format!(
+                "(SELECT confirmed_lsn FROM meili_sync_status WHERE task = {task}) < '{written}'"
+            )
+        ),
+        "the frozen replica cannot have confirmed the writes made while it was frozen: {:?}",
+        cluster.status(task)
+    );
+    assert!(
+        holds(
+            &cluster,
+            &format!(
+                "(SELECT s.confirmed_flush_lsn FROM pg_replication_slots s WHERE s.slot_name LIKE 'meili_sync_%_shared')
+                 <= (SELECT confirmed_lsn FROM meili_sync_status WHERE task = {task})"
+            )
+        ),
+        "the shared slot went past the slowest replica's position"
+    );
+    // A search through SQL is answered by a replica that is up.
+    let found = cluster.psql(&format!(
+        "SET meili_sync.search_timeout = '3s';
+         SELECT string_agg(id, ',' ORDER BY id) FROM meili_search({task}, 'Product', '{{\"filter\": \"id IN [2001, 2002]\"}}')"
+    ));
+    assert_eq!(
+        found.lines().last().map(str::trim),
+        Some("2001,2002"),
+        "a search while the task's own server is frozen: {found}"
+    );
+
+    // The third one crashes (a real one is killed with SIGKILL and restarted on its data).
+    meilis[2].go_down();
+    cluster.psql("UPDATE products SET version = version + 1 WHERE id BETWEEN 501 AND 800");
+    std::thread::sleep(Duration::from_secs(2));
+    meilis[2].come_back();
+    meilis[0].thaw();
+    for meili in &meilis {
+        wait_index_matches_table(&cluster, meili, &index, "products", CONVERGE);
+    }
+    for row in std::iter::once(task).chain(others.iter().copied()) {
+        wait_for("each replica to confirm every write", CONVERGE, || {
+            holds(
+                &cluster,
+                &format!(
+                    "(SELECT confirmed_lsn FROM meili_sync_status WHERE task = {row}) >= '{written}'"
+                ),
+            )
+            .then_some(())
+        });
+    }
+    // Waiting for the task waits for all its replicas.
+    cluster.psql("UPDATE products SET name = 'waited for' WHERE id = 1");
+    assert_eq!(
+        cluster
+            .psql(&format!("SELECT meili_sync_wait({task})"))
+            .trim(),
+        "t"
+    );
+    for meili in &meilis {
+        let (_, document) = meili.request(
+            pg_meili_sync_e2e::meili::Method::GET,
+            &format!("/indexes/{index}/documents/1"),
+            None,
+        );
+        assert_eq!(document["name"], json!("waited for"), "at {}", meili.url);
+    }
+    assert_no_crash(&cluster);
+}
+
+#[test]
+fn a_replica_is_added_mid_stream_and_removed_by_alter() {
+    let Some(meilis) = servers(2) else {
+        return;
+    };
+    let cluster = cluster_with_products(1_000);
+    let index = meilis[0].unique_index("replicas");
+    let task = start_with_options(
+        &cluster,
+        None,
+        "products",
+        &index,
+        &replicas_options(&[&meilis[0]]),
+    );
+    cluster.wait_snapshot_done(task, CONVERGE);
+    assert!(replica_rows(&cluster, task).is_empty());
+
+    // Writes go on while the second server is added and copied.
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let _stop_writer = StopOnDrop(&stop);
+        let writer = scope.spawn(|| {
+            let mut next = 1_001;
+            while !stop.load(Ordering::Relaxed) {
+                cluster.psql(&products::insert_sql(next, next + 49));
+                cluster.psql(&format!(
+                    "UPDATE products SET version = version + 1 WHERE id % 97 = {}",
+                    next % 97
+                ));
+                next += 50;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        std::thread::sleep(Duration::from_secs(1));
+        cluster.psql(&format!(
+            "SELECT meili_sync_alter({task}, '{}')",
+            replicas_options(&[&meilis[0], &meilis[1]])
+        ));
+        let added = wait_for("the new replica's row", CONVERGE, || {
+            replica_rows(&cluster, task).first().copied()
+        });
+        cluster.wait_snapshot_done(added, CONVERGE);
+        std::thread::sleep(Duration::from_secs(2));
+        stop.store(true, Ordering::Relaxed);
+        writer.join().expect("the writer");
+    });
+    for meili in &meilis {
+        wait_index_matches_table(&cluster, meili, &index, "products", CONVERGE);
+    }
+    let added = replica_rows(&cluster, task)[0];
+
+    // What cannot be done, refused with a hint.
+    let replica_alter = refusal(
+        &cluster,
+        &format!("SELECT meili_sync_alter({added}, '{{\"batch_size\": 10}}')"),
+    );
+    assert_eq!(replica_alter.sqlstate, "22023", "{replica_alter:?}");
+    assert!(replica_alter
+        .message
+        .contains(&format!("is a replica of task {task}")));
+    let own_left_out = refusal(
+        &cluster,
+        &format!(
+            "SELECT meili_sync_alter({task}, '{}')",
+            replicas_options(&[&meilis[1]])
+        ),
+    );
+    assert_eq!(own_left_out.sqlstate, "0A000", "{own_left_out:?}");
+    assert!(!own_left_out.hint.is_empty());
+    let resync = refusal(&cluster, &format!("SELECT meili_sync_resync({task})"));
+    assert_eq!(resync.sqlstate, "0A000", "{resync:?}");
+    let both = refusal(
+        &cluster,
+        &format!(
+            "SELECT meili_sync_start('products', 'other', '{}')",
+            json!({"url": meilis[0].url, "replicas": [meilis[1].replica()]})
+        ),
+    );
+    assert_eq!(both.sqlstate, "22023", "{both:?}");
+    let twice = refusal(
+        &cluster,
+        &format!(
+            "SELECT meili_sync_start('products', 'other', '{}')",
+            json!({"replicas": [meilis[1].replica(), meilis[1].replica()]})
+        ),
+    );
+    assert_eq!(twice.sqlstate, "22023", "{twice:?}");
+    assert_eq!(
+        cluster
+            .psql("SELECT count(*) FROM meili_sync_status")
+            .trim(),
+        "2",
+        "a refused start leaves no row behind"
+    );
+
+    // Verify compares every replica.
+    let verified = cluster.psql(&format!(
+        "SELECT missing || ',' || extra || ',' || different FROM meili_sync_verify({task})"
+    ));
+    assert_eq!(verified.trim(), "0,0,0");
+
+    // Removed: its row goes, and with it its hold on the WAL; the task streams on without it.
+    let removed = cluster
+        .psql_command()
+        .args([
+            "-c",
+            &format!(
+                "SELECT meili_sync_alter({task}, '{}')",
+                replicas_options(&[&meilis[0]])
+            ),
+        ])
+        .output()
+        .expect("psql");
+    let warnings = String::from_utf8_lossy(&removed.stderr);
+    assert!(
+        warnings.contains("is removed"),
+        "a WARNING says the replica's index is no longer kept: {warnings}"
+    );
+    assert!(replica_rows(&cluster, task).is_empty());
+    let kept = meilis[1].document_count(&index);
+    cluster.psql(&products::insert_sql(900_001, 900_010));
+    wait_index_matches_table(&cluster, &meilis[0], &index, "products", CONVERGE);
+    assert_eq!(meilis[1].document_count(&index), kept);
+
+    cluster.psql(&format!(
+        "SELECT meili_sync_drop({task}, drop_index => true)"
+    ));
+    assert!(meilis[0].index(&index).is_none());
+    assert_no_crash(&cluster);
+}
