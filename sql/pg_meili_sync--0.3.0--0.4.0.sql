@@ -104,3 +104,35 @@ CREATE TRIGGER search_targets AFTER INSERT OR UPDATE OF source, index_uid, url, 
     ON meili_sync.tasks FOR EACH STATEMENT
     EXECUTE FUNCTION @extschema@.meili_sync_invalidate_search_targets();
 ALTER TABLE meili_sync.tasks ENABLE ALWAYS TRIGGER search_targets;
+
+-- meili_sync_wait takes replicas => 'all' | 'any' (sql/views.sql says why), and so does its engine.
+DROP FUNCTION @extschema@.meili_sync_wait(bigint, pg_catalog.pg_lsn, interval);
+DROP FUNCTION @extschema@.meili_sync_wait_at(bigint, bigint, double precision);
+CREATE FUNCTION @extschema@.meili_sync_wait_at(
+	"task" bigint,
+	"lsn" bigint,
+	"timeout_ms" double precision,
+	"replicas" TEXT
+) RETURNS bool
+VOLATILE PARALLEL UNSAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'meili_sync_wait_at_wrapper';
+CREATE FUNCTION @extschema@.meili_sync_wait(task bigint,
+                                           lsn pg_catalog.pg_lsn DEFAULT pg_catalog.pg_current_wal_lsn(),
+                                           timeout interval DEFAULT '30 seconds',
+                                           replicas text DEFAULT 'all')
+RETURNS boolean LANGUAGE sql VOLATILE
+AS $$
+    SELECT @extschema@.meili_sync_wait_at($1, pg_catalog.pg_wal_lsn_diff($2, '0/0')::bigint,
+                                          pg_catalog.date_part('epoch', $3) OPERATOR(pg_catalog.*) 1000, $4)
+$$;
+-- As every function of the extension (sql/views.sql): a fixed search_path, no PUBLIC grant but
+-- for these two, which every role that may read a task's table may call.
+ALTER FUNCTION @extschema@.meili_sync_wait_at(bigint, bigint, double precision, text) SET search_path = pg_catalog, pg_temp;
+ALTER FUNCTION @extschema@.meili_sync_wait(bigint, pg_catalog.pg_lsn, interval, text) SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION @extschema@.meili_sync_wait_at(bigint, bigint, double precision, text) FROM PUBLIC;
+REVOKE ALL ON FUNCTION @extschema@.meili_sync_wait(bigint, pg_catalog.pg_lsn, interval, text) FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.meili_sync_wait_at(bigint, bigint, double precision, text) TO meili_sync_admin;
+GRANT EXECUTE ON FUNCTION @extschema@.meili_sync_wait(bigint, pg_catalog.pg_lsn, interval, text) TO meili_sync_admin;
+GRANT EXECUTE ON FUNCTION @extschema@.meili_sync_wait(bigint, pg_catalog.pg_lsn, interval, text),
+                          @extschema@.meili_sync_wait_at(bigint, bigint, double precision, text) TO PUBLIC;

@@ -24,6 +24,24 @@ type ClientKey = (String, Option<String>, Duration);
 thread_local! {
     /// Clients by URL, key and timeout: each keeps its connections alive between searches.
     static CLIENTS: RefCell<HashMap<ClientKey, Client>> = RefCell::new(HashMap::new());
+    /// Read-your-writes: for each task this session waited for, the highest position a
+    /// `meili_sync_wait` returned true for. A search through the task asks only replicas that
+    /// have confirmed it.
+    static WAITED: RefCell<HashMap<i64, u64>> = RefCell::new(HashMap::new());
+}
+
+/// `meili_sync_wait` saw the task (one of its replicas at least) confirm `lsn`.
+pub fn note_waited(task_id: i64, lsn: u64) {
+    WAITED.with(|waited| {
+        let mut waited = waited.borrow_mut();
+        let position = waited.entry(task_id).or_insert(lsn);
+        *position = (*position).max(lsn);
+    });
+}
+
+/// The position this session last waited for on the task, if any.
+pub fn waited_for(task_id: i64) -> Option<u64> {
+    WAITED.with(|waited| waited.borrow().get(&task_id).copied())
 }
 
 /// The attribute an index's documents carry their id in, for a task's key columns.

@@ -449,7 +449,7 @@ pub fn has_waiters(task_id: i64) -> bool {
 }
 
 /// Whether a worker has published a confirmation of the task at or past `lsn`.
-fn confirmed_past(task_id: i64, lsn: u64) -> bool {
+pub fn confirmed_past(task_id: i64, lsn: u64) -> bool {
     let database = my_database();
     STATE.share().entries.iter().any(|entry| {
         entry.task_id == task_id && entry.database == database && entry.confirmed_lsn >= lsn
@@ -505,9 +505,10 @@ fn free_waiter_places_at_exit_once() {
 }
 
 /// Sleeps on this backend's latch until workers confirm each of `tasks` (a task and its
-/// replicas) at or past `lsn` (true) or `timeout` passes (false). The worker that publishes a
-/// confirmation sets the latch; a cancel or `statement_timeout` ends the wait with its ERROR.
-pub fn wait_confirmed(tasks: &[i64], lsn: u64, timeout: std::time::Duration) -> bool {
+/// replicas; with `any`, one of them) at or past `lsn` (true) or `timeout` passes (false). The
+/// worker that publishes a confirmation sets the latch; a cancel or `statement_timeout` ends the
+/// wait with its ERROR.
+pub fn wait_confirmed(tasks: &[i64], lsn: u64, timeout: std::time::Duration, any: bool) -> bool {
     // SAFETY: MyProc is this backend's PGPROC, in shared memory at the same address everywhere.
     let latch = unsafe { &raw mut (*pg_sys::MyProc).procLatch } as usize;
     free_waiter_places_at_exit_once();
@@ -541,7 +542,8 @@ pub fn wait_confirmed(tasks: &[i64], lsn: u64, timeout: std::time::Duration) -> 
         // SAFETY: resets this backend's own latch before looking, so that a confirmation
         // published after the look sets it again and the wait below returns at once.
         unsafe { pg_sys::ResetLatch(latch as *mut pg_sys::Latch) };
-        if tasks.iter().all(|&task_id| confirmed_past(task_id, lsn)) {
+        let confirmed = |task_id: &i64| confirmed_past(*task_id, lsn);
+        if (any && tasks.iter().any(confirmed)) || (!any && tasks.iter().all(confirmed)) {
             return true;
         }
         let left = deadline.saturating_duration_since(std::time::Instant::now());

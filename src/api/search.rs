@@ -53,8 +53,10 @@ fn readable_target(task: Option<i64>) -> Result<Rc<catalog::SearchTarget>, SyncE
 /// Runs `request` with the backend's client for a server of the task, for a caller that may read
 /// its table (or view), with the server's `search_api_key` when it has one (never then its
 /// `api_key`). A task with replicas tries those streaming with nothing failing first, in their
-/// order, then the others; a server that cannot be reached, times out, fails inside, or lacks
-/// the index hands the request on to the next. Any other answer, a refusal too, is the answer.
+/// order, then the others, and after a `meili_sync_wait` of this session only those that have
+/// confirmed its position (read-your-writes); a server that cannot be reached, times out, fails
+/// inside, or lacks the index hands the request on to the next. Any other answer, a refusal too,
+/// is the answer.
 fn on_a_server<T>(
     task: Option<i64>,
     mut request: impl FnMut(&Client, &catalog::SearchTarget) -> Result<T, SyncError>,
@@ -77,6 +79,23 @@ fn on_a_server<T>(
         )
     }))
     .collect();
+    if let Some(lsn) = search::waited_for(target.task_id) {
+        servers.retain(|(row, _, _)| shmem::confirmed_past(*row, lsn));
+        if servers.is_empty() {
+            return Err(SyncError::new(
+                ErrorKind::Prerequisite,
+                format!(
+                    "no replica of task {} has confirmed the changes this session waited for (up to {})",
+                    target.task_id,
+                    catalog::format_lsn(lsn)
+                ),
+            )
+            .hint(format!(
+                "SELECT meili_sync_wait({}, replicas => 'any') waits until one has them.",
+                target.task_id
+            )));
+        }
+    }
     servers.sort_by_key(|(row, _, _)| !shmem::streams_well(*row));
     let mut failures = Vec::new();
     for (_, url, api_key) in servers {
@@ -304,11 +323,31 @@ fn meili_search_raw(task: Option<i64>, body: Option<JsonB>) -> DirectJsonb {
 
 /// The engine of `meili_sync_wait` (which `sql/views.sql` defines with `pg_lsn` and `interval`
 /// arguments): true once the task confirmed every change committed up to `lsn` (a WAL position
-/// in bytes), false after `timeout_ms`. Needs SELECT on the task's table.
+/// in bytes), false after `timeout_ms`. A task with replicas: each of them (`replicas` 'all'),
+/// or one (`'any'`). Needs SELECT on the task's table.
 #[pg_extern(volatile, parallel_unsafe)]
-fn meili_sync_wait_at(task: Option<i64>, lsn: Option<i64>, timeout_ms: Option<f64>) -> bool {
+fn meili_sync_wait_at(
+    task: Option<i64>,
+    lsn: Option<i64>,
+    timeout_ms: Option<f64>,
+    replicas: Option<&str>,
+) -> bool {
     let result = (|| {
         let target = readable_target(task)?;
+        let any = match required(replicas, "replicas", "Pass 'all' or 'any'.")? {
+            "all" => false,
+            "any" => true,
+            other => {
+                return Err(SyncError::new(
+                    ErrorKind::InvalidParameter,
+                    format!(
+                        "replicas must be 'all' or 'any', not '{}'",
+                        other.escape_default()
+                    ),
+                )
+                .hint("'all' waits until every replica of the task has the changes, 'any' until one has (a search then asks only replicas that have them)."))
+            }
+        };
         let lsn = required(
             lsn,
             "lsn",
@@ -326,16 +365,18 @@ fn meili_sync_wait_at(task: Option<i64>, lsn: Option<i64>, timeout_ms: Option<f6
             )
             .hint("Wait between 0 seconds and 1 day."));
         }
-        // A task with replicas: until every replica has the changes, so that a search answered
-        // by any of them sees them.
         let tasks: Vec<i64> = std::iter::once(target.task_id)
             .chain(target.replicas.iter().map(|replica| replica.task_id))
             .collect();
-        Ok(shmem::wait_confirmed(
-            &tasks,
-            u64::try_from(lsn).unwrap_or(0),
-            Duration::from_millis(timeout_ms as u64),
-        ))
+        let lsn = u64::try_from(lsn).unwrap_or(0);
+        let confirmed =
+            shmem::wait_confirmed(&tasks, lsn, Duration::from_millis(timeout_ms as u64), any);
+        if confirmed {
+            // Read-your-writes: this session's searches through the task now ask only replicas
+            // that have these changes.
+            search::note_waited(target.task_id, lsn);
+        }
+        Ok(confirmed)
     })();
     result.or_raise()
 }

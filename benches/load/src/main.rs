@@ -12,11 +12,13 @@
 //!   cargo run --release -p pg_meili_sync_load -- hotrow [ids] [rounds]
 //!   cargo run --release -p pg_meili_sync_load -- attach [table_rows] [attached_rows]
 //!   cargo run --release -p pg_meili_sync_load -- search [rows] [seconds per query] [clients] [split cores 0|1]
+//!   cargo run --release -p pg_meili_sync_load -- replicas [servers] [rows] [stream_rows]
 //!
 //! Set LOAD_VERIFY=1 to also check that the index holds exactly the table's rows afterwards.
 
 mod decoders;
 mod partitions;
+mod replicas;
 mod search;
 mod views;
 
@@ -227,17 +229,7 @@ fn ceiling(meili: &Meili, rows: i64, batch_size: usize) -> f64 {
 /// enqueued at once; prints and returns docs/s.
 fn ceiling_of(meili: &Meili, documents: &[String], batch_size: usize, prefix: &str) -> f64 {
     let index = meili.unique_index(prefix);
-    let bodies: Vec<Vec<u8>> = documents
-        .chunks(batch_size.max(1))
-        .map(|chunk| {
-            let mut body = Vec::new();
-            for document in chunk {
-                body.extend_from_slice(document.as_bytes());
-                body.push(b'\n');
-            }
-            body
-        })
-        .collect();
+    let bodies = ndjson_bodies(documents, batch_size);
     let started = Instant::now();
     let mut enqueued = Vec::new();
     for body in bodies {
@@ -247,6 +239,21 @@ fn ceiling_of(meili: &Meili, documents: &[String], batch_size: usize, prefix: &s
     finish_direct_feed(meili, &index, enqueued, started, count, "ceiling", &format!(
         "the same {count} documents posted straight to the same server, {batch_size} per task, all enqueued at once"
     ))
+}
+
+/// These documents (JSON texts) as NDJSON request bodies of `batch_size` each.
+fn ndjson_bodies(documents: &[String], batch_size: usize) -> Vec<Vec<u8>> {
+    documents
+        .chunks(batch_size.max(1))
+        .map(|chunk| {
+            let mut body = Vec::new();
+            for document in chunk {
+                body.extend_from_slice(document.as_bytes());
+                body.push(b'\n');
+            }
+            body
+        })
+        .collect()
 }
 
 /// Waits for Meilisearch to finish the tasks of a feed that bypasses the extension, prints its
@@ -790,6 +797,7 @@ fn main() {
         "fanout" => views::fanout(arg(0, 1000), arg(1, 20), arg(2, 500)),
         "hotrow" => views::hot_rows(arg(0, 1000), arg(1, 100)),
         "attach" => partitions::attach(arg(0, 500_000), arg(1, 20_000)),
+        "replicas" => replicas::replicas(arg(0, 3) as usize, arg(1, 200_000), arg(2, 100_000)),
         "search" => search::search(
             arg(0, 200_000),
             arg(1, 10) as u64,
@@ -798,7 +806,7 @@ fn main() {
         ),
         other => {
             eprintln!(
-                "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout, hotrow, attach or search"
+                "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout, hotrow, attach, search or replicas"
             );
             std::process::exit(2);
         }

@@ -114,15 +114,20 @@ fn every_replica_gets_every_change_and_a_frozen_or_crashed_one_catches_up() {
         ),
         "the shared slot went past the slowest replica's position"
     );
-    // A search through SQL is answered by a replica that is up.
+    // Waiting for every replica times out, for any one of them not; the session's searches then
+    // ask only replicas that have the writes, and are answered while the task's own server is
+    // frozen.
     let found = cluster.psql(&format!(
         "SET meili_sync.search_timeout = '3s';
+         SELECT meili_sync_wait({task}, '{written}', '1 second')::text || ','
+                || meili_sync_wait({task}, '{written}', '60 seconds', replicas => 'any')::text;
          SELECT string_agg(id, ',' ORDER BY id) FROM meili_search({task}, 'Product', '{{\"filter\": \"id IN [2001, 2002]\"}}')"
     ));
+    let lines: Vec<&str> = found.lines().map(str::trim).collect();
     assert_eq!(
-        found.lines().last().map(str::trim),
-        Some("2001,2002"),
-        "a search while the task's own server is frozen: {found}"
+        lines[lines.len().saturating_sub(2)..],
+        ["false,true", "2001,2002"],
+        "waits and a search while the task's own server is frozen: {found}"
     );
 
     // The third one crashes (a real one is killed with SIGKILL and restarted on its data).
@@ -235,6 +240,11 @@ fn a_replica_is_added_mid_stream_and_removed_by_alter() {
     assert!(!own_left_out.hint.is_empty());
     let resync = refusal(&cluster, &format!("SELECT meili_sync_resync({task})"));
     assert_eq!(resync.sqlstate, "0A000", "{resync:?}");
+    let wait = refusal(
+        &cluster,
+        &format!("SELECT meili_sync_wait({task}, replicas => 'most')"),
+    );
+    assert_eq!(wait.sqlstate, "22023", "{wait:?}");
     let both = refusal(
         &cluster,
         &format!(
