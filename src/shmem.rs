@@ -1116,15 +1116,16 @@ pub fn last_error(worker: WorkerId) -> Option<String> {
         .and_then(|live| live.last_error)
 }
 
-/// Whether a worker streams the task with nothing failing (phase `streaming`): a search goes
-/// first to such a replica. A task without a live entry is not.
-pub fn streams_well(task_id: i64) -> bool {
+/// The phase of the task's live entry, if it has one: a search goes first to a replica that
+/// streams, and never to one that copies.
+pub fn phase_of(task_id: i64) -> Option<Phase> {
     let database = my_database();
-    STATE.share().entries.iter().any(|entry| {
-        entry.task_id == task_id
-            && entry.database == database
-            && entry.phase == Phase::Streaming as u8
-    })
+    STATE
+        .share()
+        .entries
+        .iter()
+        .find(|entry| entry.task_id == task_id && entry.database == database)
+        .and_then(|entry| Phase::from_u8(entry.phase))
 }
 
 /// Live-state entries that tasks of other databases hold: `meili_sync.max_tasks` counts the

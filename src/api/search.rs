@@ -13,6 +13,7 @@ use crate::jsonb::{BuiltJsonb, DirectJsonb, JsonbBuilder};
 use crate::materialized::TableIterator;
 use crate::meili::client::Client;
 use crate::options::validate_index_uid;
+use crate::shmem::Phase;
 use crate::{search, shmem};
 
 /// A task for any role that may read its table or view (`42501` otherwise): the search functions
@@ -53,10 +54,10 @@ fn readable_target(task: Option<i64>) -> Result<Rc<catalog::SearchTarget>, SyncE
 /// Runs `request` with the backend's client for a server of the task, for a caller that may read
 /// its table (or view), with the server's `search_api_key` when it has one (never then its
 /// `api_key`). A task with replicas tries those streaming with nothing failing first, in their
-/// order, then the others, and after a `meili_sync_wait` of this session only those that have
-/// confirmed its position (read-your-writes); a server that cannot be reached, times out, fails
-/// inside, or lacks the index hands the request on to the next. Any other answer, a refusal too,
-/// is the answer.
+/// order, then the others (never one still copying), and after a `meili_sync_wait` of this
+/// session only those that have confirmed its position (read-your-writes); a server that cannot
+/// be reached, times out, fails inside, or lacks the index hands the request on to the next. Any
+/// other answer, a refusal too, is the answer.
 fn on_a_server<T>(
     task: Option<i64>,
     mut request: impl FnMut(&Client, &catalog::SearchTarget) -> Result<T, SyncError>,
@@ -79,8 +80,35 @@ fn on_a_server<T>(
         )
     }))
     .collect();
+    // A replica still copying holds part of the index (unless all do, as while a task starts:
+    // then its search answers from a part, as a task without replicas does).
+    if servers
+        .iter()
+        .any(|(row, _, _)| shmem::phase_of(*row) != Some(Phase::Snapshot))
+    {
+        servers.retain(|(row, _, _)| shmem::phase_of(*row) != Some(Phase::Snapshot));
+    }
     if let Some(lsn) = search::waited_for(target.task_id) {
-        servers.retain(|(row, _, _)| shmem::confirmed_past(*row, lsn));
+        let published: Vec<_> = servers
+            .iter()
+            .copied()
+            .filter(|(row, _, _)| shmem::confirmed_past(*row, lsn))
+            .collect();
+        servers = if published.is_empty() {
+            // No worker has published a position past it yet (one restarted): the catalog's.
+            let rows: Vec<i64> = servers.iter().map(|(row, _, _)| *row).collect();
+            let stored = catalog::stored_positions(&rows)?;
+            servers
+                .into_iter()
+                .filter(|(row, _, _)| {
+                    stored
+                        .iter()
+                        .any(|(id, position)| id == row && *position >= lsn)
+                })
+                .collect()
+        } else {
+            published
+        };
         if servers.is_empty() {
             return Err(SyncError::new(
                 ErrorKind::Prerequisite,
@@ -96,7 +124,7 @@ fn on_a_server<T>(
             )));
         }
     }
-    servers.sort_by_key(|(row, _, _)| !shmem::streams_well(*row));
+    servers.sort_by_key(|(row, _, _)| shmem::phase_of(*row) != Some(Phase::Streaming));
     let mut failures = Vec::new();
     for (_, url, api_key) in servers {
         let client = search::client(url, api_key)?;

@@ -769,6 +769,19 @@ fn change_replicas(
         .detail("A task's own row writes to its first server; its other replicas have rows of their own.")
         .hint("Keep that server in \"replicas\"; to move the task to another server, alter its \"url\" on its own."));
     };
+    if let Some(helper) = catalog::resync_helper(record.id)? {
+        // The swap would rebuild the task's own server only.
+        return Err(SyncError::new(
+            ErrorKind::Prerequisite,
+            format!(
+                "task {} is being resynced by helper task {helper}; its replicas cannot change meanwhile",
+                record.id
+            ),
+        )
+        .hint(format!(
+            "Change them once the resync is done (meili_sync_status shows the helper), or cancel it with SELECT meili_sync_drop({helper}, drop_index => true)."
+        )));
+    }
     let existing = catalog::replicas_of(record.id)?;
     let adding: Vec<&Replica> = parsed
         .replicas
@@ -945,20 +958,35 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
     result.or_raise()
 }
 
-fn delete_index(record: &catalog::TaskRecord, index_uid: &str) -> Result<(), SyncError> {
-    let failed =
-        |error: MeiliError| {
-            SyncError::from(error)
-            .context(&format!("could not delete Meilisearch index \"{index_uid}\""))
-            .hint("Check that Meilisearch is reachable, or drop the task with drop_index => false.")
-        };
+/// Why an index of the task's server could not be deleted, as an ERROR with what to do.
+fn index_not_deleted(index_uid: &str, error: MeiliError) -> SyncError {
+    SyncError::from(error)
+        .context(&format!(
+            "could not delete Meilisearch index \"{index_uid}\""
+        ))
+        .hint("Check that Meilisearch is reachable, or drop the task with drop_index => false.")
+}
+
+/// The client of the task row's server, and whether the index is there.
+fn index_on_server(
+    record: &catalog::TaskRecord,
+    index_uid: &str,
+) -> Result<(Client, bool), SyncError> {
+    let failed = |error| index_not_deleted(index_uid, error);
     let client = Client::new(
         &record.url,
         record.api_key.as_deref(),
         Duration::from_secs(30),
     )
     .map_err(failed)?;
-    if client.get_index(index_uid).map_err(failed)?.is_none() {
+    let exists = client.get_index(index_uid).map_err(failed)?.is_some();
+    Ok((client, exists))
+}
+
+fn delete_index(record: &catalog::TaskRecord, index_uid: &str) -> Result<(), SyncError> {
+    let failed = |error| index_not_deleted(index_uid, error);
+    let (client, exists) = index_on_server(record, index_uid)?;
+    if !exists {
         return Ok(());
     }
     let uid = client.delete_index(index_uid).map_err(failed)?;
@@ -981,8 +1009,16 @@ fn meili_sync_drop(task: Option<i64>, drop_index: default!(Option<bool>, false))
         )?;
         let helper = catalog::resync_helper(record.id)?;
         if drop_index {
-            for replica in catalog::replicas_of(record.id)? {
-                delete_index(&replica, &replica.index_uid)?;
+            let replicas = catalog::replicas_of(record.id)?;
+            // Every server answers before any index goes: a drop that failed half-way would
+            // leave indexes deleted under replicas that go on.
+            if !replicas.is_empty() {
+                for row in replicas.iter().chain(std::iter::once(&record)) {
+                    index_on_server(row, &row.index_uid)?;
+                }
+            }
+            for replica in &replicas {
+                delete_index(replica, &replica.index_uid)?;
             }
             delete_index(&record, &record.index_uid)?;
             // The index a resync was building goes too.

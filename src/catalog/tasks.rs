@@ -484,14 +484,18 @@ pub fn set_replica_key(replica_id: i64, api_key: &str) -> CatalogResult<()> {
     })
 }
 
-/// Resumes the task and its replicas (on a replica's row: that replica alone).
+/// Resumes the task, and those of its replicas that are paused, stopped or failed (a replica
+/// that streams keeps its worker). On a replica's row: that replica alone.
 pub fn resume(task_id: i64) -> CatalogResult<()> {
     as_catalog_owner(|| {
-        update_task_and_replicas(
-            task_id,
-            "state = CASE WHEN snapshot_finished_at IS NULL THEN 'snapshot' ELSE 'streaming' END,
-             generation = generation + 1, last_error = NULL, last_error_at = NULL",
-            Vec::new(),
+        Spi::run_with_args(
+            "UPDATE meili_sync.tasks
+                SET state = CASE WHEN snapshot_finished_at IS NULL THEN 'snapshot' ELSE 'streaming' END,
+                    generation = generation + 1, last_error = NULL, last_error_at = NULL
+              WHERE id OPERATOR(pg_catalog.=) $1
+                 OR (replica_of OPERATOR(pg_catalog.=) $1
+                     AND state OPERATOR(pg_catalog.=) ANY ('{paused,stopped,error}'::pg_catalog.text[]))",
+            &[task_id.into()],
         )?;
         Ok(())
     })
@@ -610,6 +614,33 @@ pub fn resync_helper(task_id: i64) -> CatalogResult<Option<i64>> {
         "SELECT id FROM meili_sync.tasks WHERE resync_of OPERATOR(pg_catalog.=) $1",
         &[task_id.into()],
     )
+}
+
+/// The confirmed positions of these task rows as the catalog keeps them (the stored position in
+/// the shared pass, else the slot's), read as the catalog's owner: for a search after a
+/// `meili_sync_wait` when no worker has published one yet (a worker that just restarted).
+pub fn stored_positions(task_ids: &[i64]) -> CatalogResult<Vec<(i64, u64)>> {
+    as_catalog_owner(|| {
+        Spi::connect(|client| {
+            let rows = client.select(
+                &format!(
+                    "SELECT t.id, pg_catalog.pg_wal_lsn_diff(coalesce(t.stream_position, s.confirmed_flush_lsn), '0/0')::bigint
+                       FROM meili_sync.tasks t
+                       LEFT JOIN pg_catalog.pg_replication_slots s ON s.slot_name OPERATOR(pg_catalog.=) {OBJECT_NAME_SQL}
+                      WHERE t.id OPERATOR(pg_catalog.=) ANY ($1)"
+                ),
+                None,
+                &[task_ids.to_vec().into()],
+            )?;
+            let mut positions = Vec::new();
+            for row in rows {
+                if let (Some(id), Some(lsn)) = (row.get::<i64>(1)?, row.get::<i64>(2)?) {
+                    positions.push((id, lsn as u64));
+                }
+            }
+            Ok(positions)
+        })
+    })
 }
 
 /// What a resync helper needs to know of the task it rebuilds before swapping: its state, and

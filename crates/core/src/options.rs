@@ -236,13 +236,31 @@ fn expect_vectors(value: &Value) -> Result<Vec<(String, String)>, InvalidOption>
 
 const REPLICAS_HINT: &str = "For example {\"replicas\": [{\"url\": \"http://a:7700\", \"api_key\": \"...\"}, {\"url\": \"http://b:7700\", \"api_key\": \"...\"}]}: every change is written to each server.";
 
-/// `replicas`: a non-empty array of `{"url", "api_key"}` objects with distinct URLs.
+/// What kind of JSON value this is, for a message that must not quote it: a misplaced bracket can
+/// put an API key where a list was expected.
+fn json_kind(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(items) if items.is_empty() => "an empty array",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// `replicas`: a non-empty array of `{"url", "api_key"}` objects with distinct URLs. Its
+/// messages never quote a value: it may hold keys.
 fn expect_replicas(value: &Value) -> Result<Vec<Replica>, InvalidOption> {
     let items = match value {
         Value::Array(items) if !items.is_empty() => items,
         _ => {
             return Err(invalid(
-                format!("option \"replicas\" must be a non-empty array of servers, not {value}"),
+                format!(
+                    "option \"replicas\" must be a non-empty array of servers, not {}",
+                    json_kind(value)
+                ),
                 REPLICAS_HINT,
             ))
         }
@@ -260,7 +278,10 @@ fn expect_replicas(value: &Value) -> Result<Vec<Replica>, InvalidOption> {
     for item in items {
         let Value::Object(fields) = item else {
             return Err(invalid(
-                format!("each of \"replicas\" must be an object with \"url\" and \"api_key\", not {item}"),
+                format!(
+                    "each of \"replicas\" must be an object with \"url\" and \"api_key\", not {}",
+                    json_kind(item)
+                ),
                 REPLICAS_HINT,
             ));
         };
@@ -688,6 +709,16 @@ mod tests {
 
     #[test]
     fn bad_replicas_are_refused() {
+        let misplaced =
+            TaskOptions::parse(&json!({"replicas": {"url": "http://a", "api_key": "s3cret-key"}}))
+                .expect_err("an object is no list");
+        assert!(
+            !misplaced.message.contains("s3cret") && misplaced.message.contains("not an object"),
+            "{}",
+            misplaced.message
+        );
+        let quoted = TaskOptions::parse(&json!({"replicas": ["s3cret-key"]})).expect_err("refused");
+        assert!(!quoted.message.contains("s3cret"), "{}", quoted.message);
         for (options, expected) in [
             (json!({"replicas": []}), "non-empty array"),
             (json!({"replicas": "http://a"}), "non-empty array"),
