@@ -67,7 +67,8 @@ fn on_a_server<T>(
         let client = search::client(&target.url, target.api_key.as_deref())?;
         return request(&client, &target);
     }
-    let mut servers: Vec<(i64, &str, Option<&str>)> = std::iter::once((
+    // Each server's row, URL, key and live phase (looked up once: a lock and a scan each).
+    let mut servers: Vec<(i64, &str, Option<&str>, Option<Phase>)> = std::iter::once((
         target.task_id,
         target.url.as_str(),
         target.api_key.as_deref(),
@@ -79,28 +80,27 @@ fn on_a_server<T>(
             replica.api_key.as_deref(),
         )
     }))
+    .map(|(row, url, key)| (row, url, key, shmem::phase_of(row)))
     .collect();
     // A replica still copying holds part of the index (unless all do, as while a task starts:
     // then its search answers from a part, as a task without replicas does).
-    if servers
-        .iter()
-        .any(|(row, _, _)| shmem::phase_of(*row) != Some(Phase::Snapshot))
-    {
-        servers.retain(|(row, _, _)| shmem::phase_of(*row) != Some(Phase::Snapshot));
+    let copying = |phase: &Option<Phase>| *phase == Some(Phase::Snapshot);
+    if servers.iter().any(|(_, _, _, phase)| !copying(phase)) {
+        servers.retain(|(_, _, _, phase)| !copying(phase));
     }
     if let Some(lsn) = search::waited_for(target.task_id) {
         let published: Vec<_> = servers
             .iter()
             .copied()
-            .filter(|(row, _, _)| shmem::confirmed_past(*row, lsn))
+            .filter(|(row, _, _, _)| shmem::confirmed_past(*row, lsn))
             .collect();
         servers = if published.is_empty() {
             // No worker has published a position past it yet (one restarted): the catalog's.
-            let rows: Vec<i64> = servers.iter().map(|(row, _, _)| *row).collect();
+            let rows: Vec<i64> = servers.iter().map(|(row, _, _, _)| *row).collect();
             let stored = catalog::stored_positions(&rows)?;
             servers
                 .into_iter()
-                .filter(|(row, _, _)| {
+                .filter(|(row, _, _, _)| {
                     stored
                         .iter()
                         .any(|(id, position)| id == row && *position >= lsn)
@@ -124,9 +124,9 @@ fn on_a_server<T>(
             )));
         }
     }
-    servers.sort_by_key(|(row, _, _)| shmem::phase_of(*row) != Some(Phase::Streaming));
+    servers.sort_by_key(|(_, _, _, phase)| *phase != Some(Phase::Streaming));
     let mut failures = Vec::new();
-    for (_, url, api_key) in servers {
+    for (_, url, api_key, _) in servers {
         let client = search::client(url, api_key)?;
         match request(&client, &target) {
             Err(error)
