@@ -67,7 +67,11 @@ CREATE TABLE meili_sync.tasks (
     partitions oid[],
     -- A replica of another task (`replicas`): it writes the same changes into its own server, with
     -- its own position, state and last error; the task's state changes apply to it too.
-    replica_of bigint REFERENCES meili_sync.tasks (id) ON DELETE CASCADE
+    replica_of bigint REFERENCES meili_sync.tasks (id) ON DELETE CASCADE,
+    -- A shard of a task (`shards`): its name in the servers' Meilisearch network, and the names
+    -- of the shards whose rendezvous hash of a document's id says which documents it keeps.
+    shard text,
+    shard_names text[]
 );
 COMMENT ON TABLE meili_sync.tasks IS 'One row per sync task; state is what the task should be doing.';
 -- Task workers update this table while they hold a decoding context; as a user catalog table its

@@ -82,7 +82,10 @@ SELECT t.id AS task,
        END AS decoding,
        -- On a replica (option replicas): the task it is a replica of. The task's own row is its
        -- first replica; each other server has a row of its own, with its own position and state.
-       t.replica_of
+       t.replica_of,
+       -- On a shard (option shards): its name. Each shard's row holds the documents whose id
+       -- hashes to it; the task's own row is its first shard.
+       t.shard
   FROM meili_sync.tasks t
   LEFT JOIN pg_catalog.pg_class c ON c.oid = t.source
   LEFT JOIN @extschema@.meili_sync_worker_state() w ON w.task = t.id
@@ -167,7 +170,7 @@ $$;
 -- invalidate those copies, at commit, when a task's table, index, URL, key columns, keys or
 -- replicas (rows inserted) change.
 -- ENABLE ALWAYS: they fire under session_replication_role = replica too (a restore, a replica).
-CREATE TRIGGER search_targets AFTER INSERT OR UPDATE OF source, index_uid, url, primary_key OR DELETE OR TRUNCATE
+CREATE TRIGGER search_targets AFTER INSERT OR UPDATE OF source, index_uid, url, primary_key, shard_names OR DELETE OR TRUNCATE
     ON meili_sync.tasks FOR EACH STATEMENT
     EXECUTE FUNCTION @extschema@.meili_sync_invalidate_search_targets();
 CREATE TRIGGER search_targets AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE

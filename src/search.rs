@@ -16,6 +16,7 @@ use crate::encode::COMPOSITE_KEY_ATTRIBUTE;
 use crate::error::{ErrorKind, SyncError};
 use crate::gucs;
 use crate::meili::client::{Client, MeiliError};
+use crate::meili::network::federated_search_body;
 use crate::meili::waiting_tcp::{Interest, SocketWait, Waited};
 
 /// What a client is made for: its URL, key and timeout.
@@ -74,13 +75,103 @@ pub fn client(url: &str, api_key: Option<&str>) -> Result<Client, SyncError> {
 /// Runs one search. A cancel or `statement_timeout` ends the wait, the request ends with the
 /// connection dropped, and the cancel's own ERROR is raised here, outside the HTTP client, so no
 /// error unwinds through it.
-pub fn run(client: &Client, index_uid: &str, body: Value) -> Result<Value, SyncError> {
-    answered(client.search(index_uid, &body))
+/// With `shards` (a sharded task's), one federated search through this server reaches every shard
+/// (its network's remotes), and Meilisearch merges their hits; `shards_failed` says whether an
+/// answer that lacks a shard's hits is an ERROR or is returned with its `remoteErrors`.
+pub fn run(
+    client: &Client,
+    index_uid: &str,
+    shards: &[String],
+    body: Value,
+    shards_failed: ShardsFailed,
+) -> Result<Value, SyncError> {
+    let text = federated_or_not(client, index_uid, shards, body, shards_failed)?;
+    serde_json::from_slice(&text).map_err(|error| {
+        SyncError::new(
+            ErrorKind::Meilisearch,
+            format!("Meilisearch answered the search with invalid JSON: {error}"),
+        )
+    })
 }
 
-/// Runs one search as [`run`] does, and returns the answer's JSON text.
-pub fn run_for_text(client: &Client, index_uid: &str, body: Value) -> Result<Vec<u8>, SyncError> {
-    answered(client.search_text(index_uid, &body))
+/// What a sharded search does when some shards did not answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ShardsFailed {
+    Refuse,
+    Return,
+}
+
+/// Runs one search as [`run`] does (a partial answer refused), and returns the answer's JSON text.
+pub fn run_for_text(
+    client: &Client,
+    index_uid: &str,
+    shards: &[String],
+    body: Value,
+) -> Result<Vec<u8>, SyncError> {
+    federated_or_not(client, index_uid, shards, body, ShardsFailed::Refuse)
+}
+
+fn federated_or_not(
+    client: &Client,
+    index_uid: &str,
+    shards: &[String],
+    body: Value,
+    shards_failed: ShardsFailed,
+) -> Result<Vec<u8>, SyncError> {
+    if shards.is_empty() {
+        return answered(client.search_text(index_uid, &body));
+    }
+    let names: Vec<&str> = shards.iter().map(String::as_str).collect();
+    let federated = federated_search_body(index_uid, &body, &names).map_err(|message| {
+        SyncError::new(ErrorKind::InvalidParameter, message).hint(
+            "A sharded task's search is one federated search over its shards: pagination and facets apply to the merged hits.",
+        )
+    })?;
+    let text = answered(client.multi_search_text(&federated))?;
+    if shards_failed == ShardsFailed::Refuse {
+        refuse_remote_errors(&text)?;
+    }
+    Ok(text)
+}
+
+/// A federated search whose remotes did not all answer would miss their documents without a
+/// word: an ERROR names each shard that failed.
+fn refuse_remote_errors(text: &[u8]) -> Result<(), SyncError> {
+    // Most answers say `"remoteErrors":{}`: found without reading the hits into a value.
+    if text
+        .windows(17)
+        .any(|window| window == b"\"remoteErrors\":{}")
+    {
+        return Ok(());
+    }
+    let Ok(answer) = serde_json::from_slice::<Value>(text) else {
+        return Ok(());
+    };
+    let Some(remote_errors) = answer
+        .get("remoteErrors")
+        .and_then(Value::as_object)
+        .filter(|errors| !errors.is_empty())
+    else {
+        return Ok(());
+    };
+    let failures: Vec<String> = remote_errors
+        .iter()
+        .map(|(shard, error)| {
+            let message = error
+                .get("message")
+                .and_then(Value::as_str)
+                .map_or_else(|| error.to_string(), str::to_owned);
+            format!("{shard}: {message}")
+        })
+        .collect();
+    Err(SyncError::new(
+        ErrorKind::Meilisearch,
+        format!(
+            "the search did not reach every shard: {}",
+            failures.join("; ")
+        ),
+    )
+    .hint("Check that each shard's Meilisearch is up (meili_sync_status shows them); meili_search_raw returns the shards that answered, with remoteErrors."))
 }
 
 /// A search's answer, once a cancel that ended it is raised.

@@ -23,6 +23,7 @@ use crate::meili::client::{Client, MeiliError, MeiliTaskStatus};
 use crate::options::{TaskOptions, WriteMode};
 use crate::plan::{build_plan, PageSizer, SnapshotPlan};
 use crate::security;
+use crate::shard::ShardFilter;
 
 const PAGE_ROWS: usize = 1000;
 const HTTP_TIMEOUT: Duration = Duration::from_secs(60);
@@ -160,6 +161,8 @@ struct Context {
     /// The source's columns, as the rows are read (`SnapshotPlan::source_columns`).
     column_names: Vec<String>,
     upsert: bool,
+    /// On a shard's row: the rows it keeps; the index's other documents are extra.
+    shard: Option<ShardFilter>,
 }
 
 impl Context {
@@ -181,6 +184,7 @@ impl Context {
             .map(|&index| columns[index].kind.clone())
             .collect();
         let column_names = plan.source_columns.clone();
+        let shard = task.shard_filter();
         let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
             .map_err(meili_error("cannot reach Meilisearch"))?;
         Ok(Context {
@@ -193,6 +197,7 @@ impl Context {
             key,
             key_kinds,
             column_names,
+            shard,
         })
     }
 
@@ -261,6 +266,11 @@ impl Context {
                 catalog::read_page(query, key, limit, self.plan.shape.columns().len())
             })?;
             pages.read(&rows);
+            let page_rows = rows.len();
+            let Some(last_key) = rows.last().map(|last| self.plan.shape.key_of_row(last)) else {
+                return Ok(());
+            };
+            let rows = self.own_rows(rows);
             findings.rows_checked += rows.len() as i64;
             let documents = self.encode(&rows).documents;
             let ids: Vec<Value> = documents
@@ -304,19 +314,35 @@ impl Context {
             if !keys.is_empty() {
                 damaged(self, keys)?;
             }
-            if rows.len() < limit {
+            if page_rows < limit {
                 return Ok(());
             }
-            after = rows.last().map(|last| self.plan.shape.key_of_row(last));
+            after = Some(last_key);
         }
     }
 
-    /// Which of these document ids no row of the table has.
+    /// The rows of a page this row's index should hold: on a shard, those whose id hashes to it.
+    fn own_rows(&self, rows: Vec<Vec<Option<String>>>) -> Vec<Vec<Option<String>>> {
+        match &self.shard {
+            Some(shard) => rows
+                .into_iter()
+                .filter(|row| shard.keeps_row(&self.plan.shape, row))
+                .collect(),
+            None => rows,
+        }
+    }
+
+    /// Which of these document ids no row of the table has (or, on a shard, that hash to another
+    /// shard: left behind when a document moved).
     fn absent(&self, ids: &[String]) -> Result<Vec<usize>, SyncError> {
         let mut typed = Vec::new();
         let mut as_text = Vec::new();
         let mut absent = Vec::new();
         for (position, id) in ids.iter().enumerate() {
+            if self.shard.as_ref().is_some_and(|shard| !shard.keeps_id(id)) {
+                absent.push(position);
+                continue;
+            }
             match key_of_id(id, self.key.len()) {
                 None => absent.push(position),
                 Some(values) => {

@@ -13,6 +13,7 @@ use crate::jsonb::{BuiltJsonb, DirectJsonb, JsonbBuilder};
 use crate::materialized::TableIterator;
 use crate::meili::client::Client;
 use crate::options::validate_index_uid;
+use crate::search::ShardsFailed;
 use crate::shmem::Phase;
 use crate::{search, shmem};
 
@@ -85,10 +86,14 @@ fn on_a_server<T>(
     // A replica still copying holds part of the index (unless all do, as while a task starts:
     // then its search answers from a part, as a task without replicas does).
     let copying = |phase: &Option<Phase>| *phase == Some(Phase::Snapshot);
-    if servers.iter().any(|(_, _, _, phase)| !copying(phase)) {
+    let sharded = !target.shards.is_empty();
+    // Any shard answers for all (a federated search over its network), whatever its own phase.
+    if !sharded && servers.iter().any(|(_, _, _, phase)| !copying(phase)) {
         servers.retain(|(_, _, _, phase)| !copying(phase));
     }
-    if let Some(lsn) = search::waited_for(target.task_id) {
+    // A wait of a sharded task is for every shard (`replicas => 'all'`), and a search asks all.
+    let waited = search::waited_for(target.task_id).filter(|_| !sharded);
+    if let Some(lsn) = waited {
         let published: Vec<_> = servers
             .iter()
             .copied()
@@ -143,7 +148,8 @@ fn on_a_server<T>(
     Err(SyncError::new(
         ErrorKind::Meilisearch,
         format!(
-            "no replica of task {} answered the search: {}",
+            "no {} of task {} answered the search: {}",
+            if sharded { "shard" } else { "replica" },
             target.task_id,
             failures.join("; ")
         ),
@@ -175,6 +181,7 @@ type HitRows = TableIterator<
 fn hit_rows(
     client: &Client,
     index_uid: &str,
+    shards: &[String],
     key_columns: &[String],
     query: Option<&str>,
     options: serde_json::Value,
@@ -183,7 +190,7 @@ fn hit_rows(
         SyncError::new(ErrorKind::InvalidParameter, message)
             .hint("For example '{\"limit\": 10, \"filter\": \"price > 10\"}'.")
     })?;
-    let answer = search::run_for_text(client, index_uid, body)?;
+    let answer = search::run_for_text(client, index_uid, shards, body)?;
     let hits = crate::meili::search::read_hits(
         &answer,
         search::id_attribute(key_columns),
@@ -228,6 +235,7 @@ fn meili_search(
             hit_rows(
                 client,
                 &target.index_uid,
+                &target.shards,
                 &target.primary_key,
                 query,
                 options.clone(),
@@ -282,6 +290,7 @@ fn meili_search_index(
         hit_rows(
             &client,
             index_uid,
+            &[],
             &[id_attribute.to_owned()],
             query,
             search_options(options)?,
@@ -322,7 +331,13 @@ fn meili_facets(
         let body = crate::meili::search::search_body(query, &options)
             .map_err(|message| SyncError::new(ErrorKind::InvalidParameter, message))?;
         let answer = on_a_server(task, |client, target| {
-            search::run(client, &target.index_uid, body.clone())
+            search::run(
+                client,
+                &target.index_uid,
+                &target.shards,
+                body.clone(),
+                ShardsFailed::Refuse,
+            )
         })?;
         Ok(TableIterator::new(crate::meili::search::facet_counts(
             &answer,
@@ -343,7 +358,13 @@ fn meili_search_raw(task: Option<i64>, body: Option<JsonB>) -> DirectJsonb {
             "Pass a search request, for example '{\"q\": \"kettle\"}'.",
         )?;
         Ok(DirectJsonb(on_a_server(task, |client, target| {
-            search::run(client, &target.index_uid, body.0.clone())
+            search::run(
+                client,
+                &target.index_uid,
+                &target.shards,
+                body.0.clone(),
+                ShardsFailed::Return,
+            )
         })?))
     })();
     result.or_raise()
@@ -376,6 +397,16 @@ fn meili_sync_wait_at(
                 .hint("'all' waits until every replica of the task has the changes, 'any' until one has (a search then asks only replicas that have them)."))
             }
         };
+        if any && !target.shards.is_empty() {
+            return Err(SyncError::new(
+                ErrorKind::InvalidParameter,
+                format!(
+                    "task {} is sharded: each shard holds part of the documents, so a wait is for all of them",
+                    target.task_id
+                ),
+            )
+            .hint("Leave out replicas, or pass replicas => 'all'."));
+        }
         let lsn = required(
             lsn,
             "lsn",

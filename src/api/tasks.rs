@@ -356,7 +356,7 @@ fn start_task(
     require_launcher_database()?;
     validate_index_uid(index_uid)?;
     let mut parsed = TaskOptions::parse(options)?;
-    let servers = task_servers(&parsed)?;
+    let (servers, shard_names) = task_servers(&parsed)?;
     let (info, key, published) = checked_source(source.oid(), &parsed)?;
     if info.is_view() {
         parsed.mappings = stored_mappings(&info, source.oid(), &key, &parsed)?;
@@ -385,9 +385,9 @@ fn start_task(
     for server in &servers {
         refuse_index_in_use(&server.url, index_uid, None)?;
     }
-    // The first server is the task's own row; each other replica gets a row of its own.
+    // The first server is the task's own row; each other replica or shard gets a row of its own.
     let mut id = None;
-    for server in &servers {
+    for (position, server) in servers.iter().enumerate() {
         let inserted = catalog::insert_task(
             NewTask {
                 relid: source.oid(),
@@ -400,6 +400,9 @@ fn start_task(
                 options: parsed.to_stored_json(),
                 resync_of: None,
                 replica_of: id,
+                shard: shard_names
+                    .get(position)
+                    .map(|name| (name.as_str(), shard_names.as_slice())),
             },
             &published,
         )?;
@@ -409,18 +412,37 @@ fn start_task(
     id.ok_or_else(|| SyncError::new(ErrorKind::Internal, "a task without a server"))
 }
 
-/// The servers a new task writes to: its `replicas`, or its one `url` (else `meili_sync.url`).
-/// A server without a key of its own uses `meili_sync.api_key`.
-fn task_servers(parsed: &TaskOptions) -> Result<Vec<Replica>, SyncError> {
+/// The servers a new task writes to: its `replicas`, its `shards` (with their names, in the same
+/// order), or its one `url` (else `meili_sync.url`). A server without a key of its own uses
+/// `meili_sync.api_key`.
+fn task_servers(parsed: &TaskOptions) -> Result<(Vec<Replica>, Vec<String>), SyncError> {
+    let server = |url: &String, api_key: &Option<String>| Replica {
+        url: url.clone(),
+        api_key: api_key.clone().or_else(gucs::default_api_key),
+    };
     if !parsed.replicas.is_empty() {
-        return Ok(parsed
-            .replicas
-            .iter()
-            .map(|replica| Replica {
-                url: replica.url.clone(),
-                api_key: replica.api_key.clone().or_else(gucs::default_api_key),
-            })
-            .collect());
+        return Ok((
+            parsed
+                .replicas
+                .iter()
+                .map(|replica| server(&replica.url, &replica.api_key))
+                .collect(),
+            Vec::new(),
+        ));
+    }
+    if !parsed.shards.is_empty() {
+        return Ok((
+            parsed
+                .shards
+                .iter()
+                .map(|shard| server(&shard.url, &shard.api_key))
+                .collect(),
+            parsed
+                .shards
+                .iter()
+                .map(|shard| shard.name.clone())
+                .collect(),
+        ));
     }
     let url = parsed
         .url
@@ -431,10 +453,13 @@ fn task_servers(parsed: &TaskOptions) -> Result<Vec<Replica>, SyncError> {
                 .hint("Pass {\"url\": \"http://host:7700\"} in the options, or set meili_sync.url.")
         })?;
     crate::options::validate_url(&url)?;
-    Ok(vec![Replica {
-        url: url.trim_end_matches('/').to_owned(),
-        api_key: parsed.api_key.clone().or_else(gucs::default_api_key),
-    }])
+    Ok((
+        vec![Replica {
+            url: url.trim_end_matches('/').to_owned(),
+            api_key: parsed.api_key.clone().or_else(gucs::default_api_key),
+        }],
+        Vec::new(),
+    ))
 }
 
 /// One index, one task: a second task writing into an index at the same URL would mix two
@@ -651,7 +676,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
         require_admin()?;
         let record = require_task(task)?;
         refuse_on_replica(&record, |task| {
-            format!("Alter task {task} itself: its replicas follow it.")
+            format!("Alter task {task} itself: its replicas or shards follow it.")
         })?;
         refuse_while_swapping(&record)?;
         let options = required(
@@ -663,6 +688,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             SyncError::new(ErrorKind::InvalidParameter, "options must be a JSON object")
                 .hint("For example '{\"batch_size\": 5000}'.")
         })?;
+        refuse_server_change_of_shards(&record, changes)?;
         if let Some(name) = crate::options::fixed_option_in(changes) {
             return Err(SyncError::new(
                 ErrorKind::UnsupportedType,
@@ -720,6 +746,44 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
     result.or_raise()
 }
 
+/// The servers of a sharded task are its `shards`: a change of `url`, `api_key` or `replicas`
+/// would leave the others' network behind, and a change of `shards` would move documents
+/// between servers, which alter does not do yet.
+fn refuse_server_change_of_shards(
+    record: &catalog::TaskRecord,
+    changes: &serde_json::Map<String, serde_json::Value>,
+) -> Result<(), SyncError> {
+    let sharded = record.shard.is_some();
+    if changes.contains_key("shards") {
+        return Err(SyncError::new(
+            ErrorKind::UnsupportedType,
+            format!("the shards of task {} cannot be changed", record.id),
+        )
+        .detail(if sharded {
+            "Adding or removing a shard moves documents between servers, which meili_sync_alter does not do yet."
+        } else {
+            "The task writes to one server, or to replicas; shards are given when a task starts."
+        })
+        .hint("Start a new task with the new \"shards\" into another index uid, and drop this one once it streams (meili_sync_drop)."));
+    }
+    if let Some(name) = ["url", "api_key", "replicas"]
+        .into_iter()
+        .find(|name| sharded && changes.contains_key(*name))
+    {
+        return Err(SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!(
+                "task {} is sharded; option \"{name}\" does not apply to it",
+                record.id
+            ),
+        )
+        .hint(
+            "Each shard's url and api_key are in its \"shards\" entry, given when the task starts.",
+        ));
+    }
+    Ok(())
+}
+
 /// A replica's row takes its options from its task, and has no resync of its own;
 /// `hint(task)` says what to do instead.
 fn refuse_on_replica(
@@ -729,9 +793,14 @@ fn refuse_on_replica(
     let Some(task) = record.replica_of else {
         return Ok(());
     };
+    let role = if record.shard.is_some() {
+        "shard"
+    } else {
+        "replica"
+    };
     Err(SyncError::new(
         ErrorKind::InvalidParameter,
-        format!("task {} is a replica of task {task}", record.id),
+        format!("task {} is a {role} of task {task}", record.id),
     )
     .hint(hint(task)))
 }
@@ -833,6 +902,7 @@ fn change_replicas(
                     options: parsed.to_stored_json(),
                     resync_of: None,
                     replica_of: Some(record.id),
+                    shard: None,
                 },
                 &published,
             )?;
@@ -874,12 +944,17 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
             )
         })?;
         if !catalog::replicas_of(record.id)?.is_empty() {
+            let servers = if record.shard.is_some() {
+                "shards"
+            } else {
+                "replicas"
+            };
             return Err(SyncError::new(
                 ErrorKind::UnsupportedType,
-                format!("task {} has replicas, and a resync of a task with replicas is not supported yet", record.id),
+                format!("task {} has {servers}, and a resync of a task with {servers} is not supported yet", record.id),
             )
             .hint(format!(
-                "SELECT meili_sync_snapshot({}) copies the table into every replica again; meili_sync_snapshot(replica) copies one of them (meili_sync_status shows their ids, with replica_of = {}).",
+                "SELECT meili_sync_snapshot({}) copies the table into every one of them again; meili_sync_snapshot(row) copies one (meili_sync_status shows their ids, with replica_of = {}).",
                 record.id, record.id
             )));
         }
@@ -949,6 +1024,7 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
                 options: record.options.clone(),
                 resync_of: Some(record.id),
                 replica_of: None,
+                shard: None,
             },
             &published,
         )?;
@@ -1002,6 +1078,14 @@ fn meili_sync_drop(task: Option<i64>, drop_index: default!(Option<bool>, false))
     let result = (|| {
         require_admin()?;
         let record = require_task(task)?;
+        if let (Some(task), Some(shard)) = (record.replica_of, &record.shard) {
+            return Err(SyncError::new(
+                ErrorKind::UnsupportedType,
+                format!("task {} is shard \"{shard}\" of task {task}", record.id),
+            )
+            .detail("Its documents are on no other shard: without it, searches of the task would miss them.")
+            .hint(format!("Drop task {task} itself, with all its shards.")));
+        }
         let drop_index = required(
             drop_index,
             "drop_index",

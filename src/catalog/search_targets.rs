@@ -29,6 +29,8 @@ pub struct SearchTarget {
     pub primary_key: Vec<String>,
     /// The task's other replicas (option `replicas`): a search fails over to them.
     pub replicas: Vec<ReplicaServer>,
+    /// A sharded task's shards, by name: its searches are federated over them.
+    pub shards: Vec<String>,
     /// Why the task may not be searched at all: its view's rows depend on who reads it (made
     /// `security_invoker`, or replaced, after the task started).
     pub refusal: Option<SyncError>,
@@ -106,6 +108,7 @@ pub fn search_target(task_id: i64) -> CatalogResult<Option<Rc<SearchTarget>>> {
         index_uid: record.index_uid,
         api_key: record.search_api_key.or(record.api_key),
         primary_key: record.primary_key,
+        shards: record.shard_names.unwrap_or_default(),
         replicas,
     });
     // Kept under the epoch read before the task was: an invalidation that arrived while it was

@@ -11,6 +11,7 @@ use super::{
     as_catalog_owner, format_lsn, ids_of, names_from, select_one, CatalogResult, OBJECT_NAME_SQL,
 };
 use crate::error::{ErrorKind, SyncError};
+use crate::shard::ShardFilter;
 use crate::state_change;
 
 /// Where a resync helper is in its swap, recorded before each step so that a helper restarted
@@ -132,6 +133,16 @@ pub struct TaskRecord {
     pub partitions: Option<Vec<u32>>,
     /// On a replica's row: the task it is a replica of (its state changes apply to this row too).
     pub replica_of: Option<i64>,
+    /// On a shard's row: its name, and the names of the task's shards (which documents it keeps).
+    pub shard: Option<String>,
+    pub shard_names: Option<Vec<String>>,
+}
+
+impl TaskRecord {
+    /// The documents this row keeps: on a shard's row, those whose id hashes to it.
+    pub fn shard_filter(&self) -> Option<ShardFilter> {
+        ShardFilter::new(self.shard_names.clone()?, self.shard.as_deref()?)
+    }
 }
 
 /// A task as the launcher sees it.
@@ -174,6 +185,8 @@ pub struct NewTask<'a> {
     pub options: serde_json::Value,
     pub resync_of: Option<i64>,
     pub replica_of: Option<i64>,
+    /// A shard's name and the names of all the task's shards.
+    pub shard: Option<(&'a str, &'a [String])>,
 }
 
 /// Inserts the task and its publication of `published` (schema-qualified tables: the task's
@@ -194,8 +207,8 @@ fn insert_task_row(task: NewTask<'_>, published: &[String]) -> CatalogResult<i64
         let id: i64 = client
             .update(
                 &format!(
-                    "INSERT INTO meili_sync.tasks (source, index_uid, url, primary_key, options, resync_of, owner, install_token, replica_of)
-                     VALUES ($1::oid::regclass, $2, $3, $4, $5, $6, $7::oid::regrole, {INSTALL_TOKEN_SQL}, $8) RETURNING id"
+                    "INSERT INTO meili_sync.tasks (source, index_uid, url, primary_key, options, resync_of, owner, install_token, replica_of, shard, shard_names)
+                     VALUES ($1::oid::regclass, $2, $3, $4, $5, $6, $7::oid::regrole, {INSTALL_TOKEN_SQL}, $8, $9, $10) RETURNING id"
                 ),
                 Some(1),
                 &[
@@ -207,6 +220,8 @@ fn insert_task_row(task: NewTask<'_>, published: &[String]) -> CatalogResult<i64
                     task.resync_of.into(),
                     task.owner.into(),
                     task.replica_of.into(),
+                    task.shard.map(|(name, _)| name).into(),
+                    task.shard.map(|(_, names)| names.to_vec()).into(),
                 ],
             )?
             .first()
@@ -263,7 +278,7 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
                     t.resync_of, t.resync_phase, pg_catalog.pg_wal_lsn_diff(t.swap_lsn, '0/0')::bigint,
                     t.swap_created_at, t.owner::oid, t.generation, {SHARED_TASK_SQL},
                     pg_catalog.pg_wal_lsn_diff(t.stream_position, '0/0')::bigint, {OWN_SLOT_SQL},
-                    s.search_api_key, t.partitions, t.replica_of
+                    s.search_api_key, t.partitions, t.replica_of, t.shard, t.shard_names
                FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id OPERATOR(pg_catalog.=) t.id
               WHERE t.id OPERATOR(pg_catalog.=) $1"),
             Some(1),
@@ -314,6 +329,8 @@ pub fn load_task(task_id: i64) -> CatalogResult<Option<TaskRecord>> {
                 .get::<Vec<pg_sys::Oid>>(23)?
                 .map(|oids| oids.into_iter().map(pg_sys::Oid::to_u32).collect()),
             replica_of: row.get(24)?,
+            shard: row.get(25)?,
+            shard_names: row.get(26)?,
         }))
     })
 }
@@ -386,6 +403,29 @@ pub fn replicas_of(task_id: i64) -> CatalogResult<Vec<TaskRecord>> {
         replicas.extend(load_task(id)?);
     }
     Ok(replicas)
+}
+
+/// The shards of the task whose own row is `task_id`: each one's name, URL and the key a
+/// federated search through another shard uses on it (its search key, else its key).
+pub fn shard_servers(task_id: i64) -> CatalogResult<Vec<(String, String, Option<String>)>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT t.shard, t.url, coalesce(s.search_api_key, s.api_key)
+               FROM meili_sync.tasks t LEFT JOIN meili_sync.task_secrets s ON s.task_id OPERATOR(pg_catalog.=) t.id
+              WHERE (t.id OPERATOR(pg_catalog.=) $1 OR t.replica_of OPERATOR(pg_catalog.=) $1)
+                AND t.shard IS NOT NULL
+              ORDER BY t.id",
+            None,
+            &[task_id.into()],
+        )?;
+        let mut shards = Vec::new();
+        for row in rows {
+            if let (Some(name), Some(url)) = (row.get::<String>(1)?, row.get::<String>(2)?) {
+                shards.push((name, url, row.get::<String>(3)?));
+            }
+        }
+        Ok(shards)
+    })
 }
 
 /// Writes the task's new generation into the WAL, in the transaction that changed it: a decoder

@@ -96,7 +96,7 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
             view,
             options: options.clone(),
             keys,
-            batcher: ChangeBatcher::new(limits),
+            batcher: ChangeBatcher::new(limits).with_shard(task.shard_filter()),
             limits,
             settlement: Settlement::default(),
             ended: false,
@@ -419,7 +419,7 @@ impl PassStream for ViewStream<Dispatcher> {
 
     fn restart(&mut self) {
         self.keys = collector(&self.view);
-        self.batcher = ChangeBatcher::new(self.limits);
+        self.batcher = ChangeBatcher::new(self.limits).with_shard(self.task.shard_filter());
         if let Some(partitioned) = self.partitioned.as_mut() {
             partitioned.forget_read();
         }

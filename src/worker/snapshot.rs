@@ -177,6 +177,8 @@ pub fn run(
     let mut done_reading = false;
     let mut document = Vec::with_capacity(1024);
     let mut pages = PageSizer::new(plan.page_rows);
+    // A shard copies the rows whose document id hashes to it.
+    let shard = task.shard_filter();
     live.set_phase(Phase::Snapshot);
     in_transaction(live, "starting the copy", || {
         catalog::mark_snapshot_started(
@@ -212,6 +214,12 @@ pub fn run(
             })?;
             pages.read(&rows);
             for (index, row) in rows.iter().enumerate() {
+                if shard
+                    .as_ref()
+                    .is_some_and(|shard| !shard.keeps_row(&plan.shape, row))
+                {
+                    continue;
+                }
                 let values = ColumnValue::row(row);
                 document.clear();
                 if let Err(error) = encode_row(&plan.shape, &values, &mut document) {

@@ -18,6 +18,7 @@ use crate::meter::CommitAges;
 use crate::options::{TaskOptions, WriteMode};
 use crate::pgoutput;
 use crate::plan::ColumnRules;
+use crate::shard::ShardFilter;
 use crate::shmem::LiveStatus;
 use crate::state_change;
 use crate::worker::control::{rewind_dispatcher, should_stop, Stop};
@@ -43,6 +44,8 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
     settlement: Settlement,
     limits: BatchLimits,
     upsert: bool,
+    /// On a shard's row: the documents it keeps (every other change is another shard's).
+    shard: Option<ShardFilter>,
     /// In the shared decoder: how long the task may hold up the shared reader while Meilisearch
     /// confirms none of its batches, before it leaves the stream. None: a task's own slot waits.
     stall_limit: Option<Duration>,
@@ -79,10 +82,12 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             dispatcher,
             primary_key,
             rules,
-            mapper: ChangeMapper::new(limits, options.write_mode == WriteMode::Upsert),
+            mapper: ChangeMapper::new(limits, options.write_mode == WriteMode::Upsert)
+                .with_shard(task.shard_filter()),
             settlement: Settlement::default(),
             limits,
             upsert: options.write_mode == WriteMode::Upsert,
+            shard: task.shard_filter(),
             stall_limit: None,
             stalled: false,
             finished_seen: 0,
@@ -181,7 +186,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     /// Forgets everything mapped and not yet handed to the dispatcher (it is read again from the
     /// slot), and takes changes again.
     fn forget_read(&mut self) {
-        self.mapper = ChangeMapper::new(self.limits, self.upsert);
+        self.mapper = ChangeMapper::new(self.limits, self.upsert).with_shard(self.shard.clone());
         self.stalled = false;
         if let Some(partitioned) = self.partitioned.as_mut() {
             partitioned.forget_read();

@@ -16,6 +16,8 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::shard::ShardFilter;
+
 /// What a batch asks Meilisearch to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Operation {
@@ -295,6 +297,9 @@ pub struct ChangeBatcher {
     pending_checkpoint: Option<u64>,
     next_seq: u64,
     closed: VecDeque<Batch>,
+    /// When the task spreads its index over shards, this pipeline's shard: other shards' documents
+    /// are dropped at the door, as their own pipelines send them.
+    shard: Option<ShardFilter>,
 }
 
 impl ChangeBatcher {
@@ -317,7 +322,23 @@ impl ChangeBatcher {
             pending_checkpoint: None,
             next_seq: 1,
             closed: VecDeque::new(),
+            shard: None,
         }
+    }
+
+    /// Keeps only the documents of `filter`'s shard (all of them when None).
+    pub fn with_shard(mut self, filter: Option<ShardFilter>) -> Self {
+        self.shard = filter;
+        self
+    }
+
+    /// Like [`ChangeBatcher::with_shard`], in place: for an owner that holds the batcher.
+    pub fn set_shard(&mut self, filter: Option<ShardFilter>) {
+        self.shard = filter;
+    }
+
+    pub fn shard(&self) -> Option<&ShardFilter> {
+        self.shard.as_ref()
     }
 
     fn part_index(op: Operation) -> usize {
@@ -330,8 +351,17 @@ impl ChangeBatcher {
 
     /// Adds one operation on the document `id` (its JSON): `item` is the encoded document for
     /// `Replace`/`Update`, the id again for `Delete`, and nothing (with any `id`) for `DeleteAll`.
-    /// `now` is read only when the item opens a window.
+    /// `now` is read only when the item opens a window. With a shard filter, an operation on
+    /// another shard's document is dropped; a delete-all concerns every shard and always passes.
     pub fn push(&mut self, op: Operation, id: &[u8], item: &[u8], now: &dyn Fn() -> Instant) {
+        if op != Operation::DeleteAll
+            && self
+                .shard
+                .as_ref()
+                .is_some_and(|shard| !shard.keeps_encoded(id))
+        {
+            return;
+        }
         if op == Operation::DeleteAll {
             if self.delete_all == 0 {
                 self.close();
@@ -977,6 +1007,97 @@ mod tests {
                 ),
             ]
         );
+    }
+
+    /// Two shards' batchers fed the same stream: each keeps its own documents, both the delete-all.
+    #[test]
+    fn a_shard_batcher_keeps_only_its_documents() {
+        use crate::shard::ShardFilter;
+        let now = Instant::now();
+        let clock = || now;
+        let names = vec!["ms-0".to_owned(), "ms-1".to_owned()];
+        let mut shards: Vec<ChangeBatcher> = names
+            .iter()
+            .map(|mine| {
+                ChangeBatcher::new(limits(1000, 1 << 20))
+                    .with_shard(ShardFilter::new(names.clone(), mine))
+            })
+            .collect();
+        assert_eq!(shards[1].shard().map(ShardFilter::mine), Some("ms-1"));
+        let ids: Vec<String> = (0..40)
+            .map(|n| {
+                if n % 2 == 0 {
+                    n.to_string()
+                } else {
+                    format!("\"k-{n}\"")
+                }
+            })
+            .collect();
+        for batcher in &mut shards {
+            for id in &ids {
+                let document = format!("{{\"id\":{id}}}");
+                batcher.push(
+                    Operation::Replace,
+                    id.as_bytes(),
+                    document.as_bytes(),
+                    &clock,
+                );
+                batcher.push(Operation::Delete, id.as_bytes(), id.as_bytes(), &clock);
+            }
+            batcher.push(Operation::DeleteAll, b"", b"", &clock);
+            batcher.mark_checkpoint(7);
+            batcher.close();
+        }
+        let mut kept_by_shard = Vec::new();
+        for (index, batcher) in shards.iter_mut().enumerate() {
+            let batches = change_batches(batcher);
+            let filter = batcher.shard().cloned().expect("a shard");
+            let mut kept = Vec::new();
+            for batch in &batches {
+                if batch.op == Operation::Replace {
+                    for line in String::from_utf8_lossy(&batch.body).lines() {
+                        let id = line
+                            .strip_prefix("{\"id\":")
+                            .and_then(|rest| rest.strip_suffix('}'))
+                            .expect("a document");
+                        assert!(filter.keeps_encoded(id.as_bytes()), "shard {index}: {id}");
+                        kept.push(id.to_owned());
+                    }
+                }
+            }
+            let last = batches.last().expect("batches");
+            assert_eq!((last.op, last.checkpoint), (Operation::DeleteAll, Some(7)));
+            kept_by_shard.push(kept);
+        }
+        // Every document went to exactly one shard, and both got some.
+        assert!(kept_by_shard.iter().all(|kept| !kept.is_empty()));
+        let mut all: Vec<String> = kept_by_shard.concat();
+        all.sort();
+        let mut expected = ids.clone();
+        expected.sort();
+        assert_eq!(all, expected);
+    }
+
+    #[test]
+    fn a_transaction_of_other_shards_documents_still_moves_the_checkpoint() {
+        use crate::shard::ShardFilter;
+        let now = Instant::now();
+        let clock = || now;
+        let names = vec!["ms-0".to_owned(), "ms-1".to_owned()];
+        let mut batcher = ChangeBatcher::new(limits(1000, 1 << 20))
+            .with_shard(ShardFilter::new(names.clone(), "ms-0"));
+        let other = ShardFilter::new(names, "ms-1").expect("a shard");
+        let theirs = (0..100)
+            .map(|n| n.to_string())
+            .find(|id| other.keeps_id(id))
+            .expect("an id of ms-1");
+        batcher.push(Operation::Replace, theirs.as_bytes(), b"{}", &clock);
+        assert!(batcher.is_empty());
+        batcher.mark_checkpoint(5);
+        assert_eq!(batcher.take_pending_checkpoint(), Some(5));
+        batcher.set_shard(None);
+        batcher.push(Operation::Replace, theirs.as_bytes(), b"{}", &clock);
+        assert!(!batcher.is_empty());
     }
 
     #[test]

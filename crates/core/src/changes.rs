@@ -15,6 +15,7 @@ use crate::batch::{Batch, BatchLimits, ChangeBatcher, Operation};
 use crate::encode::{encode_id, encode_row, ColumnValue, DocumentShape};
 use crate::failure::{Advice, Failure, FailureKind};
 use crate::pgoutput::{Message, Relation, Tuple, TupleValue};
+use crate::shard::ShardFilter;
 
 /// How one published relation's columns become a document.
 pub struct RelationShape {
@@ -60,6 +61,13 @@ impl ChangeMapper {
             values: Vec::new(),
             skipped: Vec::new(),
         }
+    }
+
+    /// On a shard's pipeline: only the changes of documents whose id hashes to it go on (a
+    /// TRUNCATE goes to every shard).
+    pub fn with_shard(mut self, shard: Option<ShardFilter>) -> Self {
+        self.batcher.set_shard(shard);
+        self
     }
 
     /// Applies one decoded message. `shape_for` builds the document shape when a Relation message

@@ -282,7 +282,7 @@ impl DocumentId<'_> {
         }
     }
 
-    #[cfg(test)]
+    /// The id's text, as Meilisearch hashes it to pick a shard.
     pub fn as_str(&self) -> &str {
         match self {
             DocumentId::Number(id) | DocumentId::String(id) => id,

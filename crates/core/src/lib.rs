@@ -19,6 +19,7 @@ pub mod pacing;
 pub mod pg_catalog;
 pub mod pgoutput;
 pub mod route;
+pub mod shard;
 pub mod state_change;
 #[cfg(test)]
 mod test_support;

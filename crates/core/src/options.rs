@@ -56,7 +56,17 @@ pub struct Replica {
     pub api_key: Option<String>,
 }
 
-/// At most this many replicas per task: each one is a pipeline (and, with its own decoding, a
+/// One Meilisearch server of a task's `shards`: each holds the documents whose id hashes to it
+/// (see [`crate::shard`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shard {
+    /// The server's remote name in Meilisearch's network, and the name its documents hash to.
+    pub name: String,
+    pub url: String,
+    pub api_key: Option<String>,
+}
+
+/// At most this many replicas (or shards) per task: each one is a pipeline (and, with its own decoding, a
 /// replication slot) of its own.
 pub const MAX_REPLICAS: usize = 16;
 
@@ -67,6 +77,9 @@ pub struct TaskOptions {
     /// The servers given with `replicas`, in place of `url` and `api_key` (empty when not given).
     /// Like the URL and the keys, they are not stored in the options: each replica has a task row.
     pub replicas: Vec<Replica>,
+    /// The servers given with `shards`, in place of `url`, `api_key` and `replicas` (empty when
+    /// not given); not stored in the options either: each shard has a catalog row.
+    pub shards: Vec<Shard>,
     /// A key that may only search, for `meili_search` (never sent by the workers).
     pub search_api_key: Option<String>,
     pub primary_key: Option<Vec<String>>,
@@ -106,6 +119,7 @@ impl Default for TaskOptions {
             url: None,
             api_key: None,
             replicas: Vec::new(),
+            shards: Vec::new(),
             search_api_key: None,
             primary_key: None,
             columns: None,
@@ -141,6 +155,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "url",
     "api_key",
     "replicas",
+    "shards",
     "search_api_key",
     "primary_key",
     "columns",
@@ -236,6 +251,8 @@ fn expect_vectors(value: &Value) -> Result<Vec<(String, String)>, InvalidOption>
 
 const REPLICAS_HINT: &str = "For example {\"replicas\": [{\"url\": \"http://a:7700\", \"api_key\": \"...\"}, {\"url\": \"http://b:7700\", \"api_key\": \"...\"}]}: every change is written to each server.";
 
+const SHARDS_HINT: &str = "For example {\"shards\": [{\"name\": \"ms-0\", \"url\": \"http://a:7700\", \"api_key\": \"...\"}, {\"name\": \"ms-1\", \"url\": \"http://b:7700\", \"api_key\": \"...\"}]}: each document is written to the one shard its id hashes to.";
+
 /// What kind of JSON value this is, for a message that must not quote it: a misplaced bracket can
 /// put an API key where a list was expected.
 fn json_kind(value: &Value) -> &'static str {
@@ -250,77 +267,179 @@ fn json_kind(value: &Value) -> &'static str {
     }
 }
 
-/// `replicas`: a non-empty array of `{"url", "api_key"}` objects with distinct URLs. Its
-/// messages never quote a value: it may hold keys.
-fn expect_replicas(value: &Value) -> Result<Vec<Replica>, InvalidOption> {
+/// How one list of servers (`replicas` or `shards`) is spelled in messages and hints.
+struct ServerList {
+    option: &'static str,
+    /// One entry, in messages: "replica", "shard".
+    entry: &'static str,
+    /// Whether entries have a `name` (a shard's remote name in Meilisearch's network).
+    named: bool,
+    hint: &'static str,
+}
+
+const REPLICA_LIST: ServerList = ServerList::new("replicas", "replica", false, REPLICAS_HINT);
+const SHARD_LIST: ServerList = ServerList::new("shards", "shard", true, SHARDS_HINT);
+
+impl ServerList {
+    const fn new(
+        option: &'static str,
+        entry: &'static str,
+        named: bool,
+        hint: &'static str,
+    ) -> Self {
+        ServerList {
+            option,
+            entry,
+            named,
+            hint,
+        }
+    }
+}
+
+/// One entry of a server list; `name` only in `shards`.
+struct Server {
+    name: Option<String>,
+    url: String,
+    api_key: Option<String>,
+}
+
+/// `replicas` or `shards`: a non-empty array of `{"url", "api_key"}` objects (with a `"name"` in
+/// shards) with distinct URLs and names. Its messages never quote an unchecked value: it may hold
+/// keys.
+fn expect_servers<T>(
+    list: &ServerList,
+    value: &Value,
+    make: fn(Server) -> T,
+) -> Result<Vec<T>, InvalidOption> {
+    let option = list.option;
     let items = match value {
         Value::Array(items) if !items.is_empty() => items,
         _ => {
             return Err(invalid(
                 format!(
-                    "option \"replicas\" must be a non-empty array of servers, not {}",
+                    "option \"{option}\" must be a non-empty array of servers, not {}",
                     json_kind(value)
                 ),
-                REPLICAS_HINT,
+                list.hint,
             ))
         }
     };
     if items.len() > MAX_REPLICAS {
         return Err(invalid(
             format!(
-                "option \"replicas\" names {} servers, more than {MAX_REPLICAS}",
+                "option \"{option}\" names {} servers, more than {MAX_REPLICAS}",
                 items.len()
             ),
-            "Each replica is written to by a pipeline of its own; use at most 16.",
+            &format!(
+                "Each {} is written to by a pipeline of its own; use at most {MAX_REPLICAS}.",
+                list.entry
+            ),
         ));
     }
-    let mut replicas: Vec<Replica> = Vec::with_capacity(items.len());
+    let fields_text = if list.named {
+        "\"name\", \"url\" and \"api_key\""
+    } else {
+        "\"url\" and \"api_key\""
+    };
+    let mut servers: Vec<Server> = Vec::with_capacity(items.len());
     for item in items {
         let Value::Object(fields) = item else {
             return Err(invalid(
                 format!(
-                    "each of \"replicas\" must be an object with \"url\" and \"api_key\", not {}",
+                    "each of \"{option}\" must be an object with {fields_text}, not {}",
                     json_kind(item)
                 ),
-                REPLICAS_HINT,
+                list.hint,
             ));
         };
-        let mut url = None;
-        let mut api_key = None;
-        for (name, value) in fields {
-            match name.as_str() {
-                "url" => {
-                    let given = expect_string("replicas.url", value)?;
-                    validate_url(&given)?;
-                    url = Some(given.trim_end_matches('/').to_owned());
-                }
-                "api_key" => api_key = Some(expect_string("replicas.api_key", value)?),
-                unknown => {
-                    return Err(invalid(
-                        format!(
-                            "unknown field \"{}\" in a replica of \"replicas\"",
-                            unknown.escape_default()
-                        ),
-                        "A replica has a \"url\" and an \"api_key\".",
-                    ))
-                }
-            }
-        }
-        let url = url.ok_or_else(|| {
-            invalid(
-                "a replica of \"replicas\" has no \"url\"".to_owned(),
-                REPLICAS_HINT,
-            )
-        })?;
-        if replicas.iter().any(|other| other.url == url) {
+        let server = expect_server(list, fields, fields_text)?;
+        if servers.iter().any(|other| other.url == server.url) {
             return Err(invalid(
-                format!("option \"replicas\" names {url} twice"),
-                "Each replica is another Meilisearch server: name each once.",
+                format!("option \"{option}\" names {} twice", server.url),
+                &format!(
+                    "Each {} is another Meilisearch server: name each once.",
+                    list.entry
+                ),
             ));
         }
-        replicas.push(Replica { url, api_key });
+        if let Some(name) = &server.name {
+            if servers
+                .iter()
+                .any(|other| other.name.as_ref() == Some(name))
+            {
+                return Err(invalid(
+                    format!("option \"{option}\" names shard \"{name}\" twice"),
+                    "Each shard is one server of the network: give each a name of its own.",
+                ));
+            }
+        }
+        servers.push(server);
     }
-    Ok(replicas)
+    Ok(servers.into_iter().map(make).collect())
+}
+
+/// One entry of a server list, its fields checked.
+fn expect_server(
+    list: &ServerList,
+    fields: &Map<String, Value>,
+    fields_text: &str,
+) -> Result<Server, InvalidOption> {
+    let (option, entry) = (list.option, list.entry);
+    let mut name = None;
+    let mut url = None;
+    let mut api_key = None;
+    for (field, value) in fields {
+        match field.as_str() {
+            "name" if list.named => {
+                let given = expect_string("shards.name", value)?;
+                if !valid_shard_name(&given) {
+                    // Not quoted: a misplaced key could be here.
+                    return Err(invalid(
+                        format!("a shard of \"shards\" has an invalid \"name\" ({} characters)", given.chars().count()),
+                        "A shard name is 1 to 64 characters among A-Z, a-z, 0-9, '-' and '_': it is the server's remote name in Meilisearch's network.",
+                    ));
+                }
+                name = Some(given);
+            }
+            "url" => {
+                let given = expect_string(&format!("{option}.url"), value)?;
+                validate_url(&given)?;
+                url = Some(given.trim_end_matches('/').to_owned());
+            }
+            "api_key" => api_key = Some(expect_string(&format!("{option}.api_key"), value)?),
+            unknown => {
+                return Err(invalid(
+                    format!(
+                        "unknown field \"{}\" in a {entry} of \"{option}\"",
+                        unknown.escape_default()
+                    ),
+                    &format!("A {entry} has {fields_text}."),
+                ))
+            }
+        }
+    }
+    let missing = |field: &str| {
+        invalid(
+            format!("a {entry} of \"{option}\" has no \"{field}\""),
+            list.hint,
+        )
+    };
+    if list.named && name.is_none() {
+        return Err(missing("name"));
+    }
+    Ok(Server {
+        name,
+        url: url.ok_or_else(|| missing("url"))?,
+        api_key,
+    })
+}
+
+/// A remote name of Meilisearch's network, as we allow it: 1 to 64 of `[A-Za-z0-9_-]`.
+fn valid_shard_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
 }
 
 fn expect_string(name: &str, value: &Value) -> Result<String, InvalidOption> {
@@ -466,7 +585,19 @@ impl TaskOptions {
                     parsed.url = Some(url.trim_end_matches('/').to_owned());
                 }
                 "api_key" => parsed.api_key = Some(expect_string(name, value)?),
-                "replicas" => parsed.replicas = expect_replicas(value)?,
+                "replicas" => {
+                    parsed.replicas = expect_servers(&REPLICA_LIST, value, |server| Replica {
+                        url: server.url,
+                        api_key: server.api_key,
+                    })?
+                }
+                "shards" => {
+                    parsed.shards = expect_servers(&SHARD_LIST, value, |server| Shard {
+                        name: server.name.unwrap_or_default(),
+                        url: server.url,
+                        api_key: server.api_key,
+                    })?
+                }
                 "search_api_key" => parsed.search_api_key = Some(expect_string(name, value)?),
                 "primary_key" => parsed.primary_key = Some(expect_names(name, value)?),
                 "columns" => parsed.columns = Some(expect_names(name, value)?),
@@ -570,6 +701,15 @@ impl TaskOptions {
             return Err(invalid(
                 "option \"replicas\" replaces \"url\" and \"api_key\"; they cannot be given together".to_owned(),
                 "Give each server's url and api_key inside \"replicas\", for example {\"replicas\": [{\"url\": \"http://a:7700\", \"api_key\": \"...\"}, {\"url\": \"http://b:7700\"}]}.",
+            ));
+        }
+        let beside_shards = ["url", "api_key", "replicas"]
+            .into_iter()
+            .find(|other| object.contains_key(*other));
+        if let (false, Some(other)) = (parsed.shards.is_empty(), beside_shards) {
+            return Err(invalid(
+                format!("option \"shards\" replaces \"url\", \"api_key\" and \"replicas\"; \"{other}\" cannot be given with it"),
+                "Give each shard's name, url and api_key inside \"shards\".",
             ));
         }
         if parsed.columns.is_some() && !parsed.exclude_columns.is_empty() {
@@ -754,6 +894,104 @@ mod tests {
             .collect();
         let error = TaskOptions::parse(&json!({ "replicas": many })).expect_err("too many");
         assert!(error.message.contains("more than 16"), "{}", error.message);
+    }
+
+    #[test]
+    fn shards_name_their_servers_and_are_not_stored() {
+        let parsed = TaskOptions::parse(&json!({"shards": [
+            {"name": "ms-0", "url": "http://a:7700/", "api_key": "ka"},
+            {"name": "ms_1", "url": "http://b:7700"}
+        ]}))
+        .expect("parse");
+        assert_eq!(
+            parsed.shards,
+            vec![
+                Shard {
+                    name: "ms-0".into(),
+                    url: "http://a:7700".into(),
+                    api_key: Some("ka".into())
+                },
+                Shard {
+                    name: "ms_1".into(),
+                    url: "http://b:7700".into(),
+                    api_key: None
+                }
+            ]
+        );
+        assert!(parsed.replicas.is_empty() && parsed.url.is_none());
+        assert!(parsed.to_stored_json().get("shards").is_none());
+        let one = TaskOptions::parse(&json!({"shards": [{"name": "solo", "url": "http://a"}]}))
+            .expect("one shard alone");
+        assert_eq!(one.shards.len(), 1);
+        assert!(TaskOptions::default().shards.is_empty());
+        let longest = "n".repeat(64);
+        assert!(
+            TaskOptions::parse(&json!({"shards": [{"name": longest, "url": "http://a"}]})).is_ok()
+        );
+    }
+
+    #[test]
+    fn bad_shards_are_refused() {
+        for misplaced in [
+            json!({"shards": {"name": "a", "url": "http://a", "api_key": "s3cret-key"}}),
+            json!({"shards": ["s3cret-key"]}),
+            json!({"shards": [{"name": "s3cret key!", "url": "http://a"}]}),
+            json!({"shards": [{"name": "a", "url": "http://a", "s3cret-key": 1}]}),
+        ] {
+            let error = TaskOptions::parse(&misplaced).expect_err("refused");
+            // An unknown field's name is quoted (escaped), as for replicas; values never are.
+            let leaks =
+                error.message.contains("s3cret") && !error.message.contains("unknown field");
+            assert!(!leaks, "{}", error.message);
+        }
+        let too_long = "n".repeat(65);
+        for (options, expected) in [
+            (json!({"shards": []}), "\"shards\" must be a non-empty array of servers, not an empty array"),
+            (json!({"shards": "http://a"}), "non-empty array of servers, not a string"),
+            (json!({"shards": {"name": "a"}}), "not an object"),
+            (json!({"shards": [42]}), "each of \"shards\" must be an object with \"name\", \"url\" and \"api_key\", not a number"),
+            (json!({"shards": [{"url": "http://a"}]}), "a shard of \"shards\" has no \"name\""),
+            (json!({"shards": [{"name": "a"}]}), "a shard of \"shards\" has no \"url\""),
+            (json!({"shards": [{"name": "a", "api_key": "k"}]}), "has no \"url\""),
+            (json!({"shards": [{"name": "", "url": "http://a"}]}), "\"shards.name\" must be a non-empty string"),
+            (json!({"shards": [{"name": 7, "url": "http://a"}]}), "\"shards.name\" must be a non-empty string"),
+            (json!({"shards": [{"name": "a.b", "url": "http://a"}]}), "invalid \"name\" (3 characters)"),
+            (json!({"shards": [{"name": too_long, "url": "http://a"}]}), "invalid \"name\" (65 characters)"),
+            (json!({"shards": [{"name": "a", "url": "ftp://a"}]}), "scheme"),
+            (json!({"shards": [{"name": "a", "url": 1}]}), "\"shards.url\" must be a non-empty string"),
+            (json!({"shards": [{"name": "a", "url": "http://a", "api_key": ""}]}), "\"shards.api_key\" must be a non-empty string"),
+            (json!({"shards": [{"name": "a", "url": "http://a", "key": "k"}]}), "unknown field \"key\" in a shard of \"shards\""),
+            (json!({"shards": [{"name": "a", "url": "http://a"}, {"name": "b", "url": "http://a/"}]}), "option \"shards\" names http://a twice"),
+            (json!({"shards": [{"name": "a", "url": "http://a"}, {"name": "a", "url": "http://b"}]}), "names shard \"a\" twice"),
+            (json!({"url": "http://a", "shards": [{"name": "a", "url": "http://b"}]}), "\"url\" cannot be given with it"),
+            (json!({"api_key": "k", "shards": [{"name": "a", "url": "http://b"}]}), "\"api_key\" cannot be given with it"),
+            (json!({"replicas": [{"url": "http://c"}], "shards": [{"name": "a", "url": "http://b"}]}), "\"replicas\" cannot be given with it"),
+        ] {
+            let error = TaskOptions::parse(&options).expect_err("refused");
+            assert!(error.message.contains(expected), "{options}: {}", error.message);
+            assert!(!error.hint.is_empty(), "{options}");
+        }
+        // A replica has no name.
+        let named = TaskOptions::parse(&json!({"replicas": [{"name": "a", "url": "http://a"}]}))
+            .expect_err("refused");
+        assert!(
+            named
+                .message
+                .contains("unknown field \"name\" in a replica"),
+            "{}",
+            named.message
+        );
+        let many: Vec<Value> = (0..=MAX_REPLICAS)
+            .map(|n| json!({"name": format!("s{n}"), "url": format!("http://s{n}:7700")}))
+            .collect();
+        let error = TaskOptions::parse(&json!({ "shards": many })).expect_err("too many");
+        assert!(
+            error
+                .message
+                .contains("\"shards\" names 17 servers, more than 16"),
+            "{}",
+            error.message
+        );
     }
 
     #[test]

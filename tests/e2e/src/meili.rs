@@ -139,18 +139,7 @@ impl Meili {
             return None;
         }
         if std::env::var("E2E_MEILI").as_deref() == Ok("real") {
-            let binary = std::env::var("MEILI_BIN")
-                .expect("E2E_MEILI=real needs MEILI_BIN, the path of a meilisearch binary");
-            let (real, url) = RealServer::start(&binary, &["--http-payload-size-limit", "1MB"]);
-            let meili = Meili {
-                url,
-                key: Some(REAL_KEY.to_owned()),
-                server: None,
-                real: Some(Mutex::new(real)),
-                agent: test_agent(),
-            };
-            meili.wait_healthy();
-            return Some(meili);
+            return Some(Meili::start_real(&["--http-payload-size-limit", "1MB"]));
         }
         let server = TestServer::start_with(meili_test_server::Config {
             master_key: Some(TEST_KEY.to_owned()),
@@ -174,6 +163,45 @@ impl Meili {
             return None;
         }
         Some(Meili::from_env())
+    }
+
+    /// A server of the test's own that may be a remote of other servers on this machine: a real
+    /// one blocks internal addresses (such as 127.0.0.1) as remotes unless allowed. None with
+    /// `MEILI_URL`.
+    pub fn own_shard() -> Option<Meili> {
+        if std::env::var("MEILI_URL").is_ok_and(|url| !url.is_empty()) {
+            return None;
+        }
+        if std::env::var("E2E_MEILI").as_deref() == Ok("real") {
+            return Some(Meili::start_real(&[
+                "--experimental-allowed-ip-networks",
+                "127.0.0.0/8",
+            ]));
+        }
+        Some(Meili::from_env())
+    }
+
+    /// A real server of the test's own (`MEILI_BIN`), started with `args`.
+    fn start_real(args: &[&str]) -> Meili {
+        let binary = std::env::var("MEILI_BIN")
+            .expect("E2E_MEILI=real needs MEILI_BIN, the path of a meilisearch binary");
+        let (real, url) = RealServer::start(&binary, args);
+        let meili = Meili {
+            url,
+            key: Some(REAL_KEY.to_owned()),
+            server: None,
+            real: Some(Mutex::new(real)),
+            agent: test_agent(),
+        };
+        meili.wait_healthy();
+        meili
+    }
+
+    /// `{"name", "url", "api_key"}` of this server, as an entry of a task's `shards`.
+    pub fn shard(&self, name: &str) -> Value {
+        let mut shard = self.replica();
+        shard["name"] = json!(name);
+        shard
     }
 
     /// `{"url", "api_key"}` of this server, as an entry of a task's `replicas`.
@@ -200,20 +228,7 @@ impl Meili {
                 real: None,
                 agent,
             },
-            None if std::env::var("E2E_MEILI").as_deref() == Ok("real") => {
-                let binary = std::env::var("MEILI_BIN")
-                    .expect("E2E_MEILI=real needs MEILI_BIN, the path of a meilisearch binary");
-                let (real, url) = RealServer::start(&binary, &[]);
-                let meili = Meili {
-                    url,
-                    key: Some(REAL_KEY.to_owned()),
-                    server: None,
-                    real: Some(Mutex::new(real)),
-                    agent,
-                };
-                meili.wait_healthy();
-                meili
-            }
+            None if std::env::var("E2E_MEILI").as_deref() == Ok("real") => Meili::start_real(&[]),
             None => {
                 let server =
                     TestServer::start(Some(TEST_KEY)).expect("start the Meilisearch test server");

@@ -76,6 +76,12 @@ pub(crate) fn code_info(code: &str) -> (u16, &'static str) {
         }
         "io_error" | "no_space_left_on_device" | "too_many_open_files" => (422, "system"),
         "too_many_search_requests" => (503, "system"),
+        "remote_bad_response"
+        | "remote_could_not_send_request"
+        | "remote_remote_error"
+        | "remote_timeout" => (502, "system"),
+        "remote_invalid_api_key" => (403, "auth"),
+        "requires_enterprise_edition" => (451, "invalid_request"),
         _ => (400, "invalid_request"),
     }
 }

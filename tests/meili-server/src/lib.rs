@@ -11,10 +11,12 @@
 
 mod docs;
 mod error;
+mod facets;
 mod filter;
 mod http;
 mod index;
 mod json;
+mod network;
 mod routes;
 mod search;
 mod settings;
@@ -245,6 +247,8 @@ pub(crate) struct Shared {
     /// Signals new tasks to the processor and finished batches to waiters.
     pub(crate) cond: Condvar,
     pub(crate) indexes: Mutex<BTreeMap<String, Arc<RwLock<Index>>>>,
+    /// Experimental features and `/network`; never held across a remote call.
+    pub(crate) experimental: Mutex<network::State>,
     log: Mutex<Vec<RequestRecord>>,
     stop: AtomicBool,
     connections: Mutex<Connections>,
@@ -283,6 +287,7 @@ impl TestServer {
             queue: Mutex::new(Queue::default()),
             cond: Condvar::new(),
             indexes: Mutex::new(BTreeMap::new()),
+            experimental: Mutex::new(network::State::default()),
             log: Mutex::new(Vec::new()),
             stop: AtomicBool::new(false),
             connections: Mutex::new(Connections::default()),

@@ -7,10 +7,12 @@ use serde_json::{Map, Value};
 
 use crate::docs::{self, Format};
 use crate::error::{did_you_mean, ApiError};
+use crate::facets;
 use crate::filter;
 use crate::http::{percent_decode, query_pairs, BodyKind, Request, Response, TooLarge};
 use crate::index::Index;
 use crate::json::{array, describe, Obj};
+use crate::network;
 use crate::search;
 use crate::settings;
 use crate::tasks::{self, read, Kind, Op, Queue, Status, Swap};
@@ -43,6 +45,11 @@ enum Route {
     Search(String),
     SearchGet(String),
     MultiSearch,
+    GetFeatures,
+    PatchFeatures,
+    GetNetwork,
+    PatchNetwork,
+    NetworkControl,
     SwapIndexes,
     ListTasks,
     GetTask(String),
@@ -67,6 +74,15 @@ fn route(method: &str, segs: &[&str]) -> std::result::Result<Route, u16> {
         ["version"] => pick(vec![("GET", Route::Version)]),
         ["stats"] => pick(vec![("GET", Route::Stats)]),
         ["multi-search"] => pick(vec![("POST", Route::MultiSearch)]),
+        ["experimental-features"] => pick(vec![
+            ("GET", Route::GetFeatures),
+            ("PATCH", Route::PatchFeatures),
+        ]),
+        ["network"] => pick(vec![
+            ("GET", Route::GetNetwork),
+            ("PATCH", Route::PatchNetwork),
+        ]),
+        ["network", "control"] => pick(vec![("POST", Route::NetworkControl)]),
         ["swap-indexes"] => pick(vec![("POST", Route::SwapIndexes)]),
         ["tasks"] => pick(vec![("GET", Route::ListTasks)]),
         ["tasks", _] => pick(vec![("GET", Route::GetTask(s(1)))]),
@@ -412,6 +428,11 @@ fn dispatch(shared: &Shared, req: &Request, route: Route) -> Result<Response> {
             search_one(shared, &uid, &body)
         }
         Route::MultiSearch => multi_search(shared, req),
+        Route::GetFeatures => ok(network::get_features(shared)),
+        Route::PatchFeatures => ok(network::patch_features(shared, &json_body(req)?)?),
+        Route::GetNetwork => ok(network::get_network(shared)?),
+        Route::PatchNetwork => ok(network::patch_network(shared, &json_body(req)?)?),
+        Route::NetworkControl => ok(network::network_control(shared)?),
         Route::SwapIndexes => {
             let swaps = parse_swaps(&json_body(req)?)?;
             Ok(submit(shared, |queue| queue.register_swap(swaps)))
@@ -1119,51 +1140,292 @@ fn multi_search(shared: &Shared, req: &Request) -> Result<Response> {
     };
     let federation = obj.get("federation").filter(|f| !f.is_null());
     let request_uid = search::request_uid();
-    let mut results = Vec::new();
-    let mut parts = Vec::new();
-    for (i, q) in queries.iter().enumerate() {
-        let at = format!(".queries[{i}]");
-        let inside = format!("Inside `{at}`: ");
-        let uid = match q.get("indexUid") {
-            None => {
-                return Err(ApiError::new(
-                    "missing_index_uid",
-                    format!("Missing field `indexUid` inside `{at}`"),
-                ))
-            }
-            Some(Value::String(uid)) if valid_uid(uid) => uid.clone(),
-            Some(v) => {
-                let shown = v.as_str().map_or_else(|| v.to_string(), String::from);
-                return Err(ApiError::new(
-                    "invalid_index_uid",
-                    format!("Invalid value at `{at}.indexUid`: {}", uid_message(&shown)),
-                ));
-            }
-        };
-        let query = search::parse_query(q, &at)?;
-        let index = find_index(shared, &uid).map_err(|e| e.prefixed(&inside))?;
-        let idx = read(&index);
-        if federation.is_some() {
-            let weight = q
-                .pointer("/federationOptions/weight")
-                .and_then(Value::as_f64)
-                .unwrap_or(1.0);
-            let outcome = search::execute_all(&idx, &query).map_err(|e| e.prefixed(&inside));
-            parts.push((uid, i, weight, outcome));
-        } else {
+    let Some(federation) = federation else {
+        let mut results = Vec::new();
+        for (i, q) in queries.iter().enumerate() {
+            let at = format!(".queries[{i}]");
+            let inside = format!("Inside `{at}`: ");
+            let uid = query_index_uid(q, &at)?;
+            let query = search::parse_query(q, &at)?;
+            let index = find_index(shared, &uid).map_err(|e| e.prefixed(&inside))?;
+            let idx = read(&index);
             let start = Obj::new().str("indexUid", &uid);
             let result = search::response(start, &idx, &query, &request_uid)
                 .map_err(|e| e.prefixed(&inside))?;
             results.push(result.end());
         }
+        return ok(Obj::new().raw("results", &array(results)).end());
+    };
+    let facet_options = facets::parse_options(federation)?;
+    // A multi-search sent by another server for its remote queries (Meilisearch's proxy).
+    let is_proxy = req.header("meili-proxy-search") == Some("true");
+    if is_proxy {
+        network::check_network(shared, "Performing a remote federated search")?;
     }
-    match federation {
-        Some(f) => {
-            let offset = f.get("offset").and_then(Value::as_u64).unwrap_or(0) as usize;
-            let limit = f.get("limit").and_then(Value::as_u64).unwrap_or(20) as usize;
-            ok(search::federated(parts, offset, limit, &request_uid)?)
+    let net = network::snapshot(shared);
+    let offset = federation
+        .get("offset")
+        .and_then(Value::as_u64)
+        .unwrap_or(0) as usize;
+    let limit = federation
+        .get("limit")
+        .and_then(Value::as_u64)
+        .unwrap_or(20) as usize;
+
+    // 1. Parse and split the queries between this server and the remotes, as Meilisearch's
+    // `PartitionedQueries` does, before any is run.
+    let mut local = Vec::new();
+    let mut by_remote: std::collections::BTreeMap<String, Vec<Value>> = Default::default();
+    let mut has_remote = false;
+    for (i, q) in queries.iter().enumerate() {
+        let at = format!(".queries[{i}]");
+        let inside = format!("Inside `{at}`: ");
+        let uid = query_index_uid(q, &at)?;
+        let query = search::parse_query(q, &at)?;
+        let asked: Vec<String> = q
+            .get("facets")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_str)
+                    .map(String::from)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !asked.is_empty() {
+            return Err(facets::facets_in_query(&uid, &asked).prefixed(&inside));
         }
-        None => ok(Obj::new().raw("results", &array(results)).end()),
+        let options = q.get("federationOptions");
+        let weight = options
+            .and_then(|o| o.get("weight"))
+            .and_then(Value::as_f64)
+            .unwrap_or(1.0);
+        let remote = options
+            .and_then(|o| o.get("remote"))
+            .and_then(Value::as_str);
+        let position = options
+            .and_then(|o| o.get("queryPosition"))
+            .and_then(Value::as_u64);
+        let use_network = q.get("useNetwork").and_then(Value::as_bool);
+        if use_network.is_some() {
+            network::check_network(shared, "passing `useNetwork` in a search query")
+                .map_err(|e| e.prefixed(&inside))?;
+        }
+        if use_network == Some(true) && remote.is_some() {
+            return Err(ApiError::new(
+                "invalid_multi_search_federation_options",
+                "Using `.useNetwork` is not allowed as the same time as `.federationOptions.remote`.\n  - Hint: to perform an explicit query against a remote, remove `.useNetwork`.\n  - Hint: to automatically perform queries against the entire network, remove `.federationOptions.remote`.",
+            )
+            .prefixed(&inside));
+        }
+        // `useNetwork` (without a leader) sends the query to every remote, self included.
+        let targets: Vec<Option<&str>> = if use_network == Some(true) {
+            net.remotes.keys().map(|r| Some(r.as_str())).collect()
+        } else {
+            vec![remote]
+        };
+        let mut runs_here = false;
+        for target in targets {
+            let Some(name) = target else {
+                runs_here = true;
+                continue;
+            };
+            has_remote = true;
+            network::check_network(shared, "Performing a remote federated search")
+                .map_err(|e| e.prefixed(&inside))?;
+            if net.local.as_deref() == Some(name) {
+                runs_here = true;
+                continue;
+            }
+            if !net.remotes.contains_key(name) {
+                return Err(ApiError::new(
+                    "invalid_multi_search_remote",
+                    format!(
+                        "Invalid `.federation_options.remote`: remote `{name}` is not registered"
+                    ),
+                )
+                .prefixed(&inside));
+            }
+            // The remote gets the query without `remote` (it need not know its own name) and
+            // with its position here, so its hits come back numbered for this request.
+            let mut forwarded = q.as_object().cloned().unwrap_or_default();
+            forwarded.remove("useNetwork");
+            forwarded.insert(
+                "federationOptions".into(),
+                serde_json::json!({"weight": weight, "queryPosition": i}),
+            );
+            by_remote
+                .entry(name.to_string())
+                .or_default()
+                .push(Value::Object(forwarded));
+        }
+        if runs_here {
+            let position = match position {
+                Some(p) => {
+                    network::check_network(shared, "Using `federationOptions.queryPosition`")
+                        .map_err(|e| e.prefixed(&inside))?;
+                    p as usize
+                }
+                None => i,
+            };
+            local.push((uid, i, position, weight, query));
+        }
+    }
+
+    // 2. Start the remote searches on their own threads (no lock is held, so two servers
+    // querying each other cannot deadlock), run the local queries meanwhile.
+    let mut proxy_federation = federation.as_object().cloned().unwrap_or_default();
+    // The remotes' hits are paged here, so each sends the first `offset + limit`.
+    match (
+        federation.get("page").and_then(Value::as_u64),
+        federation.get("hitsPerPage").and_then(Value::as_u64),
+    ) {
+        (None, None) => {
+            proxy_federation.insert("limit".into(), Value::from(offset + limit));
+            proxy_federation.insert("offset".into(), Value::from(0));
+        }
+        (Some(0), _) => {}
+        (page, per_page) => {
+            let (page, per_page) = (page.unwrap_or(1), per_page.unwrap_or(20));
+            proxy_federation.insert("page".into(), Value::from(1));
+            proxy_federation.insert("hitsPerPage".into(), Value::from(page * per_page));
+        }
+    }
+    proxy_federation.remove("mergeFacets");
+    let proxy_federation = Value::Object(proxy_federation);
+    let calls: Vec<_> = by_remote
+        .into_iter()
+        .map(|(name, queries)| {
+            let remote = net.remotes[&name].clone();
+            let body =
+                serde_json::json!({"federation": proxy_federation, "queries": queries}).to_string();
+            let handle = std::thread::Builder::new()
+                .name("meili-remote-search".into())
+                .spawn({
+                    let name = name.clone();
+                    move || network::proxy_search(&name, &remote, &body)
+                });
+            (name, handle)
+        })
+        .collect();
+    let mut order = facets::Order::new(facet_options.merge.is_some(), has_remote);
+    let local = run_local(shared, local, facet_options.by_index, &mut order);
+    let mut remotes = has_remote.then(|| {
+        let mut results = Vec::new();
+        let mut errors = std::collections::BTreeMap::new();
+        for (name, handle) in calls {
+            let outcome = match handle {
+                Ok(h) => h
+                    .join()
+                    .unwrap_or_else(|_| Err(ApiError::internal("remote search panicked"))),
+                Err(e) => Err(ApiError::internal(e.to_string())),
+            };
+            match outcome {
+                Ok(r) => results.push(r),
+                Err(e) => {
+                    errors.insert(name, e);
+                }
+            }
+        }
+        search::Remotes {
+            local_name: net.local.clone(),
+            results,
+            errors,
+        }
+    });
+    let (parts, local_facets) = local?;
+    let remote_facets = remotes
+        .iter_mut()
+        .flat_map(|r| r.results.iter_mut())
+        .map(|r| std::mem::take(&mut r.facets))
+        .collect();
+    let rendered = facets::finish(order, facet_options.merge, local_facets, remote_facets);
+    ok(search::federated(
+        parts,
+        remotes,
+        is_proxy,
+        offset,
+        limit,
+        rendered,
+        &request_uid,
+    )?)
+}
+
+type LocalParts = Vec<(String, usize, f64, Result<search::Outcome>)>;
+
+/// Runs the local queries of a federated search index by index (in uid order, as Meilisearch
+/// does), with the facets of `facetsByIndex` over all the queries of each index.
+fn run_local(
+    shared: &Shared,
+    local: Vec<(String, usize, usize, f64, search::SearchQuery)>,
+    mut by_index: std::collections::BTreeMap<String, Option<Vec<String>>>,
+    order: &mut facets::Order,
+) -> Result<(LocalParts, facets::ByIndex)> {
+    let mut groups: std::collections::BTreeMap<String, Vec<_>> = Default::default();
+    for (uid, i, position, weight, query) in local {
+        groups
+            .entry(uid)
+            .or_default()
+            .push((i, position, weight, query));
+    }
+    let mut parts = Vec::new();
+    let mut out = facets::ByIndex::default();
+    for (uid, queries) in groups {
+        let (first, first_position) = (queries[0].0, queries[0].1);
+        let index = find_index(shared, &uid)
+            .map_err(|e| e.prefixed(&format!("Inside `.queries[{first}]`: ")))?;
+        let idx = read(&index);
+        let patterns = by_index.remove(&uid).flatten();
+        let inside = format!(
+            "Inside `.queries[{first_position}]`: Inside `.federation.facetsByIndex.{uid}`: "
+        );
+        order
+            .check(&idx, patterns.as_deref())
+            .map_err(|e| e.prefixed(&inside))?;
+        let mut matched = BTreeSet::new();
+        for (i, position, weight, query) in queries {
+            let outcome = search::execute_all(&idx, &query)
+                .map_err(|e| e.prefixed(&format!("Inside `.queries[{i}]`: ")))?;
+            matched.extend(outcome.matched.iter().copied());
+            parts.push((uid.clone(), position, weight, Ok(outcome)));
+        }
+        if let Some(patterns) = patterns {
+            let f = facets::compute(&idx, &patterns, &matched).map_err(|e| e.prefixed(&inside))?;
+            out.0.insert(uid, f);
+        }
+    }
+    // Indexes no query uses are still checked.
+    for (uid, patterns) in by_index {
+        let note = |e: ApiError| {
+            let mut e = e.prefixed(&format!("Inside `.federation.facetsByIndex.{uid}`: "));
+            e.message += &format!("\n - Note: index `{uid}` is not used in queries");
+            e
+        };
+        let index = find_index(shared, &uid).map_err(|e| note(e.with_status(400)))?;
+        let idx = read(&index);
+        order.check(&idx, patterns.as_deref()).map_err(note)?;
+        if let Some(patterns) = patterns {
+            facets::compute(&idx, &patterns, &BTreeSet::new()).map_err(note)?;
+        }
+    }
+    Ok((parts, out))
+}
+
+/// The `indexUid` of one query of a multi-search.
+fn query_index_uid(q: &Value, at: &str) -> Result<String> {
+    match q.get("indexUid") {
+        None => Err(ApiError::new(
+            "missing_index_uid",
+            format!("Missing field `indexUid` inside `{at}`"),
+        )),
+        Some(Value::String(uid)) if valid_uid(uid) => Ok(uid.clone()),
+        Some(v) => {
+            let shown = v.as_str().map_or_else(|| v.to_string(), String::from);
+            Err(ApiError::new(
+                "invalid_index_uid",
+                format!("Invalid value at `{at}.indexUid`: {}", uid_message(&shown)),
+            ))
+        }
     }
 }
 

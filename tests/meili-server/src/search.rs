@@ -13,6 +13,7 @@ use crate::error::ApiError;
 use crate::filter::{self, facet_values, values_at, Filter};
 use crate::index::Index;
 use crate::json::{array, describe, Obj};
+use crate::network::RemoteResult;
 use crate::settings::{filterable_patterns, pattern_matches, string_list};
 
 #[derive(Clone, Copy, PartialEq)]
@@ -37,7 +38,7 @@ pub(crate) struct SearchQuery {
     formatted: bool,
 }
 
-fn type_error(code: &str, at: &str, expected: &str, v: &Value) -> ApiError {
+pub(crate) fn type_error(code: &str, at: &str, expected: &str, v: &Value) -> ApiError {
     ApiError::new(
         code,
         format!(
@@ -245,6 +246,8 @@ fn cmp_values(a: &Value, b: &Value) -> Ordering {
 
 struct Hit {
     score: usize,
+    /// Position of the document in the index, to unite the matches of several queries.
+    pos: usize,
     doc: Doc,
     sort_keys: Vec<Option<Value>>,
 }
@@ -255,6 +258,8 @@ pub(crate) struct Outcome {
     total: usize,
     facets: Option<(String, String)>,
     elapsed_ms: u64,
+    /// Positions (in `Index::iter`) of every matching document.
+    pub(crate) matched: Vec<usize>,
 }
 
 fn index_error(code: &str, uid: &str, message: String) -> ApiError {
@@ -314,7 +319,7 @@ pub(crate) fn execute(
     tokenize(q.q.as_deref().unwrap_or(""), &mut words);
     let searchable = string_list(&idx.settings, "searchableAttributes");
     let mut hits = Vec::new();
-    for stored in idx.iter() {
+    for (pos, stored) in idx.iter().enumerate() {
         let doc = stored.parse();
         if filter.as_ref().is_some_and(|f| !f.matches(&doc)) {
             continue;
@@ -338,6 +343,7 @@ pub(crate) fn execute(
             .collect();
         hits.push(Hit {
             score,
+            pos,
             doc,
             sort_keys,
         });
@@ -360,7 +366,12 @@ pub(crate) fn execute(
         })
     });
 
-    let facets = facet_attrs.map(|attrs| facet_distribution(idx, &attrs, &hits));
+    let facets = facet_attrs.map(|attrs| {
+        let docs: Vec<&Doc> = hits.iter().map(|h| &h.doc).collect();
+        facet_distribution(&count_facets(idx, &attrs, &docs))
+    });
+    let mut matched: Vec<usize> = hits.iter().map(|h| h.pos).collect();
+    matched.sort_unstable();
     let max_total = idx.settings["pagination"]["maxTotalHits"]
         .as_u64()
         .unwrap_or(1000) as usize;
@@ -385,6 +396,7 @@ pub(crate) fn execute(
         total: hits.len(),
         facets,
         elapsed_ms: started.elapsed().as_millis() as u64,
+        matched,
     })
 }
 
@@ -433,21 +445,28 @@ fn facet_attributes(
 /// text (seen with 3,000 and 3,001 matches: `0.5, 1, 10.5` against `0.5, 1, 2.5`).
 const FACET_LEVELS_ABOVE: usize = 3000;
 
-/// `facetDistribution` and `facetStats` over all matching documents. As in Meilisearch, the
-/// numbers come first, written as Rust writes an `f64` (`199`, not `199.0`), then the strings
-/// (booleans are the strings `true` and `false`), at most `maxValuesPerFacet` in all.
-fn facet_distribution(idx: &Index, attrs: &[String], hits: &[Hit]) -> (String, String) {
+/// Values and counts of one facet, in the order they are answered.
+pub(crate) type Counts = Vec<(String, u64)>;
+
+/// A facet's name, counts and `(min, max)` when numbers were seen.
+pub(crate) type FacetCounts = (String, Counts, Option<(f64, f64)>);
+
+/// Distribution and stats (`min`, `max` when numbers were seen) of each of `attrs` over `docs`.
+/// As in Meilisearch, the numbers come first, written as Rust writes an `f64` (`199`, not
+/// `199.0`), then the strings (booleans are the strings `true` and `false`), at most
+/// `maxValuesPerFacet` in all.
+pub(crate) fn count_facets(idx: &Index, attrs: &[String], docs: &[&Doc]) -> Vec<FacetCounts> {
     let max_values = idx.settings["faceting"]["maxValuesPerFacet"]
         .as_u64()
         .unwrap_or(100) as usize;
-    let (mut distribution, mut stats) = (Obj::new(), Obj::new());
+    let mut out = Vec::new();
     for attr in attrs {
         let mut numbers: BTreeMap<String, (f64, u64)> = BTreeMap::new();
         let mut strings: BTreeMap<String, u64> = BTreeMap::new();
         let (mut min, mut max) = (f64::INFINITY, f64::NEG_INFINITY);
-        for h in hits {
+        for doc in docs {
             let mut raw = Vec::new();
-            values_at(&h.doc, attr, &mut raw);
+            values_at(doc, attr, &mut raw);
             let mut values = Vec::new();
             facet_values(&raw, &mut values);
             // One count per document and value: `10` and `10.0` are the same number.
@@ -474,7 +493,7 @@ fn facet_distribution(idx: &Index, attrs: &[String], hits: &[Hit]) -> (String, S
             }
         }
         let mut numbers: Vec<(String, (f64, u64))> = numbers.into_iter().collect();
-        if hits.len() > FACET_LEVELS_ABOVE {
+        if docs.len() > FACET_LEVELS_ABOVE {
             numbers.sort_by(|a, b| a.1 .0.total_cmp(&b.1 .0));
         }
         let counts = numbers
@@ -482,13 +501,35 @@ fn facet_distribution(idx: &Index, attrs: &[String], hits: &[Hit]) -> (String, S
             .map(|(k, (_, n))| (k, n))
             .chain(strings)
             .take(max_values)
-            .fold(Obj::new(), |o, (k, n)| o.num(&k, n));
-        distribution = distribution.raw(attr, &counts.end());
-        if min <= max {
-            let range = Obj::new()
-                .val("min", &Value::from(min))
-                .val("max", &Value::from(max));
-            stats = stats.raw(attr, &range.end());
+            .collect();
+        out.push((attr.clone(), counts, (min <= max).then_some((min, max))));
+    }
+    out
+}
+
+/// One facet's counts as a JSON object.
+pub(crate) fn counts_json(counts: &[(String, u64)]) -> String {
+    counts
+        .iter()
+        .fold(Obj::new(), |o, (k, n)| o.num(k, *n))
+        .end()
+}
+
+/// `{"min": .., "max": ..}` as Meilisearch writes its `f64`s (`1.0`).
+pub(crate) fn stats_json((min, max): (f64, f64)) -> String {
+    Obj::new()
+        .val("min", &Value::from(min))
+        .val("max", &Value::from(max))
+        .end()
+}
+
+/// `facetDistribution` and `facetStats` of a search, facets in the order asked.
+fn facet_distribution(facets: &[FacetCounts]) -> (String, String) {
+    let (mut distribution, mut stats) = (Obj::new(), Obj::new());
+    for (attr, counts, range) in facets {
+        distribution = distribution.raw(attr, &counts_json(counts));
+        if let Some(range) = range {
+            stats = stats.raw(attr, &stats_json(*range));
         }
     }
     (distribution.end(), stats.end())
@@ -600,49 +641,102 @@ pub(crate) fn response(
     Ok(obj.str("requestUid", request_uid))
 }
 
-/// Federated multi-search: hits of every query merged by ranking score.
+/// What the remotes of a federated search answered.
+pub(crate) struct Remotes {
+    /// This server's name in the network: the `_federation.remote` of its own hits.
+    pub(crate) local_name: Option<String>,
+    pub(crate) results: Vec<RemoteResult>,
+    pub(crate) errors: BTreeMap<String, ApiError>,
+}
+
+/// Federated multi-search: hits of every query, local or remote, merged by weighted ranking
+/// score (ties by query position), then paged. With `remotes`, local hits name this server in
+/// `_federation.remote` and `remoteErrors` is answered; `proxy` adds what a calling server
+/// needs (`weightedScoreValues`).
 pub(crate) fn federated(
     parts: Vec<(String, usize, f64, Result<Outcome, ApiError>)>,
+    remotes: Option<Remotes>,
+    proxy: bool,
     offset: usize,
     limit: usize,
+    facets: crate::facets::Rendered,
     request_uid: &str,
 ) -> Result<String, ApiError> {
-    let mut merged = Vec::new();
-    let (mut total, mut elapsed) = (0, 0);
+    // (score, query position, members of the hit, `_federation`)
+    let mut merged: Vec<(f64, usize, String, String)> = Vec::new();
+    let (mut total, mut elapsed) = (0u64, 0);
     for (uid, position, weight, outcome) in parts {
         let outcome = outcome?;
-        total += outcome.total;
+        total += outcome.total as u64;
         elapsed += outcome.elapsed_ms;
         for (score, hit) in outcome.hits {
-            merged.push((score * weight, uid.clone(), position, hit));
+            let score = score * weight;
+            let mut federation = Obj::new()
+                .str("indexUid", &uid)
+                .num("queriesPosition", position as u64)
+                .val("weightedRankingScore", &Value::from(score));
+            if let Some(r) = &remotes {
+                federation = federation.opt_str("remote", r.local_name.as_deref());
+            }
+            if proxy {
+                federation = federation
+                    .raw(
+                        "weightedScoreValues",
+                        &format!("[{{\"weightedScore\":{}}}]", Value::from(score)),
+                    )
+                    .raw("extra_document", "{}");
+            }
+            let members = hit[1..hit.len() - 1].to_string();
+            merged.push((score, position, members, federation.end()));
         }
     }
-    merged.sort_by(|a, b| b.0.partial_cmp(&a.0).unwrap_or(Ordering::Equal));
-    let hits =
-        merged
-            .into_iter()
-            .skip(offset)
-            .take(limit)
-            .map(|(score, uid, position, mut hit)| {
-                let federation = Obj::new()
-                    .str("indexUid", &uid)
-                    .num("queriesPosition", position as u64)
-                    .val("weightedRankingScore", &Value::from(score))
-                    .end();
-                hit.pop();
-                if hit.len() > 1 {
-                    hit.push(',');
-                }
-                format!("{hit}\"_federation\":{federation}}}")
-            });
-    Ok(Obj::new()
+    let mut remote_errors = None;
+    if let Some(r) = remotes {
+        let mut errors = Obj::new();
+        for (name, e) in &r.errors {
+            errors = errors.raw(name, &e.to_json());
+        }
+        remote_errors = Some(errors.end());
+        for result in r.results {
+            total += result.total;
+            elapsed = elapsed.max(result.elapsed_ms);
+            for h in result.hits {
+                merged.push((h.score, h.position, h.members, h.federation));
+            }
+        }
+    }
+    merged.sort_by(|a, b| {
+        b.0.partial_cmp(&a.0)
+            .unwrap_or(Ordering::Equal)
+            .then(a.1.cmp(&b.1))
+    });
+    let hits = merged
+        .into_iter()
+        .skip(offset)
+        .take(limit)
+        .map(|(_, _, members, federation)| {
+            let comma = if members.is_empty() { "" } else { "," };
+            format!("{{{members}{comma}\"_federation\":{federation}}}")
+        });
+    let mut out = Obj::new()
         .raw("hits", &array(hits))
         .num("processingTimeMs", elapsed)
         .num("limit", limit as u64)
         .num("offset", offset as u64)
-        .num("estimatedTotalHits", total as u64)
-        .str("requestUid", request_uid)
-        .end())
+        .num("estimatedTotalHits", total);
+    if let Some((distribution, stats)) = facets.merged {
+        out = out
+            .raw("facetDistribution", &distribution)
+            .raw("facetStats", &stats);
+    }
+    if let Some(by_index) = facets.by_index {
+        out = out.raw("facetsByIndex", &by_index);
+    }
+    out = out.str("requestUid", request_uid);
+    if let Some(errors) = remote_errors {
+        out = out.raw("remoteErrors", &errors);
+    }
+    Ok(out.end())
 }
 
 /// Runs one query of a federated search: every hit up to `maxTotalHits`.

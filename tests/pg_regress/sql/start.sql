@@ -117,6 +117,24 @@ SELECT meili_sync_start('products', 'x', '{"replicas": [{"url": "http://127.0.0.
 SELECT meili_sync_start('products', 'x', '{"url": "http://127.0.0.1:1", "replicas": [{"url": "http://127.0.0.1:2"}]}');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 
+-- Shards: named servers, each name and URL once, in place of url and replicas.
+SELECT meili_sync_start('products', 'x', '{"shards": []}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"shards": [{"url": "http://127.0.0.1:1"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"shards": [{"name": "a b", "url": "http://127.0.0.1:1"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"shards": [{"name": "a", "url": "http://127.0.0.1:1"}, {"name": "a", "url": "http://127.0.0.1:2"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"shards": [{"name": "a", "url": "http://127.0.0.1:1"}, {"name": "b", "url": "http://127.0.0.1:1/"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"shards": [{"name": "a", "url": "http://127.0.0.1:1", "weight": 2}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"shards": [{"name": "a", "url": "http://127.0.0.1:1"}], "replicas": [{"url": "http://127.0.0.1:2"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_start('products', 'x', '{"api_key": "k", "shards": [{"name": "a", "url": "http://127.0.0.1:1"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+
 -- Nothing of the above was created.
 SELECT * FROM leftovers;
 

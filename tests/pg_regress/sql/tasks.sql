@@ -75,3 +75,25 @@ SELECT url, options ->> 'batch_size' AS batch_size FROM meili_sync.tasks ORDER B
 -- Dropping it removes everything it made.
 SELECT meili_sync_drop(:task);
 SELECT * FROM leftovers;
+
+-- Shards: one row per shard, each with its name and every shard's names; the task's own row first.
+SELECT meili_sync_start('products', 'sharded', '{"shards": [{"name": "s0", "url": "http://127.0.0.1:1"}, {"name": "s1", "url": "http://127.0.0.1:2", "api_key": "k1"}, {"name": "s2", "url": "http://127.0.0.1:3"}]}') AS sharded \gset
+SELECT url, shard, shard_names, replica_of OPERATOR(pg_catalog.=) :sharded AS member FROM meili_sync.tasks ORDER BY id;
+SELECT id AS shard_row FROM meili_sync.tasks WHERE replica_of = :sharded ORDER BY id LIMIT 1 \gset
+-- A sharded task's servers are its shards; one shard's row is not dropped or altered alone.
+SELECT meili_sync_alter(:sharded, '{"shards": [{"name": "s0", "url": "http://127.0.0.1:1"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:sharded, '{"url": "http://127.0.0.1:4"}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:sharded, '{"replicas": [{"url": "http://127.0.0.1:4"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:shard_row, '{"batch_size": 10}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_drop(:shard_row);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_resync(:sharded);
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
+SELECT meili_sync_alter(:sharded, '{"batch_size": 20}');
+SELECT shard, options ->> 'batch_size' AS batch_size FROM meili_sync.tasks ORDER BY id;
+SELECT meili_sync_drop(:sharded);
+SELECT * FROM leftovers;

@@ -409,6 +409,35 @@ impl Client {
             .ok_or_else(|| MeiliError::Protocol(format!("task list without results: {answer}")))
     }
 
+    /// `PATCH /experimental-features` with `{"network": true}`: the distributed features (remotes,
+    /// federated search across them) are experimental in Meilisearch 1.50.
+    pub fn enable_network(&self) -> Result<(), MeiliError> {
+        let body = json!({ "network": true });
+        self.request(
+            Method::PATCH,
+            "/experimental-features",
+            &[],
+            Payload::Json(body.to_string().into_bytes()),
+        )?;
+        Ok(())
+    }
+
+    /// `GET /network`: the server's name (`self`), its remotes and, in a sharded enterprise
+    /// network, its `leader`.
+    pub fn network(&self) -> Result<Value, MeiliError> {
+        self.request(Method::GET, "/network", &[], Payload::Empty)
+    }
+
+    /// `PATCH /network`; the answer is the network, or a task (`taskUid`) to wait for.
+    pub fn update_network(&self, body: &Value) -> Result<Value, MeiliError> {
+        self.request(
+            Method::PATCH,
+            "/network",
+            &[],
+            Payload::Json(body.to_string().into_bytes()),
+        )
+    }
+
     /// `DELETE /indexes/{uid}`; returns the task uid.
     pub fn delete_index(&self, uid: &str) -> Result<u64, MeiliError> {
         let answer = self.request(Method::DELETE, &index_path(uid, ""), &[], Payload::Empty)?;
@@ -567,6 +596,13 @@ impl Client {
     pub fn search_text(&self, uid: &str, body: &Value) -> Result<Vec<u8>, MeiliError> {
         let payload = Payload::Json(body.to_string().into_bytes());
         self.request_text(Method::POST, &index_path(uid, "/search"), &[], payload)
+    }
+
+    /// `POST /multi-search` with `body` (a federated search over remotes, say); the answer's JSON
+    /// text as Meilisearch wrote it.
+    pub fn multi_search_text(&self, body: &Value) -> Result<Vec<u8>, MeiliError> {
+        let payload = Payload::Json(body.to_string().into_bytes());
+        self.request_text(Method::POST, "/multi-search", &[], payload)
     }
 
     /// `GET /indexes/{uid}/documents`: one page of documents and the total.

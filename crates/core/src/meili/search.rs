@@ -57,7 +57,7 @@ pub struct Hit<D> {
 
 /// The fields Meilisearch adds to a hit that are not the document's, beside `_rankingScore` and
 /// `_formatted` (which become their own columns).
-const ADDED_FIELDS: [&str; 2] = ["_rankingScoreDetails", "_matchesPosition"];
+const ADDED_FIELDS: [&str; 3] = ["_rankingScoreDetails", "_matchesPosition", "_federation"];
 
 /// The hits of a search answer's text, each document built by a builder from `new_builder`;
 /// `primary_key` is the index's key attribute.

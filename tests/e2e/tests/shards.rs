@@ -1,0 +1,257 @@
+//! End to end: a task with `shards` spreads one index over several servers by a rendezvous hash of
+//! the document id. The union of the shards equals the table, each document is on exactly the
+//! shard its hash names (checked with a hash computed here, not the extension's), key changes
+//! move documents, TRUNCATE empties every shard, and `meili_search` on the task finds, through one
+//! federated search, every row that direct searches of the shards find. Each test starts servers
+//! of its own (the test server, or real ones with `E2E_MEILI=real`), so it skips with `MEILI_URL`.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use pg_meili_sync_e2e::cluster::Cluster;
+use pg_meili_sync_e2e::meili::Meili;
+use pg_meili_sync_e2e::{assert_no_crash, products, refusal, start_with_options};
+use serde_json::{json, Value};
+
+const CONVERGE: Duration = Duration::from_secs(300);
+const NAMES: [&str; 3] = ["shard-a", "shard-b", "shard-c"];
+
+/// The shard Meilisearch's own sharding gives a document id: the highest XXH3-64 (seed 0) of
+/// Rust's hash of the tuple (name, id), each string followed by 0xFF; ties to the greatest name.
+fn owner_of<'a>(id: &str, names: &[&'a str]) -> &'a str {
+    names
+        .iter()
+        .copied()
+        .max_by_key(|name| {
+            let mut bytes = name.as_bytes().to_vec();
+            bytes.push(0xFF);
+            bytes.extend_from_slice(id.as_bytes());
+            bytes.push(0xFF);
+            (twox_hash::XxHash3_64::oneshot(&bytes), *name)
+        })
+        .unwrap_or_default()
+}
+
+fn id_text(document: &Value) -> String {
+    match &document["id"] {
+        Value::String(text) => text.clone(),
+        other => other.to_string(),
+    }
+}
+
+/// What is wrong with the shards against the table, if anything: a document missing from their
+/// union or different from its row, a document on two shards, or on another shard than its hash
+/// names.
+fn shards_problem(cluster: &Cluster, meilis: &[Meili], index: &str) -> Option<String> {
+    let expected = products::table_documents(cluster, "products");
+    let mut union = Vec::new();
+    let mut seen: BTreeMap<String, &str> = BTreeMap::new();
+    for (meili, name) in meilis.iter().zip(NAMES) {
+        for document in meili.all_documents(index) {
+            let id = id_text(&document);
+            if let Some(other) = seen.insert(id.clone(), name) {
+                return Some(format!("document {id} is on {other} and on {name}"));
+            }
+            let owner = owner_of(&id, &NAMES);
+            if owner != name {
+                return Some(format!(
+                    "document {id} is on {name}, but its hash names {owner}"
+                ));
+            }
+            union.push(document);
+        }
+    }
+    products::diff_documents(&union, &expected)
+}
+
+fn wait_shards_match_table(cluster: &Cluster, meilis: &[Meili], index: &str) {
+    let deadline = Instant::now() + CONVERGE;
+    loop {
+        let Some(problem) = shards_problem(cluster, meilis, index) else {
+            assert_no_crash(cluster);
+            return;
+        };
+        assert!(
+            Instant::now() < deadline,
+            "the shards do not match the table after {CONVERGE:?}: {problem}\n--- server log tail ---\n{}",
+            cluster.tail_log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The ids a direct search of each shard finds for `query`, together.
+fn direct_ids(meilis: &[Meili], index: &str, query: &str) -> BTreeSet<String> {
+    let mut ids = BTreeSet::new();
+    for meili in meilis {
+        let (status, answer) = meili.request(
+            ureq::http::Method::POST,
+            &format!("/indexes/{index}/search"),
+            Some(json!({"q": query, "limit": 10_000, "attributesToRetrieve": ["id"]})),
+        );
+        assert_eq!(status, 200, "a direct search of a shard: {answer}");
+        for hit in answer["hits"].as_array().into_iter().flatten() {
+            ids.insert(id_text(hit));
+        }
+    }
+    ids
+}
+
+fn sql_search_ids(cluster: &Cluster, task: i64, query: &str) -> BTreeSet<String> {
+    cluster
+        .psql(&format!(
+            "SELECT id FROM meili_search({task}, '{query}', '{{\"limit\": 10000}}')"
+        ))
+        .lines()
+        .filter(|line| !line.is_empty())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn shards_split_the_table_follow_its_changes_and_search_as_one() {
+    let Some(meilis) = (0..3)
+        .map(|_| Meili::own_shard())
+        .collect::<Option<Vec<Meili>>>()
+    else {
+        eprintln!("skipped: the one Meilisearch at MEILI_URL cannot be several shards");
+        return;
+    };
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 1_500));
+    let index = meilis[0].unique_index("shards");
+    let shards: Vec<Value> = meilis
+        .iter()
+        .zip(NAMES)
+        .map(|(meili, name)| meili.shard(name))
+        .collect();
+    let options =
+        json!({"shards": shards, "settings": {"filterableAttributes": ["id", "category"]}})
+            .to_string();
+    let task = start_with_options(&cluster, None, "products", &index, &options);
+    let rows: Vec<(i64, String)> = cluster
+        .psql(&format!(
+            "SELECT task || ' ' || shard FROM meili_sync_status WHERE task = {task} OR replica_of = {task} ORDER BY task"
+        ))
+        .lines()
+        .filter_map(|line| {
+            let (row, shard) = line.split_once(' ')?;
+            Some((row.parse().ok()?, shard.to_owned()))
+        })
+        .collect();
+    assert_eq!(
+        rows.iter()
+            .map(|(_, shard)| shard.as_str())
+            .collect::<Vec<_>>(),
+        NAMES,
+        "one row per shard, the task's own row first"
+    );
+    for (row, _) in &rows {
+        cluster.wait_snapshot_done(*row, CONVERGE);
+    }
+    wait_shards_match_table(&cluster, &meilis, &index);
+    for meili in &meilis {
+        let count = meili.document_count(&index).unwrap_or(0);
+        assert!(
+            (250..=750).contains(&count),
+            "each shard holds about a third of 1,500 documents, not {count}"
+        );
+    }
+
+    // Updates, inserts, deletes, and key changes: a moved document leaves its old shard.
+    cluster.psql("UPDATE products SET version = version + 1, name = name || ' v2' WHERE id <= 300");
+    cluster.psql(&products::insert_sql(1_501, 1_800));
+    cluster.psql("DELETE FROM products WHERE id BETWEEN 1000 AND 1100");
+    cluster.psql("UPDATE products SET id = id + 100000 WHERE id BETWEEN 200 AND 260");
+    wait_shards_match_table(&cluster, &meilis, &index);
+
+    // One search through SQL finds what the shards find directly, merged.
+    for query in ["", "Product 17", "v2"] {
+        let direct = direct_ids(&meilis, &index, query);
+        assert!(
+            !direct.is_empty(),
+            "the shards find something for '{query}'"
+        );
+        assert_eq!(
+            sql_search_ids(&cluster, task, query),
+            direct,
+            "meili_search({task}, '{query}') against direct searches of every shard"
+        );
+    }
+    let counted = cluster.psql(&format!(
+        "SELECT string_agg(value || '=' || count, ',' ORDER BY value) FROM meili_facets({task}, '', ARRAY['category'])"
+    ));
+    let expected = cluster.psql(
+        "SELECT string_agg(category || '=' || n, ',' ORDER BY category) FROM (SELECT category, count(*) AS n FROM products GROUP BY category) c",
+    );
+    assert_eq!(counted, expected, "facet counts over every shard");
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT missing || ',' || extra || ',' || different FROM meili_sync_verify({task})"
+        )),
+        "0,0,0",
+        "verify compares each shard with the rows it keeps"
+    );
+
+    // What a sharded task refuses, and nothing changed after.
+    let refusals = [
+        (
+            format!("SELECT meili_sync_alter({task}, '{{\"shards\": []}}')"),
+            "0A000",
+        ),
+        (
+            format!("SELECT meili_sync_alter({task}, '{{\"url\": \"http://127.0.0.1:1\"}}')"),
+            "22023",
+        ),
+        (format!("SELECT meili_sync_drop({})", rows[1].0), "0A000"),
+        (
+            format!(
+                "SELECT meili_sync_alter({}, '{{\"batch_size\": 100}}')",
+                rows[1].0
+            ),
+            "22023",
+        ),
+        (
+            format!("SELECT meili_sync_wait({task}, replicas => 'any')"),
+            "22023",
+        ),
+        (format!("SELECT meili_sync_resync({task})"), "0A000"),
+    ];
+    for (sql, sqlstate) in refusals {
+        let refused = refusal(&cluster, &sql);
+        assert_eq!(refused.sqlstate, sqlstate, "{sql}: {}", refused.stderr);
+    }
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT count(*) FROM meili_sync_status WHERE task = {task} OR replica_of = {task}"
+        )),
+        "3"
+    );
+
+    // TRUNCATE reaches every shard.
+    cluster.psql("TRUNCATE products");
+    let deadline = Instant::now() + CONVERGE;
+    while meilis
+        .iter()
+        .any(|meili| meili.document_count(&index) != Some(0))
+    {
+        assert!(
+            Instant::now() < deadline,
+            "TRUNCATE did not empty every shard"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+
+    cluster.psql(&format!(
+        "SELECT meili_sync_drop({task}, drop_index => true)"
+    ));
+    for meili in &meilis {
+        assert_eq!(
+            meili.index(&index),
+            None,
+            "the index is deleted on every shard"
+        );
+    }
+}
