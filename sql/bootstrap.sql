@@ -71,7 +71,10 @@ CREATE TABLE meili_sync.tasks (
     -- A shard of a task (`shards`): its name in the servers' Meilisearch network, and the names
     -- of the shards whose rendezvous hash of a document's id says which documents it keeps.
     shard text,
-    shard_names text[]
+    shard_names text[],
+    -- On a shard row that a shard was added beside: its documents that moved to another shard
+    -- are deleted once every shard has passed this position (by the task's rebalance worker).
+    shard_prune_after pg_lsn
 );
 COMMENT ON TABLE meili_sync.tasks IS 'One row per sync task; state is what the task should be doing.';
 -- Task workers update this table while they hold a decoding context; as a user catalog table its

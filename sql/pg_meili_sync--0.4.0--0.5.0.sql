@@ -6,6 +6,7 @@
 -- A shard of a task (sql/bootstrap.sql says why). The tasks of 0.4.0 have none.
 ALTER TABLE meili_sync.tasks ADD COLUMN shard text;
 ALTER TABLE meili_sync.tasks ADD COLUMN shard_names text[];
+ALTER TABLE meili_sync.tasks ADD COLUMN shard_prune_after pg_lsn;
 
 -- meili_sync_status shows shard (sql/views.sql says why), as its last column.
 SET LOCAL search_path = pg_catalog, pg_temp;

@@ -112,37 +112,42 @@ impl Counters {
     }
 }
 
-/// Whose process a worker is: a task's own, or the database's shared decoder, which has no task
-/// row. Shared-memory entries are keyed by it.
+/// Whose process a worker is: a task's own, the database's shared decoder, which has no task
+/// row, or the worker that moves documents between the shards of a task after a shard was added
+/// (not the task's own worker: the task streams on meanwhile). Shared-memory entries are keyed by
+/// it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum WorkerId {
     Task(i64),
     SharedDecoder,
+    Rebalance(i64),
 }
 
 impl WorkerId {
-    /// An entry's key: the task's id, and for the shared decoder a key no task has (task ids
-    /// start at 1; 0 marks a free entry).
+    /// An entry's key: the task's id, for the shared decoder a key no task has (task ids start
+    /// at 1; 0 marks a free entry), and for a task's rebalance the negative keys below it.
     fn key(self) -> i64 {
         match self {
             WorkerId::Task(id) => id,
             WorkerId::SharedDecoder => -1,
+            WorkerId::Rebalance(id) => -1 - id,
         }
     }
 
     fn from_key(key: i64) -> Self {
-        if key > 0 {
-            WorkerId::Task(key)
-        } else {
-            WorkerId::SharedDecoder
+        match key {
+            1.. => WorkerId::Task(key),
+            ..-1 => WorkerId::Rebalance(-1 - key),
+            _ => WorkerId::SharedDecoder,
         }
     }
 
-    /// The task whose worker this is; None for the shared decoder.
+    /// The task whose own worker this is; None for the shared decoder and a rebalance (whose
+    /// entry the task's status does not show).
     pub fn task(self) -> Option<i64> {
         match self {
             WorkerId::Task(id) => Some(id),
-            WorkerId::SharedDecoder => None,
+            WorkerId::SharedDecoder | WorkerId::Rebalance(_) => None,
         }
     }
 }
@@ -152,6 +157,7 @@ impl std::fmt::Display for WorkerId {
         match self {
             WorkerId::Task(id) => write!(formatter, "task {id}"),
             WorkerId::SharedDecoder => formatter.write_str("shared decoder"),
+            WorkerId::Rebalance(id) => write!(formatter, "rebalance of task {id}"),
         }
     }
 }

@@ -705,6 +705,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
         if (changes.contains_key("url")
             || changes.contains_key("api_key")
             || changes.contains_key("replicas")
+            || changes.contains_key("shards")
             || changes.contains_key("search_api_key"))
             && !catalog::acts_as(record.owner)?
         {
@@ -712,7 +713,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             return Err(SyncError::new(
                 ErrorKind::Privilege,
                 format!(
-                    "only the owner of task {} may change its url, api_key, replicas or search_api_key",
+                    "only the owner of task {} may change its url, api_key, replicas, shards or search_api_key",
                     record.id
                 ),
             )
@@ -730,6 +731,8 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
         )?;
         let own_key = if changes.contains_key("replicas") {
             change_replicas(&record, &parsed)?
+        } else if changes.contains_key("shards") {
+            change_shards(&record, &parsed)?
         } else {
             None
         };
@@ -746,25 +749,21 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
     result.or_raise()
 }
 
-/// The servers of a sharded task are its `shards`: a change of `url`, `api_key` or `replicas`
-/// would leave the others' network behind, and a change of `shards` would move documents
-/// between servers, which alter does not do yet.
+/// The servers of a sharded task are its `shards` (which `change_shards` adds to): a change of
+/// `url`, `api_key` or `replicas` would leave the others' network behind. A task that is not
+/// sharded does not become so.
 fn refuse_server_change_of_shards(
     record: &catalog::TaskRecord,
     changes: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<(), SyncError> {
     let sharded = record.shard.is_some();
-    if changes.contains_key("shards") {
+    if changes.contains_key("shards") && !sharded {
         return Err(SyncError::new(
             ErrorKind::UnsupportedType,
-            format!("the shards of task {} cannot be changed", record.id),
+            format!("task {} is not sharded, and cannot become so", record.id),
         )
-        .detail(if sharded {
-            "Adding or removing a shard moves documents between servers, which meili_sync_alter does not do yet."
-        } else {
-            "The task writes to one server, or to replicas; shards are given when a task starts."
-        })
-        .hint("Start a new task with the new \"shards\" into another index uid, and drop this one once it streams (meili_sync_drop)."));
+        .detail("The task writes to one server, or to replicas; shards are given when a task starts.")
+        .hint("Start a new task with \"shards\" into another index uid, and drop this one once it streams (meili_sync_drop)."));
     }
     if let Some(name) = ["url", "api_key", "replicas"]
         .into_iter()
@@ -886,29 +885,113 @@ fn change_replicas(
     if !adding.is_empty() {
         let published = published_tables(record, parsed)?;
         for replica in adding {
-            catalog::insert_task(
-                NewTask {
-                    relid: record.relid,
-                    owner: record.owner,
-                    index_uid: &record.index_uid,
-                    url: &replica.url,
-                    api_key: replica
-                        .api_key
-                        .clone()
-                        .or_else(gucs::default_api_key)
-                        .as_deref(),
-                    search_api_key: record.search_api_key.as_deref(),
-                    primary_key: &record.primary_key,
-                    options: parsed.to_stored_json(),
-                    resync_of: None,
-                    replica_of: Some(record.id),
-                    shard: None,
-                },
+            insert_member(
+                record,
+                parsed,
+                &replica.url,
+                &replica.api_key,
+                None,
                 &published,
             )?;
         }
     }
     Ok(own.api_key.clone())
+}
+
+/// Inserts a row of the task for another of its servers (a replica, or the shard named in
+/// `shard` with the task's shard list), with the task's options and search key.
+fn insert_member(
+    record: &catalog::TaskRecord,
+    parsed: &TaskOptions,
+    url: &str,
+    api_key: &Option<String>,
+    shard: Option<(&str, &[String])>,
+    published: &[String],
+) -> Result<i64, SyncError> {
+    catalog::insert_task(
+        NewTask {
+            relid: record.relid,
+            owner: record.owner,
+            index_uid: &record.index_uid,
+            url,
+            api_key: api_key.clone().or_else(gucs::default_api_key).as_deref(),
+            search_api_key: record.search_api_key.as_deref(),
+            primary_key: &record.primary_key,
+            options: parsed.to_stored_json(),
+            resync_of: None,
+            replica_of: Some(record.id),
+            shard,
+        },
+        published,
+    )
+}
+
+/// `meili_sync_alter(task, '{"shards": [...]}')` on a sharded task: the shards it has, in their
+/// order, then the new ones. Each new shard gets a row that copies its documents while the others
+/// stream on and keep all theirs; then the task's rebalance worker moves the task to the new list
+/// (`worker::rebalance`). Returns the key given for the task's own shard.
+fn change_shards(
+    record: &catalog::TaskRecord,
+    parsed: &TaskOptions,
+) -> Result<Option<String>, SyncError> {
+    let existing: Vec<catalog::TaskRecord> = std::iter::once(record.clone())
+        .chain(catalog::replicas_of(record.id)?)
+        .collect();
+    if catalog::shard_rebalance_pending(record.id)? {
+        return Err(SyncError::new(
+            ErrorKind::Prerequisite,
+            format!("a shard is still being added to task {}", record.id),
+        )
+        .hint("Alter the shards again once every shard streams and the documents that moved are gone (the server log says when)."));
+    }
+    let kept =
+        existing.len() <= parsed.shards.len()
+            && parsed.shards.iter().zip(&existing).all(|(entry, row)| {
+                row.shard.as_ref() == Some(&entry.name) && entry.url == row.url
+            });
+    if !kept {
+        return Err(SyncError::new(
+            ErrorKind::UnsupportedType,
+            format!(
+                "the shards of task {} can only be added to, after the ones it has and in their order",
+                record.id
+            ),
+        )
+        .detail("Removing, renaming, reordering or moving a shard would move documents in a way meili_sync_alter does not do yet.")
+        .hint("List the task's shards (meili_sync_status, column shard, in task order) with the same names and URLs, then the new ones."));
+    }
+    for (entry, row) in parsed.shards.iter().zip(&existing).skip(1) {
+        if let Some(key) = &entry.api_key {
+            catalog::set_replica_key(row.id, key)?;
+        }
+    }
+    let adding = &parsed.shards[existing.len()..];
+    if !adding.is_empty() {
+        require_task_room(adding.len())?;
+        for shard in adding {
+            refuse_index_in_use(&shard.url, &record.index_uid, None)?;
+        }
+        let names: Vec<String> = parsed
+            .shards
+            .iter()
+            .map(|shard| shard.name.clone())
+            .collect();
+        let published = published_tables(record, parsed)?;
+        for shard in adding {
+            insert_member(
+                record,
+                parsed,
+                &shard.url,
+                &shard.api_key,
+                Some((&shard.name, &names)),
+                &published,
+            )?;
+        }
+    }
+    Ok(parsed
+        .shards
+        .first()
+        .and_then(|shard| shard.api_key.clone()))
 }
 
 /// Copies the whole table into the index again, then keeps streaming.

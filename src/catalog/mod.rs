@@ -133,6 +133,15 @@ pub fn current_database() -> CatalogResult<String> {
     )
 }
 
+/// Where the WAL ends now (`pg_current_wal_lsn()`), in bytes: past every commit made before.
+pub fn current_wal_lsn() -> CatalogResult<u64> {
+    Ok(select_one::<i64>(
+        "SELECT pg_catalog.pg_wal_lsn_diff(pg_catalog.pg_current_wal_lsn(), '0/0')::bigint",
+        &[],
+    )?
+    .map_or(0, |lsn| lsn as u64))
+}
+
 /// An LSN in Postgres's text form, `X/X`.
 pub fn format_lsn(lsn: u64) -> String {
     format!("{:X}/{:X}", lsn >> 32, lsn & 0xFFFF_FFFF)

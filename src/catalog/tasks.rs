@@ -154,6 +154,9 @@ pub struct TaskSummary {
     pub active: bool,
     pub generation: i32,
     pub shared: bool,
+    /// A sharded task that a rebalance worker must bring to its new shard list: every shard
+    /// being added has its documents, or a shard still holds documents that moved.
+    pub rebalancing: bool,
 }
 
 /// The task that writes into this index at this URL, if any, and the table it syncs: one index
@@ -361,6 +364,82 @@ pub fn set_state(task_id: i64, state: TaskState) -> CatalogResult<()> {
             vec![state.as_str().into()],
         )?;
         changed.into_iter().try_for_each(announce_state_change)
+    })
+}
+
+/// Gives every shard row of the task the shard list `names`; the rows that had another list
+/// restart with it at this commit (from here on they keep only the ids that hash to them), and
+/// are marked to have the documents that moved deleted once every shard has passed this commit
+/// (`note_prune_position` sets where). Returns the rows that changed.
+pub fn adopt_shard_names(task_id: i64, names: &[String]) -> CatalogResult<Vec<i64>> {
+    as_catalog_owner(|| {
+        let changed = Spi::connect_mut(|client| {
+            let rows = client.update(
+                "UPDATE meili_sync.tasks
+                    SET shard_names = $2, generation = generation + 1, shard_prune_after = 'FFFFFFFF/FFFFFFFF'
+                  WHERE (id OPERATOR(pg_catalog.=) $1 OR replica_of OPERATOR(pg_catalog.=) $1)
+                    AND shard IS NOT NULL AND shard_names OPERATOR(pg_catalog.<>) $2
+                 RETURNING id",
+                None,
+                &[task_id.into(), names.to_vec().into()],
+            )?;
+            ids_of(rows)
+        })?;
+        changed
+            .iter()
+            .copied()
+            .try_for_each(announce_state_change)?;
+        Ok(changed)
+    })
+}
+
+/// Whether a shard is still being added to the task (its rows have two shard lists), or a shard
+/// still holds documents that moved.
+pub fn shard_rebalance_pending(task_id: i64) -> CatalogResult<bool> {
+    Ok(select_one::<bool>(
+        "SELECT pg_catalog.count(DISTINCT shard_names) OPERATOR(pg_catalog.>) 1
+                OR pg_catalog.bool_or(shard_prune_after IS NOT NULL)
+           FROM meili_sync.tasks
+          WHERE id OPERATOR(pg_catalog.=) $1 OR replica_of OPERATOR(pg_catalog.=) $1",
+        &[task_id.into()],
+    )?
+    .unwrap_or(false))
+}
+
+/// The shard rows of the task with documents to delete that moved to another shard, and the WAL
+/// position every shard must have passed first: the end of the WAL when first asked after
+/// `adopt_shard_names` committed (so past its commit).
+pub fn note_prune_position(task_id: i64) -> CatalogResult<Vec<(i64, u64)>> {
+    as_catalog_owner(|| {
+        Spi::connect_mut(|client| {
+            let rows = client.update(
+                "UPDATE meili_sync.tasks
+                    SET shard_prune_after = LEAST(shard_prune_after, pg_catalog.pg_current_wal_lsn())
+                  WHERE (id OPERATOR(pg_catalog.=) $1 OR replica_of OPERATOR(pg_catalog.=) $1)
+                    AND shard_prune_after IS NOT NULL
+                 RETURNING id, pg_catalog.pg_wal_lsn_diff(shard_prune_after, '0/0')::bigint",
+                None,
+                &[task_id.into()],
+            )?;
+            let mut pending = Vec::new();
+            for row in rows {
+                if let (Some(id), Some(lsn)) = (row.get::<i64>(1)?, row.get::<i64>(2)?) {
+                    pending.push((id, lsn as u64));
+                }
+            }
+            Ok(pending)
+        })
+    })
+}
+
+/// The documents that moved away from this shard row are deleted.
+pub fn prune_done(task_id: i64) -> CatalogResult<()> {
+    as_catalog_owner(|| {
+        Spi::run_with_args(
+            "UPDATE meili_sync.tasks SET shard_prune_after = NULL WHERE id OPERATOR(pg_catalog.=) $1",
+            &[task_id.into()],
+        )?;
+        Ok(())
     })
 }
 
@@ -837,7 +916,18 @@ pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
             &format!(
                 "SELECT t.id, t.state OPERATOR(pg_catalog.=) ANY ('{{snapshot,streaming}}'::pg_catalog.text[])
                         AND NOT ({SHARED_TASK_SQL} AND t.state OPERATOR(pg_catalog.=) 'streaming' AND NOT {OWN_SLOT_SQL}),
-                        t.generation, {SHARED_TASK_SQL}
+                        t.generation, {SHARED_TASK_SQL},
+                        t.shard IS NOT NULL AND t.replica_of IS NULL AND t.state OPERATOR(pg_catalog.=) 'streaming' AND (
+                            EXISTS (SELECT 1 FROM meili_sync.tasks m
+                                     WHERE (m.id OPERATOR(pg_catalog.=) t.id OR m.replica_of OPERATOR(pg_catalog.=) t.id)
+                                       AND m.shard_prune_after IS NOT NULL)
+                            OR (EXISTS (SELECT 1 FROM meili_sync.tasks m
+                                         WHERE m.replica_of OPERATOR(pg_catalog.=) t.id
+                                           AND m.shard_names OPERATOR(pg_catalog.<>) t.shard_names)
+                                AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks m
+                                                 WHERE m.replica_of OPERATOR(pg_catalog.=) t.id
+                                                   AND m.shard_names OPERATOR(pg_catalog.<>) t.shard_names
+                                                   AND m.snapshot_finished_at IS NULL)))
                    FROM meili_sync.tasks t ORDER BY t.id"
             ),
             None,
@@ -853,6 +943,7 @@ pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
                 active: row.get(2)?.unwrap_or(false),
                 generation: row.get(3)?.unwrap_or(0),
                 shared: row.get(4)?.unwrap_or(false),
+                rebalancing: row.get(5)?.unwrap_or(false),
             });
         }
         Ok(tasks)

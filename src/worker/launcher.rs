@@ -154,8 +154,8 @@ impl Launcher {
                 if backoff.crashes >= CRASH_LOOP {
                     match id {
                         WorkerId::SharedDecoder => stop_shared_crash_loop(backoff.crashes),
-                        WorkerId::Task(task_id) => {
-                            stop_crash_loop(task_id, backoff.crashes);
+                        WorkerId::Task(task_id) | WorkerId::Rebalance(task_id) => {
+                            stop_crash_loop(task_id, id, backoff.crashes);
                             continue;
                         }
                     }
@@ -265,9 +265,25 @@ impl Launcher {
                 generation: task.generation,
             })
             .collect();
+        // A sharded task with a shard added: its rebalance worker (beside the task's stream).
+        wanted.extend(
+            tasks
+                .iter()
+                .filter(|task| task.rebalancing)
+                .map(|task| Wanted {
+                    worker: WorkerId::Rebalance(task.id),
+                    generation: 0,
+                }),
+        );
         // Entries of inactive tasks stay too: they show the task's last error.
         let mut existing: Vec<WorkerId> =
             tasks.iter().map(|task| WorkerId::Task(task.id)).collect();
+        existing.extend(
+            tasks
+                .iter()
+                .filter(|task| task.rebalancing)
+                .map(|task| WorkerId::Rebalance(task.id)),
+        );
         if tasks.iter().any(|task| task.shared) {
             // The shared decoder runs while any task shares the decoding pass: it gives new tasks
             // their position, streams the streaming ones, and holds the slot for the others.
@@ -449,10 +465,14 @@ fn warn_with_hint(message: String, hint: &str) {
 
 /// Puts a task whose worker keeps crashing in state `error`, with its last error, instead of
 /// restarting it forever; `meili_sync_resume` tries again.
-fn stop_crash_loop(task_id: i64, crashes: u32) {
-    let last_error = last_error_of(WorkerId::Task(task_id));
+fn stop_crash_loop(task_id: i64, worker: WorkerId, crashes: u32) {
+    let last_error = last_error_of(worker);
+    let who = match worker {
+        WorkerId::Rebalance(_) => "the worker moving documents to an added shard",
+        _ => "worker",
+    };
     let message = format!(
-        "worker crashed {crashes} times in a row; last error: {last_error}; fix the cause, then run SELECT meili_sync_resume({task_id})"
+        "{who} crashed {crashes} times in a row; last error: {last_error}; fix the cause, then run SELECT meili_sync_resume({task_id})"
     );
     warning!("pg_meili_sync task {task_id} stopped: {message}");
     if let Err(error) =
@@ -522,6 +542,11 @@ fn start_worker(worker: WorkerId, database: pg_sys::Oid) -> Result<DynamicBackgr
             0,
         ),
         WorkerId::Task(task_id) => ("pg_meili_sync task", "meili_sync_task_main", task_id),
+        WorkerId::Rebalance(task_id) => (
+            "pg_meili_sync rebalance",
+            "meili_sync_rebalance_main",
+            task_id,
+        ),
     };
     BackgroundWorkerBuilder::new(&format!("pg_meili_sync {worker}"))
         .set_type(kind)

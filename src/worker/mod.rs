@@ -8,6 +8,7 @@ pub mod drive;
 pub mod handover;
 pub mod launcher;
 pub mod partitions;
+pub mod rebalance;
 pub mod render;
 pub mod resync;
 pub mod shared;

@@ -11,7 +11,6 @@ use crate::dispatch::Dispatcher;
 use crate::error::SyncError;
 use crate::failure::{Failure, FailureKind};
 use crate::meili::client::Client;
-use crate::meili::network::{network_body, network_leader};
 use crate::options::TaskOptions;
 use crate::pg_catalog::SlotStatus;
 use crate::plan::{
@@ -25,6 +24,7 @@ use crate::worker::control::{
 use crate::worker::drive::{drive, IndexWatch, SwapGate};
 use crate::worker::handover::{self, MoveGate};
 use crate::worker::partitions::{prune_index, PartitionWatch};
+use crate::worker::rebalance;
 use crate::worker::render::ViewStream;
 use crate::worker::resync::{self, ResyncGate};
 use crate::worker::snapshot::{self, SnapshotOutcome};
@@ -99,45 +99,6 @@ fn prepare_index(
         created_at: index.and_then(|index| index.created_at),
         created,
     })
-}
-
-/// A shard names its server in Meilisearch's network, with every shard of the task as a remote
-/// (and its search key), so that a federated search through any shard reaches all of them. A
-/// network with a leader (the enterprise edition's sharding) routes documents itself: refused.
-fn prepare_network(live: LiveStatus, client: &Client, task: &TaskRecord) -> Result<(), Stop> {
-    let Some(name) = task.shard.as_deref() else {
-        return Ok(());
-    };
-    let shards = in_transaction(live, "reading the task's shards", || {
-        catalog::shard_servers(task.replica_of.unwrap_or(task.id))
-    })?;
-    with_retry(live, "turning on Meilisearch's network feature", || {
-        client.enable_network()
-    })?;
-    let current = with_retry(live, "reading the Meilisearch network", || client.network())?;
-    if let Some(leader) = network_leader(&current) {
-        return Err(Failure::new(
-            FailureKind::Meilisearch,
-            format!(
-                "the Meilisearch server at {} is in a network led by \"{leader}\", which shards documents itself",
-                task.url
-            ),
-        )
-        .hint("pg_meili_sync does not write into an enterprise network with a leader yet: remove the leader from the servers' network (PATCH /network), then SELECT meili_sync_resume(task)")
-        .into());
-    }
-    let remotes: Vec<(&str, &str, Option<&str>)> = shards
-        .iter()
-        .map(|(shard, url, key)| (shard.as_str(), url.as_str(), key.as_deref()))
-        .collect();
-    let body = network_body(name, &remotes);
-    let answer = with_retry(live, "setting the Meilisearch network", || {
-        client.update_network(&body)
-    })?;
-    if let Some(uid) = answer.get("taskUid").and_then(serde_json::Value::as_u64) {
-        await_meili_task(live, client, uid, "setting the Meilisearch network")?;
-    }
-    Ok(())
 }
 
 /// Sets up each embedder of the `vectors` option as `userProvided` with its column's dimensions,
@@ -374,7 +335,12 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
         }
     }
     let index = prepare_index(live, &client, &task, &options, &key_attribute)?;
-    prepare_network(live, &client, &task)?;
+    if task.shard.is_some() {
+        let shards = in_transaction(live, "reading the task's shards", || {
+            catalog::shard_servers(task.replica_of.unwrap_or(task.id))
+        })?;
+        rebalance::set_network(live, &client, &task, &shards)?;
+    }
     let watch = IndexWatch::new(client.clone(), &task.index_uid, index.created_at);
 
     let mut dispatcher = open_dispatcher(&client, &task, &options, &key_attribute);

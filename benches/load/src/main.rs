@@ -13,6 +13,7 @@
 //!   cargo run --release -p pg_meili_sync_load -- attach [table_rows] [attached_rows]
 //!   cargo run --release -p pg_meili_sync_load -- search [rows] [seconds per query] [clients] [split cores 0|1]
 //!   cargo run --release -p pg_meili_sync_load -- replicas [servers] [rows] [stream_rows]
+//!   cargo run --release -p pg_meili_sync_load -- shards [servers] [rows] [stream_rows] [search_seconds]
 //!
 //! Set LOAD_VERIFY=1 to also check that the index holds exactly the table's rows afterwards.
 
@@ -20,6 +21,7 @@ mod decoders;
 mod partitions;
 mod replicas;
 mod search;
+mod shards;
 mod views;
 
 use std::time::{Duration, Instant};
@@ -798,6 +800,12 @@ fn main() {
         "hotrow" => views::hot_rows(arg(0, 1000), arg(1, 100)),
         "attach" => partitions::attach(arg(0, 500_000), arg(1, 20_000)),
         "replicas" => replicas::replicas(arg(0, 3) as usize, arg(1, 200_000), arg(2, 100_000)),
+        "shards" => shards::shards(
+            arg(0, 3) as usize,
+            arg(1, 200_000),
+            arg(2, 100_000),
+            arg(3, 10) as u64,
+        ),
         "search" => search::search(
             arg(0, 200_000),
             arg(1, 10) as u64,
@@ -806,7 +814,7 @@ fn main() {
         ),
         other => {
             eprintln!(
-                "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout, hotrow, attach, search or replicas"
+                "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout, hotrow, attach, search, replicas or shards"
             );
             std::process::exit(2);
         }

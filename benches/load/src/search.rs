@@ -103,11 +103,11 @@ fn search_script(task: i64, query: &str) -> String {
 }
 
 /// Requests per second and latencies (ms) of one side, and how many calls it made.
-struct Side {
-    per_second: f64,
-    p50: f64,
-    p99: f64,
-    calls: usize,
+pub struct Side {
+    pub per_second: f64,
+    pub p50: f64,
+    pub p99: f64,
+    pub calls: usize,
 }
 
 impl Side {
@@ -131,10 +131,28 @@ impl Side {
 /// client faster than the server, which asks for no compressed answers): its requests per
 /// second and its latency distribution.
 fn direct(meili: &Meili, index: &str, query: &str, clients: usize, seconds: u64) -> Side {
+    let body = json!({"q": query, "limit": 10});
+    direct_post(
+        meili,
+        &format!("/indexes/{index}/search"),
+        &body,
+        clients,
+        seconds,
+    )
+}
+
+/// `clients` connections posting `body` to `path` for `seconds`, measured by wrk.
+pub fn direct_post(
+    meili: &Meili,
+    path: &str,
+    body: &serde_json::Value,
+    clients: usize,
+    seconds: u64,
+) -> Side {
     let dir = std::env::temp_dir().join(format!("pg_meili_sync_wrk_{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("wrk directory");
     let script = dir.join("search.lua");
-    let body = json!({"q": query, "limit": 10}).to_string();
+    let body = body.to_string();
     let mut lua = format!(
         "wrk.method = \"POST\"\nwrk.body = {body:?}\nwrk.headers[\"Content-Type\"] = \"application/json\"\n"
     );
@@ -154,7 +172,7 @@ fn direct(meili: &Meili, index: &str, query: &str, clients: usize, seconds: u64)
         .arg("--latency")
         .arg("-s")
         .arg(&script)
-        .arg(format!("{}/indexes/{index}/search", meili.url))
+        .arg(format!("{}{path}", meili.url))
         .output()
         .expect("run wrk (apt-get install wrk)");
     let _ = std::fs::remove_dir_all(&dir);
@@ -203,7 +221,7 @@ fn wrk_millis(text: &str) -> f64 {
 
 /// Runs a pgbench script and returns its transactions per second and latencies from its
 /// per-transaction log.
-fn pgbench(cluster: &Cluster, script: &str, args: &[&str]) -> Side {
+pub fn pgbench(cluster: &Cluster, script: &str, args: &[&str]) -> Side {
     let dir = std::env::temp_dir().join(format!("pg_meili_sync_pgbench_{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("pgbench directory");

@@ -6,6 +6,7 @@
 //! of its own (the test server, or real ones with `E2E_MEILI=real`), so it skips with `MEILI_URL`.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
@@ -42,17 +43,22 @@ fn id_text(document: &Value) -> String {
 /// What is wrong with the shards against the table, if anything: a document missing from their
 /// union or different from its row, a document on two shards, or on another shard than its hash
 /// names.
-fn shards_problem(cluster: &Cluster, meilis: &[Meili], index: &str) -> Option<String> {
+fn shards_problem(
+    cluster: &Cluster,
+    meilis: &[Meili],
+    names: &[&str],
+    index: &str,
+) -> Option<String> {
     let expected = products::table_documents(cluster, "products");
     let mut union = Vec::new();
     let mut seen: BTreeMap<String, &str> = BTreeMap::new();
-    for (meili, name) in meilis.iter().zip(NAMES) {
+    for (meili, &name) in meilis.iter().zip(names) {
         for document in meili.all_documents(index) {
             let id = id_text(&document);
             if let Some(other) = seen.insert(id.clone(), name) {
                 return Some(format!("document {id} is on {other} and on {name}"));
             }
-            let owner = owner_of(&id, &NAMES);
+            let owner = owner_of(&id, names);
             if owner != name {
                 return Some(format!(
                     "document {id} is on {name}, but its hash names {owner}"
@@ -64,10 +70,10 @@ fn shards_problem(cluster: &Cluster, meilis: &[Meili], index: &str) -> Option<St
     products::diff_documents(&union, &expected)
 }
 
-fn wait_shards_match_table(cluster: &Cluster, meilis: &[Meili], index: &str) {
+fn wait_shards_match_table(cluster: &Cluster, meilis: &[Meili], names: &[&str], index: &str) {
     let deadline = Instant::now() + CONVERGE;
     loop {
-        let Some(problem) = shards_problem(cluster, meilis, index) else {
+        let Some(problem) = shards_problem(cluster, meilis, names, index) else {
             assert_no_crash(cluster);
             return;
         };
@@ -98,9 +104,15 @@ fn direct_ids(meilis: &[Meili], index: &str, query: &str) -> BTreeSet<String> {
 }
 
 fn sql_search_ids(cluster: &Cluster, task: i64, query: &str) -> BTreeSet<String> {
+    search_ids_where(cluster, task, query, "")
+}
+
+/// The ids `meili_search` finds for `query`, with `filter` (a Meilisearch filter, or none).
+fn search_ids_where(cluster: &Cluster, task: i64, query: &str, filter: &str) -> BTreeSet<String> {
+    let options = json!({"limit": 10_000, "filter": filter}).to_string();
     cluster
         .psql(&format!(
-            "SELECT id FROM meili_search({task}, '{query}', '{{\"limit\": 10000}}')"
+            "SELECT id FROM meili_search({task}, '{query}', '{options}')"
         ))
         .lines()
         .filter(|line| !line.is_empty())
@@ -151,7 +163,7 @@ fn shards_split_the_table_follow_its_changes_and_search_as_one() {
     for (row, _) in &rows {
         cluster.wait_snapshot_done(*row, CONVERGE);
     }
-    wait_shards_match_table(&cluster, &meilis, &index);
+    wait_shards_match_table(&cluster, &meilis, &NAMES, &index);
     for meili in &meilis {
         let count = meili.document_count(&index).unwrap_or(0);
         assert!(
@@ -165,7 +177,7 @@ fn shards_split_the_table_follow_its_changes_and_search_as_one() {
     cluster.psql(&products::insert_sql(1_501, 1_800));
     cluster.psql("DELETE FROM products WHERE id BETWEEN 1000 AND 1100");
     cluster.psql("UPDATE products SET id = id + 100000 WHERE id BETWEEN 200 AND 260");
-    wait_shards_match_table(&cluster, &meilis, &index);
+    wait_shards_match_table(&cluster, &meilis, &NAMES, &index);
 
     // One search through SQL finds what the shards find directly, merged.
     for query in ["", "Product 17", "v2"] {
@@ -198,7 +210,10 @@ fn shards_split_the_table_follow_its_changes_and_search_as_one() {
     // What a sharded task refuses, and nothing changed after.
     let refusals = [
         (
-            format!("SELECT meili_sync_alter({task}, '{{\"shards\": []}}')"),
+            format!(
+                "SELECT meili_sync_alter({task}, '{}')",
+                json!({"shards": &shards[..2]})
+            ),
             "0A000",
         ),
         (
@@ -254,4 +269,107 @@ fn shards_split_the_table_follow_its_changes_and_search_as_one() {
             "the index is deleted on every shard"
         );
     }
+}
+
+fn own_shards(count: usize) -> Option<Vec<Meili>> {
+    let servers = (0..count)
+        .map(|_| Meili::own_shard())
+        .collect::<Option<Vec<Meili>>>();
+    if servers.is_none() {
+        eprintln!("skipped: the one Meilisearch at MEILI_URL cannot be several shards");
+    }
+    servers
+}
+
+#[test]
+fn a_shard_added_under_writes_takes_its_documents_and_none_goes_missing() {
+    let Some(meilis) = own_shards(4) else {
+        return;
+    };
+    let names = [NAMES[0], NAMES[1], NAMES[2], "shard-d"];
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 1_500));
+    let index = meilis[0].unique_index("shards_added");
+    let entries: Vec<Value> = meilis
+        .iter()
+        .zip(names)
+        .map(|(meili, name)| meili.shard(name))
+        .collect();
+    let options = |shards: &[Value]| {
+        json!({"shards": shards, "settings": {"filterableAttributes": ["id"]}}).to_string()
+    };
+    let task = start_with_options(&cluster, None, "products", &index, &options(&entries[..3]));
+    wait_shards_match_table(&cluster, &meilis[..3], &names[..3], &index);
+
+    // Steady writes (updates of the first rows, inserts of new ones) while a fourth shard joins.
+    let writing = AtomicBool::new(true);
+    std::thread::scope(|scope| {
+        scope.spawn(|| {
+            let mut next = 5_001;
+            while writing.load(Ordering::Relaxed) {
+                cluster.psql(&format!(
+                    "UPDATE products SET version = version + 1 WHERE id = {}; {}",
+                    1 + next % 1_500,
+                    products::insert_sql(next, next + 4)
+                ));
+                next += 5;
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        });
+        cluster.psql(&format!(
+            "SELECT meili_sync_alter({task}, '{}')",
+            json!({"shards": entries})
+        ));
+        // Until the fourth shard has its documents and the others have dropped theirs that
+        // moved, no row of the first 1,500 is ever missing from a search through SQL.
+        let stable: BTreeSet<String> = (1..=1_500).map(|id| id.to_string()).collect();
+        let deadline = Instant::now() + CONVERGE;
+        let mut samples = 0;
+        loop {
+            let found = search_ids_where(&cluster, task, "", "id <= 1500");
+            let missing: Vec<&String> = stable.difference(&found).take(5).collect();
+            assert!(
+                missing.is_empty(),
+                "sample {samples}: ids {missing:?} are missing from the merged search"
+            );
+            samples += 1;
+            let done = cluster.psql(&format!(
+                "SELECT count(DISTINCT shard_names) = 1 AND bool_and(shard_prune_after IS NULL) AND bool_and(snapshot_finished_at IS NOT NULL)
+                   FROM meili_sync.tasks WHERE id = {task} OR replica_of = {task}"
+            ));
+            if done == "t" && samples >= 5 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the fourth shard did not join after {CONVERGE:?}\n{}",
+                cluster.tail_log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        writing.store(false, Ordering::Relaxed);
+    });
+    wait_shards_match_table(&cluster, &meilis, &names, &index);
+    let on_the_new_shard = meilis[3].document_count(&index).unwrap_or(0);
+    assert!(
+        (200..=600).contains(&on_the_new_shard),
+        "the fourth shard holds about a quarter of the documents, not {on_the_new_shard}"
+    );
+    let direct = direct_ids(&meilis, &index, "");
+    assert_eq!(
+        sql_search_ids(&cluster, task, ""),
+        direct,
+        "meili_search asks all four shards"
+    );
+    // Shards are only added, after the ones the task has.
+    let refused = refusal(
+        &cluster,
+        &format!(
+            "SELECT meili_sync_alter({task}, '{}')",
+            json!({"shards": [entries[1].clone(), entries[0].clone()]})
+        ),
+    );
+    assert_eq!(refused.sqlstate, "0A000", "{}", refused.stderr);
 }

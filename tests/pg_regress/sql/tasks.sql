@@ -95,5 +95,11 @@ SELECT meili_sync_resync(:sharded);
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_alter(:sharded, '{"batch_size": 20}');
 SELECT shard, options ->> 'batch_size' AS batch_size FROM meili_sync.tasks ORDER BY id;
+-- A shard added after the others: its row has the new list; the others keep theirs until it has
+-- its documents (the rebalance worker moves them all to the new list then).
+SELECT meili_sync_alter(:sharded, '{"shards": [{"name": "s0", "url": "http://127.0.0.1:1"}, {"name": "s1", "url": "http://127.0.0.1:2"}, {"name": "s2", "url": "http://127.0.0.1:3"}, {"name": "s3", "url": "http://127.0.0.1:4"}]}');
+SELECT url, shard, shard_names, state FROM meili_sync.tasks ORDER BY id;
+SELECT meili_sync_alter(:sharded, '{"shards": [{"name": "s0", "url": "http://127.0.0.1:1"}, {"name": "s1", "url": "http://127.0.0.1:2"}, {"name": "s2", "url": "http://127.0.0.1:3"}, {"name": "s3", "url": "http://127.0.0.1:4"}, {"name": "s4", "url": "http://127.0.0.1:5"}]}');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_drop(:sharded);
 SELECT * FROM leftovers;
