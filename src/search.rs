@@ -85,6 +85,9 @@ pub fn run(
     body: Value,
     shards_failed: ShardsFailed,
 ) -> Result<Value, SyncError> {
+    if shards.is_empty() {
+        return answered(client.search(index_uid, &body));
+    }
     let text = federated_or_not(client, index_uid, shards, body, shards_failed)?;
     serde_json::from_slice(&text).map_err(|error| {
         SyncError::new(

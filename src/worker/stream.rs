@@ -72,6 +72,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         dispatcher
             .borrow_mut()
             .set_stream_depth(options.stream_depth);
+        let shard = task.shard_filter();
         let primary_key = dispatcher.borrow().primary_key().to_owned();
         Streamer {
             task_id: task.id,
@@ -83,11 +84,11 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             primary_key,
             rules,
             mapper: ChangeMapper::new(limits, options.write_mode == WriteMode::Upsert)
-                .with_shard(task.shard_filter()),
+                .with_shard(shard.clone()),
             settlement: Settlement::default(),
             limits,
             upsert: options.write_mode == WriteMode::Upsert,
-            shard: task.shard_filter(),
+            shard,
             stall_limit: None,
             stalled: false,
             finished_seen: 0,
