@@ -837,20 +837,8 @@ fn change_replicas(
         .detail("A task's own row writes to its first server; its other replicas have rows of their own.")
         .hint("Keep that server in \"replicas\"; to move the task to another server, alter its \"url\" on its own."));
     };
-    if let Some(helper) = catalog::resync_helper(record.id)? {
-        // The swap would rebuild the task's own server only.
-        return Err(SyncError::new(
-            ErrorKind::Prerequisite,
-            format!(
-                "task {} is being resynced by helper task {helper}; its replicas cannot change meanwhile",
-                record.id
-            ),
-        )
-        .hint(format!(
-            "Change them once the resync is done (meili_sync_status shows the helper), or cancel it with SELECT meili_sync_drop({helper}, drop_index => true)."
-        )));
-    }
     let existing = catalog::replicas_of(record.id)?;
+    refuse_while_resyncing(record, &existing, "replicas")?;
     let adding: Vec<&Replica> = parsed
         .replicas
         .iter()
@@ -898,6 +886,30 @@ fn change_replicas(
     Ok(own.api_key.clone())
 }
 
+/// The servers of a task do not change while a resync rebuilds one of them: its helper copies with
+/// the task's list (a shard's, the ids its shard keeps) and swaps on that server alone.
+fn refuse_while_resyncing(
+    record: &catalog::TaskRecord,
+    members: &[catalog::TaskRecord],
+    servers: &str,
+) -> Result<(), SyncError> {
+    for row in std::iter::once(record).chain(members) {
+        if let Some(helper) = catalog::resync_helper(row.id)? {
+            return Err(SyncError::new(
+                ErrorKind::Prerequisite,
+                format!(
+                    "row {} of task {} is being resynced by helper task {helper}; its {servers} cannot change meanwhile",
+                    row.id, record.id
+                ),
+            )
+            .hint(format!(
+                "Change them once the resync is done (meili_sync_status shows the helper), or cancel it with SELECT meili_sync_drop({helper}, drop_index => true)."
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Inserts a row of the task for another of its servers (a replica, or the shard named in
 /// `shard` with the task's shard list), with the task's options and search key.
 fn insert_member(
@@ -937,6 +949,7 @@ fn change_shards(
     let existing: Vec<catalog::TaskRecord> = std::iter::once(record.clone())
         .chain(catalog::replicas_of(record.id)?)
         .collect();
+    refuse_while_resyncing(record, &existing[1..], "shards")?;
     if catalog::shard_rebalance_pending(record.id)? {
         return Err(SyncError::new(
             ErrorKind::Prerequisite,
@@ -1011,7 +1024,9 @@ fn meili_sync_snapshot(task: Option<i64>) -> bool {
 
 /// Rebuilds a task's index without downtime: a helper task copies the table into a new index
 /// while the live one keeps serving and streaming, then swaps the two (`/swap-indexes`) and
-/// deletes the old one. Returns the helper's task id, which `meili_sync_status` shows.
+/// deletes the old one. A task with replicas or shards gets a helper for each of its servers,
+/// each swapping on its own; a replica's or shard's row, one for that server alone. Returns the
+/// helper's task id (the one of the row called), which `meili_sync_status` shows.
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_sync_resync(task: Option<i64>) -> i64 {
     let result = (|| {
@@ -1020,27 +1035,6 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
         require_launcher_database()?;
         let record = require_task(task)?;
         require_select(&record)?;
-        let replica = record.id;
-        refuse_on_replica(&record, |_| {
-            format!(
-                "SELECT meili_sync_snapshot({replica}) copies the table into this replica again."
-            )
-        })?;
-        if !catalog::replicas_of(record.id)?.is_empty() {
-            let servers = if record.shard.is_some() {
-                "shards"
-            } else {
-                "replicas"
-            };
-            return Err(SyncError::new(
-                ErrorKind::UnsupportedType,
-                format!("task {} has {servers}, and a resync of a task with {servers} is not supported yet", record.id),
-            )
-            .hint(format!(
-                "SELECT meili_sync_snapshot({}) copies the table into every one of them again; meili_sync_snapshot(row) copies one (meili_sync_status shows their ids, with replica_of = {}).",
-                record.id, record.id
-            )));
-        }
         if let Some(rebuilt) = record.resync_of {
             return Err(SyncError::new(
                 ErrorKind::InvalidParameter,
@@ -1048,28 +1042,23 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
             )
             .hint(format!("Resync task {rebuilt} itself.")));
         }
-        refuse_while_moving(&record)?;
-        if let Some(helper) = catalog::resync_helper(record.id)? {
-            return Err(SyncError::new(
-                ErrorKind::DuplicateTask,
-                format!("task {} is already being resynced by helper task {helper}", record.id),
-            )
-            .hint(format!(
-                "Follow it in meili_sync_status; SELECT meili_sync_drop({helper}, drop_index => true) cancels it."
-            )));
-        }
-        if record.state != TaskState::Streaming {
+        let rows: Vec<catalog::TaskRecord> = if record.replica_of.is_some() {
+            vec![record.clone()]
+        } else {
+            std::iter::once(record.clone())
+                .chain(catalog::replicas_of(record.id)?)
+                .collect()
+        };
+        let root = record.replica_of.unwrap_or(record.id);
+        if record.shard.is_some() && catalog::shard_rebalance_pending(root)? {
             return Err(SyncError::new(
                 ErrorKind::Prerequisite,
-                format!(
-                    "task {} is in state \"{}\"; only a streaming task can be resynced",
-                    record.id, record.state
-                ),
+                format!("a shard is still being added to task {root}"),
             )
-            .hint(format!(
-                "Resume a paused or stopped task first; a task that has not finished its copy, or failed, is copied again with SELECT meili_sync_snapshot({}).",
-                record.id
-            )));
+            .hint("Resync once every shard streams and the documents that moved are gone (the server log says when)."));
+        }
+        for row in &rows {
+            refuse_until_resyncable(row)?;
         }
         let fresh_uid = resync::helper_index_uid(&record.index_uid);
         validate_index_uid(&fresh_uid).map_err(|_| {
@@ -1082,39 +1071,87 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
             )
             .hint("Index uids of tasks to resync must be at most 392 characters long.")
         })?;
-        if let Some((existing, _)) = catalog::index_owner_task(&record.url, &fresh_uid)? {
-            return Err(SyncError::new(
-                ErrorKind::DuplicateTask,
-                format!("task {existing} already syncs into index \"{fresh_uid}\", the index a resync would build"),
-            )
-            .hint(format!("Drop task {existing} first.")));
+        for row in &rows {
+            if let Some((existing, _)) = catalog::index_owner_task(&row.url, &fresh_uid)? {
+                return Err(SyncError::new(
+                    ErrorKind::DuplicateTask,
+                    format!("task {existing} already syncs into index \"{fresh_uid}\" at {}, the index a resync would build", row.url),
+                )
+                .hint(format!("Drop task {existing} first.")));
+            }
         }
-        require_task_room(1)?;
+        require_task_room(rows.len())?;
         let options = TaskOptions::parse(&record.options)?;
         // Checked as the task's worker checks it: the helper copies with the owner's rights.
         let published = published_tables(&record, &options)?;
-        let helper = catalog::insert_task(
-            NewTask {
-                relid: record.relid,
-                // The helper acts for the task it rebuilds: its reads, mapping queries and the
-                // worker's privilege checks are that task owner's, never the caller's.
-                owner: record.owner,
-                index_uid: &fresh_uid,
-                url: &record.url,
-                api_key: record.api_key.as_deref(),
-                search_api_key: record.search_api_key.as_deref(),
-                primary_key: &record.primary_key,
-                options: record.options.clone(),
-                resync_of: Some(record.id),
-                replica_of: None,
-                shard: None,
-            },
-            &published,
-        )?;
+        let mut helpers = Vec::with_capacity(rows.len());
+        for row in &rows {
+            helpers.push(catalog::insert_task(
+                NewTask {
+                    relid: row.relid,
+                    // The helper acts for the task it rebuilds: its reads, mapping queries and the
+                    // worker's privilege checks are that task owner's, never the caller's.
+                    owner: row.owner,
+                    index_uid: &fresh_uid,
+                    url: &row.url,
+                    api_key: row.api_key.as_deref(),
+                    search_api_key: row.search_api_key.as_deref(),
+                    primary_key: &row.primary_key,
+                    options: row.options.clone(),
+                    resync_of: Some(row.id),
+                    replica_of: None,
+                    // A shard's helper keeps the ids its shard keeps.
+                    shard: row.shard.as_deref().zip(row.shard_names.as_deref()),
+                },
+                &published,
+            )?);
+        }
+        if rows.len() > 1 {
+            let each: Vec<String> = rows
+                .iter()
+                .zip(&helpers)
+                .map(|(row, helper)| {
+                    format!("helper {helper} rebuilds row {} at {}", row.id, row.url)
+                })
+                .collect();
+            notice!(
+                "pg_meili_sync task {}: each server is resynced on its own: {}",
+                record.id,
+                each.join("; ")
+            );
+        }
         wake_launcher_at_commit();
-        Ok(helper)
+        Ok(helpers[0])
     })();
     result.or_raise()
+}
+
+/// A row can be resynced while it streams, outside a move, and without a resync under way.
+fn refuse_until_resyncable(row: &catalog::TaskRecord) -> Result<(), SyncError> {
+    refuse_while_moving(row)?;
+    if let Some(helper) = catalog::resync_helper(row.id)? {
+        return Err(SyncError::new(
+            ErrorKind::DuplicateTask,
+            format!("task {} is already being resynced by helper task {helper}", row.id),
+        )
+        .hint(format!(
+            "Follow it in meili_sync_status; SELECT meili_sync_drop({helper}, drop_index => true) cancels it."
+        )));
+    }
+    if row.state != TaskState::Streaming {
+        return Err(SyncError::new(
+            ErrorKind::Prerequisite,
+            format!(
+                "task {} is in state \"{}\"; only a streaming task can be resynced",
+                row.id, row.state
+            ),
+        )
+        .hint(format!(
+            "Resume a paused or stopped task first; a task that has not finished its copy, or failed, is copied again with SELECT meili_sync_snapshot({}).",
+            row.id
+        )));
+    }
+    Ok(())
 }
 
 /// Why an index of the task's server could not be deleted, as an ERROR with what to do.
@@ -1174,9 +1211,16 @@ fn meili_sync_drop(task: Option<i64>, drop_index: default!(Option<bool>, false))
             "drop_index",
             "Pass true to delete the Meilisearch index too, false to keep it.",
         )?;
-        let helper = catalog::resync_helper(record.id)?;
+        let replicas = catalog::replicas_of(record.id)?;
+        // The resync helpers of the row and of its replicas or shards, each with the row it
+        // rebuilds.
+        let mut helpers = Vec::new();
+        for row in replicas.iter().chain(std::iter::once(&record)) {
+            if let Some(helper) = catalog::resync_helper(row.id)? {
+                helpers.push((row, helper));
+            }
+        }
         if drop_index {
-            let replicas = catalog::replicas_of(record.id)?;
             // Every server answers before any index goes: a drop that failed half-way would
             // leave indexes deleted under replicas that go on.
             if !replicas.is_empty() {
@@ -1188,12 +1232,12 @@ fn meili_sync_drop(task: Option<i64>, drop_index: default!(Option<bool>, false))
                 delete_index(replica, &replica.index_uid)?;
             }
             delete_index(&record, &record.index_uid)?;
-            // The index a resync was building goes too.
-            if helper.is_some() {
-                delete_index(&record, &resync::helper_index_uid(&record.index_uid))?;
+            // The indexes the resyncs were building go too.
+            for (row, _) in &helpers {
+                delete_index(row, &resync::helper_index_uid(&row.index_uid))?;
             }
         }
-        if let Some(helper) = helper {
+        for (_, helper) in helpers {
             catalog::delete_task(&catalog::require_task(helper)?)?;
         }
         catalog::delete_task(&record)?;

@@ -335,7 +335,8 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
         }
     }
     let index = prepare_index(live, &client, &task, &options, &key_attribute)?;
-    if task.shard.is_some() {
+    // A resync helper writes to its shard's server, whose network the shard's own worker sets.
+    if task.shard.is_some() && task.resync_of.is_none() {
         let shards = in_transaction(live, "reading the task's shards", || {
             catalog::shard_servers(task.replica_of.unwrap_or(task.id))
         })?;

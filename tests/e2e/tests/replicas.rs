@@ -1,7 +1,8 @@
 //! End to end: a task with `replicas` writes every change to each server. A replica that is
 //! frozen or crashed holds its own position (and the shared slot) while the others go on, and
 //! catches up when it is back; searches through SQL fail over to a replica that answers; a
-//! replica is added (copied while the others stream on) and removed by `meili_sync_alter`.
+//! replica is added (copied while the others stream on) and removed by `meili_sync_alter`; a
+//! resync rebuilds every replica, or one.
 //! Each test starts servers of its own (the test server, or real ones with `E2E_MEILI=real`), so
 //! it skips with `MEILI_URL`.
 
@@ -64,6 +65,50 @@ fn current_lsn(cluster: &Cluster) -> String {
 /// Whether the SQL condition on pg_lsn values holds.
 fn holds(cluster: &Cluster, condition: &str) -> bool {
     cluster.psql(&format!("SELECT ({condition})::text")).trim() == "true"
+}
+
+/// Runs `meili_sync_resync(row)` while rows are written, checks that it made `helpers` helpers
+/// (one per server it rebuilds), and waits until every one has swapped and gone.
+fn resync_under_writes(cluster: &Cluster, row: i64, helpers: usize) {
+    let stop = AtomicBool::new(false);
+    std::thread::scope(|scope| {
+        let _stop_writer = StopOnDrop(&stop);
+        let writer = scope.spawn(|| {
+            let mut round = 0_i64;
+            while !stop.load(Ordering::Relaxed) {
+                let first = 500_000 + 100_000 * row + round * 10;
+                cluster.psql(&products::insert_sql(first, first + 9));
+                cluster.psql(&format!(
+                    "UPDATE products SET version = version + 1 WHERE id % 89 = {}",
+                    round % 89
+                ));
+                round += 1;
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        });
+        let helper: i64 = cluster
+            .psql(&format!("SELECT meili_sync_resync({row})"))
+            .parse()
+            .expect("a helper's id");
+        let made =
+            cluster.psql("SELECT count(*) FROM meili_sync.tasks WHERE resync_of IS NOT NULL");
+        assert_eq!(made, helpers.to_string(), "one helper per server rebuilt");
+        assert_eq!(
+            cluster.psql(&format!(
+                "SELECT resync_of FROM meili_sync.tasks WHERE id = {helper}"
+            )),
+            row.to_string(),
+            "the id returned is the helper of the row called"
+        );
+        wait_for("every resync helper to swap and go", CONVERGE, || {
+            let left =
+                cluster.psql("SELECT count(*) FROM meili_sync.tasks WHERE resync_of IS NOT NULL");
+            (left == "0").then_some(())
+        });
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::Relaxed);
+        writer.join().expect("the writer");
+    });
 }
 
 #[test]
@@ -248,8 +293,6 @@ fn a_replica_is_added_mid_stream_and_removed_by_alter() {
     );
     assert_eq!(own_left_out.sqlstate, "0A000", "{own_left_out:?}");
     assert!(!own_left_out.hint.is_empty());
-    let resync = refusal(&cluster, &format!("SELECT meili_sync_resync({task})"));
-    assert_eq!(resync.sqlstate, "0A000", "{resync:?}");
     let wait = refusal(
         &cluster,
         &format!("SELECT meili_sync_wait({task}, replicas => 'most')"),
@@ -277,6 +320,42 @@ fn a_replica_is_added_mid_stream_and_removed_by_alter() {
         "SELECT missing || ',' || extra || ',' || different FROM meili_sync_verify({task})"
     ));
     assert_eq!(verified.trim(), "0,0,0");
+
+    // A resync of the task rebuilds the index on each replica, under writes; one of a replica's
+    // row rebuilds that replica alone.
+    let created_at = |meili: &Meili| meili.index(&index).map(|found| found["createdAt"].clone());
+    let before: Vec<_> = meilis.iter().map(created_at).collect();
+    resync_under_writes(&cluster, task, 2);
+    for meili in &meilis {
+        wait_index_matches_table(&cluster, meili, &index, "products", CONVERGE);
+        assert_eq!(meili.index(&format!("{index}__resync")), None);
+    }
+    let after: Vec<_> = meilis.iter().map(created_at).collect();
+    for (old, new) in before.iter().zip(&after) {
+        assert_ne!(old, new, "every replica's index was swapped for a new one");
+    }
+    resync_under_writes(&cluster, added, 1);
+    wait_index_matches_table(&cluster, &meilis[1], &index, "products", CONVERGE);
+    assert_eq!(
+        created_at(&meilis[0]),
+        after[0],
+        "the task's own server was left alone"
+    );
+    assert_ne!(
+        created_at(&meilis[1]),
+        after[1],
+        "the replica's index was rebuilt"
+    );
+    let twice = refusal(
+        &cluster,
+        &format!("SELECT meili_sync_resync({task}), meili_sync_resync({added})"),
+    );
+    assert_eq!(twice.sqlstate, "42710", "{twice:?}");
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM meili_sync.tasks WHERE resync_of IS NOT NULL"),
+        "0",
+        "a refused resync leaves no helper behind"
+    );
 
     // Removed: its row goes, and with it its hold on the WAL; the task streams on without it.
     let removed = cluster

@@ -232,7 +232,6 @@ fn shards_split_the_table_follow_its_changes_and_search_as_one() {
             format!("SELECT meili_sync_wait({task}, replicas => 'any')"),
             "22023",
         ),
-        (format!("SELECT meili_sync_resync({task})"), "0A000"),
     ];
     for (sql, sqlstate) in refusals {
         let refused = refusal(&cluster, &sql);
@@ -244,6 +243,34 @@ fn shards_split_the_table_follow_its_changes_and_search_as_one() {
         )),
         "3"
     );
+
+    // A resync rebuilds each shard's index with the documents of that shard, while rows change.
+    let helper: i64 = cluster
+        .psql(&format!("SELECT meili_sync_resync({task})"))
+        .parse()
+        .expect("a helper's id");
+    assert_eq!(
+        cluster.psql(
+            "SELECT string_agg(shard, ',' ORDER BY resync_of) FROM meili_sync.tasks WHERE resync_of IS NOT NULL"
+        ),
+        NAMES.join(","),
+        "one helper per shard, keeping that shard's ids"
+    );
+    cluster.psql(&products::insert_sql(2_001, 2_300));
+    cluster.psql("UPDATE products SET id = id + 100000 WHERE id BETWEEN 400 AND 430");
+    let deadline = Instant::now() + CONVERGE;
+    while cluster.psql("SELECT count(*) FROM meili_sync.tasks WHERE resync_of IS NOT NULL") != "0" {
+        assert!(
+            Instant::now() < deadline,
+            "resync helper {helper} and the others did not finish:\n{}",
+            cluster.tail_log()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    wait_shards_match_table(&cluster, &meilis, &NAMES, &index);
+    for meili in &meilis {
+        assert_eq!(meili.index(&format!("{index}__resync")), None);
+    }
 
     // TRUNCATE reaches every shard.
     cluster.psql("TRUNCATE products");
