@@ -457,3 +457,167 @@ fn sigterm_to_each_thread_of_a_busy_worker_never_restarts_the_server() {
     );
     assert_no_crash(&cluster);
 }
+
+/// The paths of a task on several servers, attacked at once: a trap schema first on every
+/// session's search_path, and a table whose key type's CHECK is its owner's code. A sharded task
+/// copies, streams, verifies, repairs, is resynced (a helper per shard) and gains a shard (the
+/// rebalance worker moves and prunes documents); a replicated task streams, is searched with
+/// read-your-writes and has one replica resynced. No trap runs as superuser, and the owner's
+/// CHECK runs as the owner in the task workers and in the rebalance worker.
+#[test]
+fn shards_and_replicas_never_run_a_trap_or_the_owners_code_as_superuser() {
+    let Some(meilis) = (0..3)
+        .map(|_| Meili::own_shard())
+        .collect::<Option<Vec<Meili>>>()
+    else {
+        eprintln!("skipped: the one Meilisearch at MEILI_URL cannot be several servers");
+        return;
+    };
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE ROLE db_owner LOGIN");
+    cluster.psql("ALTER DATABASE postgres OWNER TO db_owner");
+    cluster.psql(&format!("SET ROLE db_owner; {TRAP_LOG}"));
+    cluster.psql(&format!("SET ROLE db_owner; {TRAPS}"));
+    cluster.psql(
+        "CREATE ROLE shop LOGIN IN ROLE pg_read_all_stats; GRANT CREATE ON SCHEMA public TO shop",
+    );
+    cluster.psql(
+        r#"SET ROLE shop;
+        CREATE FUNCTION public.item_id_ok(bigint) RETURNS boolean LANGUAGE sql AS
+            $$ SELECT public.trap('domain check') AND $1 OPERATOR(pg_catalog.>) 0 $$;
+        CREATE DOMAIN public.item_id AS bigint CHECK (public.item_id_ok(VALUE));
+        CREATE TABLE public.items (id public.item_id PRIMARY KEY, name text NOT NULL);
+        INSERT INTO public.items SELECT g, 'item ' || g FROM pg_catalog.generate_series(1, 1500) g;"#,
+    );
+    cluster.psql("SET ROLE db_owner; ALTER DATABASE postgres SET search_path = public, pg_catalog");
+    // Control: a superuser's unqualified query in a new session is caught, so this test can fail.
+    cluster.psql("SELECT now()");
+    assert_eq!(
+        superuser_traps(&cluster, None),
+        "now() in client backend (psql)"
+    );
+    cluster.psql("TRUNCATE public.trap_log");
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    let settle = |task: i64| {
+        wait_for("the task's rows to agree with the table", CONVERGE, || {
+            let verified = cluster.psql(&format!(
+                "SELECT missing OPERATOR(pg_catalog.+) extra OPERATOR(pg_catalog.+) different FROM meili_sync_verify({task})"
+            ));
+            (verified == "0").then_some(())
+        })
+    };
+    let helpers_gone = || {
+        wait_for("the resync helpers to swap and go", CONVERGE, || {
+            let left = cluster.psql(
+                "SELECT pg_catalog.count(*) FROM meili_sync.tasks WHERE resync_of IS NOT NULL",
+            );
+            (left == "0").then_some(())
+        })
+    };
+
+    // Sharded: two shards, then a third.
+    let names = ["trap-a", "trap-b", "trap-c"];
+    let shards: Vec<serde_json::Value> = meilis
+        .iter()
+        .zip(names)
+        .map(|(meili, name)| meili.shard(name))
+        .collect();
+    let sharded_index = meilis[0].unique_index("trap_shards");
+    let sharded: i64 = as_attack_client(
+        &cluster,
+        &format!(
+            "SELECT meili_sync_start('items', '{sharded_index}', '{}')",
+            json!({"shards": &shards[..2], "batch_size": 300})
+        ),
+    )
+    .lines()
+    .last()
+    .and_then(|line| line.parse().ok())
+    .expect("task id");
+    cluster.wait_snapshot_done(sharded, CONVERGE);
+    cluster.psql(
+        "SET ROLE shop; INSERT INTO public.items SELECT g, 'item ' || g FROM pg_catalog.generate_series(1501, 1600) g;
+         UPDATE public.items SET id = id OPERATOR(pg_catalog.+) 10000 WHERE id OPERATOR(pg_catalog.<=) 40",
+    );
+    settle(sharded);
+    as_attack_client(
+        &cluster,
+        &format!("SELECT * FROM meili_sync_repair({sharded})"),
+    );
+    as_attack_client(
+        &cluster,
+        &format!("SELECT * FROM meili_search({sharded}, 'item', '{{\"limit\": 5}}')"),
+    );
+    as_attack_client(&cluster, &format!("SELECT meili_sync_resync({sharded})"));
+    helpers_gone();
+    as_attack_client(
+        &cluster,
+        &format!(
+            "SELECT meili_sync_alter({sharded}, '{}')",
+            json!({"shards": shards})
+        ),
+    );
+    wait_for(
+        "the third shard to join and the moved documents to go",
+        CONVERGE,
+        || {
+            let done = cluster.psql(&format!(
+            "SELECT pg_catalog.count(DISTINCT shard_names) OPERATOR(pg_catalog.=) 1 AND pg_catalog.bool_and(shard_prune_after IS NULL) AND pg_catalog.bool_and(snapshot_finished_at IS NOT NULL)
+               FROM meili_sync.tasks WHERE id OPERATOR(pg_catalog.=) {sharded} OR replica_of OPERATOR(pg_catalog.=) {sharded}"
+        ));
+            (done == "t").then_some(())
+        },
+    );
+    cluster.psql("SET ROLE shop; DELETE FROM public.items WHERE id OPERATOR(pg_catalog.>) 1590");
+    settle(sharded);
+
+    // Replicated: two servers; one replica resynced alone.
+    let replicated_index = meilis[0].unique_index("trap_replicas");
+    let replicated: i64 = as_attack_client(
+        &cluster,
+        &format!(
+            "SELECT meili_sync_start('items', '{replicated_index}', '{}')",
+            json!({"replicas": [meilis[0].replica(), meilis[1].replica()]})
+        ),
+    )
+    .lines()
+    .last()
+    .and_then(|line| line.parse().ok())
+    .expect("task id");
+    cluster.wait_snapshot_done(replicated, CONVERGE);
+    let replica = cluster.psql(&format!(
+        "SELECT task FROM meili_sync_status WHERE replica_of OPERATOR(pg_catalog.=) {replicated}"
+    ));
+    cluster.wait_snapshot_done(replica.parse().expect("the replica's row"), CONVERGE);
+    cluster.psql("SET ROLE shop; UPDATE public.items SET name = name || ' v2' WHERE id OPERATOR(pg_catalog.<=) 100");
+    as_attack_client(
+        &cluster,
+        &format!(
+            "SELECT meili_sync_wait({replicated}); SELECT * FROM meili_search({replicated}, 'v2', '{{\"limit\": 5}}')"
+        ),
+    );
+    as_attack_client(&cluster, &format!("SELECT meili_sync_resync({replica})"));
+    helpers_gone();
+    settle(replicated);
+    for task in [sharded, replicated] {
+        as_attack_client(
+            &cluster,
+            &format!("SELECT meili_sync_drop({task}, drop_index => true)"),
+        );
+    }
+
+    assert_eq!(
+        superuser_traps(&cluster, Some("psql")),
+        "",
+        "a trap or the owner's code ran as superuser"
+    );
+    // The check ran in the task workers and in the rebalance worker, as the table's owner only.
+    assert_eq!(
+        cluster.psql(
+            "SELECT pg_catalog.string_agg(DISTINCT backend_type OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) who, ',' ORDER BY backend_type OPERATOR(pg_catalog.||) ':' OPERATOR(pg_catalog.||) who)
+               FROM public.trap_log WHERE what OPERATOR(pg_catalog.=) 'domain check' AND backend_type OPERATOR(pg_catalog.~~) 'pg_meili_sync%'"
+        ),
+        "pg_meili_sync rebalance:shop,pg_meili_sync task:shop"
+    );
+    assert_no_crash(&cluster);
+}
