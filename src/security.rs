@@ -18,28 +18,36 @@ use pgrx::pg_sys;
 /// PostgreSQL's own apply workers do since CVE-2020-14349).
 pub const SAFE_SEARCH_PATH: &str = "pg_catalog, pg_temp";
 
-/// Pins `search_path` for the rest of this process, over anything `ALTER DATABASE` or
-/// `ALTER ROLE` set. Called by workers right after connecting.
-pub fn pin_search_path() {
-    set_safe_search_path(
-        pg_sys::GucContext::PGC_SUSET,
-        pg_sys::GucSource::PGC_S_OVERRIDE,
-        pg_sys::GucAction::GUC_ACTION_SET,
-    );
+/// Pins the settings our workers' own queries depend on for the rest of this process, over
+/// anything `ALTER DATABASE`, `ALTER ROLE` or `postgresql.conf` set: `search_path` (see
+/// [`SAFE_SEARCH_PATH`]), and `jit = off`, since the catalog queries a launcher runs every round
+/// are cheap but estimated dear on small unanalyzed tables, and compiling them would cost more
+/// CPU than running them. Called by workers right after connecting.
+pub fn pin_worker_settings() {
+    for (name, value) in [("search_path", SAFE_SEARCH_PATH), ("jit", "off")] {
+        set_setting(
+            name,
+            value,
+            pg_sys::GucContext::PGC_SUSET,
+            pg_sys::GucSource::PGC_S_OVERRIDE,
+            pg_sys::GucAction::GUC_ACTION_SET,
+        );
+    }
 }
 
-/// Sets `search_path` to [`SAFE_SEARCH_PATH`] at `source` with `action`.
-fn set_safe_search_path(
+/// Sets setting `name` to `value` at `source` with `action`.
+fn set_setting(
+    name: &str,
+    value: &str,
     context: pg_sys::GucContext::Type,
     source: pg_sys::GucSource::Type,
     action: pg_sys::GucAction::Type,
 ) {
-    let (Ok(name), Ok(value)) = (CString::new("search_path"), CString::new(SAFE_SEARCH_PATH))
-    else {
+    let (Ok(name), Ok(value)) = (CString::new(name), CString::new(value)) else {
         return;
     };
     // SAFETY: main thread, inside a transaction or a worker's setup; set_config_option copies
-    // both strings, and raises an ERROR only on a bad value, which this constant is not.
+    // both strings, and raises an ERROR only on a bad value, which our constants are not.
     unsafe {
         pg_sys::set_config_option(
             name.as_ptr(),
@@ -128,7 +136,9 @@ pub fn as_catalog_owner<T>(owner: pg_sys::Oid, work: impl FnOnce() -> T) -> T {
 /// level's roll-back restores the value before it: PGC_S_SESSION outranks every other source, as
 /// in PostgreSQL 17's `RestrictSearchPath`.
 fn restrict_search_path() {
-    set_safe_search_path(
+    set_setting(
+        "search_path",
+        SAFE_SEARCH_PATH,
         pg_sys::GucContext::PGC_USERSET,
         pg_sys::GucSource::PGC_S_SESSION,
         pg_sys::GucAction::GUC_ACTION_SAVE,

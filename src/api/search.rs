@@ -198,7 +198,16 @@ fn hit_rows(
     )
     .map_err(|message| SyncError::new(ErrorKind::Meilisearch, message))?;
     let key_count = key_columns.len().max(1);
-    Ok(TableIterator::new(hits.into_iter().map(move |hit| {
+    // Between a rebalance's new shard list and its prune, a moved document is on its old shard
+    // too: only the copy on the shard its id hashes to is a hit.
+    let shards = shards.to_vec();
+    let hits = hits
+        .into_iter()
+        .filter(move |hit| match (&hit.id, &hit.remote) {
+            (Some(id), Some(remote)) => !crate::shard::is_left_behind(id, remote, &shards),
+            _ => true,
+        });
+    Ok(TableIterator::new(hits.map(move |hit| {
         let key = hit
             .id
             .as_deref()

@@ -430,7 +430,7 @@ pub fn worker_main(worker: WorkerId, work: impl FnOnce(LiveStatus, i32) -> Resul
         return;
     };
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
-    crate::security::pin_search_path();
+    crate::security::pin_worker_settings();
     // SAFETY: reading this process's own pid.
     let pid = unsafe { pg_sys::MyProcPid };
     let index = match shmem::attach(worker, pid) {

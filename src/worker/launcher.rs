@@ -720,7 +720,7 @@ pub extern "C-unwind" fn meili_sync_database_launcher_main(_arg: pg_sys::Datum) 
         return;
     };
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
-    crate::security::pin_search_path();
+    crate::security::pin_worker_settings();
     // Another launcher of this database runs still, or a DDL command waits for the database.
     if !shmem::register_launcher() {
         return;

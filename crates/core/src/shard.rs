@@ -46,6 +46,14 @@ pub fn shard_of(id: &str, names: &[String]) -> Option<usize> {
     best.map(|(_, index)| index)
 }
 
+/// Whether a hit that shard `remote` returned for document `id` is a copy left behind by a
+/// rebalance: `remote` is one of `names`, but the id now hashes to another of them (which holds
+/// the document since the new list was adopted; the copy goes at the prune).
+pub fn is_left_behind(id: &str, remote: &str, names: &[String]) -> bool {
+    names.iter().any(|name| name == remote)
+        && shard_of(id, names).is_some_and(|owner| names[owner] != remote)
+}
+
 /// The documents of one shard of a task: what this server's pipeline keeps.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ShardFilter {
@@ -125,6 +133,29 @@ mod tests {
     /// (crates/milli/src/sharding/enterprise_edition.rs); our byte layout must give the same.
     fn meilisearch_weight(name: &str, id: &str) -> u64 {
         BuildHasherDefault::<twox_hash::XxHash3_64>::default().hash_one((name, id))
+    }
+
+    #[test]
+    fn a_copy_is_left_behind_on_an_old_shard_only() {
+        let before = names(&["a", "b"]);
+        let after = names(&["a", "b", "c"]);
+        let mut moved = 0;
+        for number in 0..300 {
+            let id = number.to_string();
+            let old_owner = &before[shard_of(&id, &before).unwrap()];
+            let new_owner = &after[shard_of(&id, &after).unwrap()];
+            assert!(!is_left_behind(&id, new_owner, &after));
+            assert_eq!(
+                is_left_behind(&id, old_owner, &after),
+                old_owner != new_owner
+            );
+            moved += usize::from(old_owner != new_owner);
+            assert!(
+                !is_left_behind(&id, "elsewhere", &after),
+                "a remote that is not a shard"
+            );
+        }
+        assert!((60..=140).contains(&moved), "{moved} of 300 moved");
     }
 
     #[test]

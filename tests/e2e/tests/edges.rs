@@ -302,3 +302,61 @@ fn a_delete_batch_over_the_servers_limit_is_split() {
     }
     assert_no_crash(&cluster);
 }
+
+/// The launcher runs its catalog queries every round, and on a busy catalog their estimates can
+/// pass `jit_above_cost`: compiling each one cost a launcher a third of a core. Our processes pin
+/// `jit = off`. With every query's plan logged (auto_explain) and JIT made to compile everything,
+/// no plan of a pg_meili_sync process says `JIT:`, while a client's does.
+#[test]
+fn our_processes_never_compile_their_queries_with_jit() {
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&[
+        "shared_preload_libraries='pg_meili_sync,auto_explain'",
+        "jit=on",
+        "jit_above_cost=0",
+        "jit_inline_above_cost=0",
+        "jit_optimize_above_cost=0",
+        "auto_explain.log_min_duration=0",
+        "auto_explain.log_analyze=on",
+        "auto_explain.log_nested_statements=on",
+        "log_line_prefix='%m [%p] %b: '",
+    ]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(
+        "CREATE TABLE public.items (id int PRIMARY KEY, name text);
+         INSERT INTO public.items SELECT g, 'item ' || g FROM generate_series(1, 500) g",
+    );
+    let (index, task) = start_task(&cluster, &meili, None, "items", json!({"batch_size": 100}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    cluster.psql("UPDATE public.items SET name = 'renamed' WHERE id OPERATOR(pg_catalog.<=) 10");
+    wait_index_matches_table(&cluster, &meili, &index, "public.items", CONVERGE);
+    // Several launcher rounds (meili_sync.naptime is 200 ms here).
+    std::thread::sleep(Duration::from_secs(2));
+    // Control: a client's query is compiled, so JIT works here and the log shows it.
+    cluster.psql("SELECT pg_catalog.count(*) FROM meili_sync.tasks");
+
+    // Each plan is a prefixed line followed by unprefixed ones: credit `JIT:` to the backend
+    // type of the last prefixed line.
+    let mut compiled_by = std::collections::BTreeSet::new();
+    let mut backend_type = String::new();
+    for line in cluster.server_log().lines() {
+        if let Some((_, rest)) = line.split_once("] ") {
+            if line.starts_with("20") {
+                backend_type = rest.split(": ").next().unwrap_or_default().to_owned();
+            }
+        }
+        if line.trim_start().starts_with("JIT:") {
+            compiled_by.insert(backend_type.clone());
+        }
+    }
+    assert!(
+        compiled_by.contains("client backend"),
+        "the control: a client's plan shows JIT ({compiled_by:?})"
+    );
+    let ours: Vec<&String> = compiled_by
+        .iter()
+        .filter(|kind| kind.starts_with("pg_meili_sync"))
+        .collect();
+    assert!(ours.is_empty(), "these compiled queries with JIT: {ours:?}");
+    assert_no_crash(&cluster);
+}

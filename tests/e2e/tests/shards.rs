@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::{assert_no_crash, products, refusal, start_with_options};
+use pg_meili_sync_e2e::{assert_no_crash, products, refusal, start_with_options, StopOnDrop};
 use serde_json::{json, Value};
 
 const CONVERGE: Duration = Duration::from_secs(300);
@@ -107,17 +107,24 @@ fn sql_search_ids(cluster: &Cluster, task: i64, query: &str) -> BTreeSet<String>
     search_ids_where(cluster, task, query, "")
 }
 
-/// The ids `meili_search` finds for `query`, with `filter` (a Meilisearch filter, or none).
+/// The ids `meili_search` finds for `query`, with `filter` (a Meilisearch filter, or none); an id
+/// found twice fails the test.
 fn search_ids_where(cluster: &Cluster, task: i64, query: &str, filter: &str) -> BTreeSet<String> {
     let options = json!({"limit": 10_000, "filter": filter}).to_string();
-    cluster
+    let mut ids = BTreeSet::new();
+    for id in cluster
         .psql(&format!(
             "SELECT id FROM meili_search({task}, '{query}', '{options}')"
         ))
         .lines()
         .filter(|line| !line.is_empty())
-        .map(str::to_owned)
-        .collect()
+    {
+        assert!(
+            ids.insert(id.to_owned()),
+            "meili_search found id {id} twice"
+        );
+    }
+    ids
 }
 
 #[test]
@@ -331,11 +338,13 @@ fn a_shard_added_under_writes_takes_its_documents_and_none_goes_missing() {
     wait_shards_match_table(&cluster, &meilis[..3], &names[..3], &index);
 
     // Steady writes (updates of the first rows, inserts of new ones) while a fourth shard joins.
-    let writing = AtomicBool::new(true);
+    let stop = AtomicBool::new(false);
     std::thread::scope(|scope| {
+        // A failed assertion below stops the writer too, or the scope would wait for it forever.
+        let _stop_writer = StopOnDrop(&stop);
         scope.spawn(|| {
             let mut next = 5_001;
-            while writing.load(Ordering::Relaxed) {
+            while !stop.load(Ordering::Relaxed) {
                 cluster.psql(&format!(
                     "UPDATE products SET version = version + 1 WHERE id = {}; {}",
                     1 + next % 1_500,
@@ -350,7 +359,8 @@ fn a_shard_added_under_writes_takes_its_documents_and_none_goes_missing() {
             json!({"shards": entries})
         ));
         // Until the fourth shard has its documents and the others have dropped theirs that
-        // moved, no row of the first 1,500 is ever missing from a search through SQL.
+        // moved, no row of the first 1,500 is ever missing from a search through SQL, and none
+        // is found twice (on its old shard and its new one).
         let stable: BTreeSet<String> = (1..=1_500).map(|id| id.to_string()).collect();
         let deadline = Instant::now() + CONVERGE;
         let mut samples = 0;
@@ -376,7 +386,6 @@ fn a_shard_added_under_writes_takes_its_documents_and_none_goes_missing() {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-        writing.store(false, Ordering::Relaxed);
     });
     wait_shards_match_table(&cluster, &meilis, &names, &index);
     let on_the_new_shard = meilis[3].document_count(&index).unwrap_or(0);

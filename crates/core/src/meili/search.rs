@@ -53,11 +53,13 @@ pub struct Hit<D> {
     pub score: Option<f64>,
     pub document: D,
     pub formatted: Option<D>,
+    /// In a federated search over remotes: the remote (shard) whose index the hit came from.
+    pub remote: Option<String>,
 }
 
-/// The fields Meilisearch adds to a hit that are not the document's, beside `_rankingScore` and
-/// `_formatted` (which become their own columns).
-const ADDED_FIELDS: [&str; 3] = ["_rankingScoreDetails", "_matchesPosition", "_federation"];
+/// The fields Meilisearch adds to a hit that are not the document's, beside `_rankingScore`,
+/// `_formatted` (which become their own columns) and `_federation` (whose remote is kept).
+const ADDED_FIELDS: [&str; 2] = ["_rankingScoreDetails", "_matchesPosition"];
 
 /// The hits of a search answer's text, each document built by a builder from `new_builder`;
 /// `primary_key` is the index's key attribute.
@@ -171,7 +173,7 @@ impl<'de, B: DocumentBuilder, F: Fn() -> B> Visitor<'de> for HitSeed<'_, F> {
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
         let mut document = (self.new_builder)();
         document.begin_object();
-        let (mut id, mut score, mut formatted) = (None, None, None);
+        let (mut id, mut score, mut formatted, mut remote) = (None, None, None, None);
         while let Some(key) = map.next_key_seed(KeySeed)? {
             match &*key {
                 "_rankingScore" => score = map.next_value::<Value>()?.as_f64(),
@@ -179,6 +181,13 @@ impl<'de, B: DocumentBuilder, F: Fn() -> B> Visitor<'de> for HitSeed<'_, F> {
                     let mut builder = (self.new_builder)();
                     map.next_value_seed(ValueSeed(&mut builder))?;
                     formatted = Some(builder.finish());
+                }
+                "_federation" => {
+                    remote = map
+                        .next_value::<Value>()?
+                        .get("remote")
+                        .and_then(Value::as_str)
+                        .map(str::to_owned);
                 }
                 added if ADDED_FIELDS.contains(&added) => {
                     map.next_value::<IgnoredAny>()?;
@@ -198,6 +207,7 @@ impl<'de, B: DocumentBuilder, F: Fn() -> B> Visitor<'de> for HitSeed<'_, F> {
             score,
             document: document.finish(),
             formatted,
+            remote,
         })
     }
 }
@@ -434,6 +444,20 @@ mod tests {
         let by_sku = read(&answer, "sku").unwrap();
         assert_eq!(by_sku[3].id.as_deref(), Some("12"));
         assert_eq!(by_sku[0].id, None);
+    }
+
+    #[test]
+    fn a_federated_hit_keeps_its_remote_out_of_the_document() {
+        let answer = json!({"hits": [
+            {"id": 3, "name": "pan", "_federation": {"indexUid": "products", "queriesPosition": 1, "remote": "shard-b", "weightedRankingScore": 0.5}},
+            {"id": 4, "_federation": {"indexUid": "products", "queriesPosition": 0}},
+            {"id": 5}
+        ]});
+        let rows = read(&answer, "id").unwrap();
+        assert_eq!(rows[0].remote.as_deref(), Some("shard-b"));
+        assert_eq!(rows[0].document, json!({"id": 3, "name": "pan"}));
+        assert_eq!(rows[1].remote, None, "a federated search without remotes");
+        assert_eq!(rows[2].remote, None);
     }
 
     #[test]
