@@ -38,6 +38,7 @@ impl IntoDatum for DirectJsonb {
 
 // SAFETY: returns the datum into_datum made, as pgrx returns its own JsonB.
 unsafe impl BoxRet for DirectJsonb {
+    // SAFETY (callers): pgrx passes the FcInfo of the call this value is the result of.
     unsafe fn box_into<'fcx>(self, fcinfo: &mut FcInfo<'fcx>) -> pgrx::datum::Datum<'fcx> {
         match self.into_datum() {
             // SAFETY: a jsonb datum of the current memory context, the function's result.

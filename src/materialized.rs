@@ -88,6 +88,7 @@ unsafe impl<Row: MaterializedRow> RetAbi for TableIterator<'_, Row> {
     type Item = Row;
     type Ret = Self;
 
+    // SAFETY (callers): pgrx calls it once per call, with the call's own fcinfo, unused here.
     unsafe fn check_fcinfo_and_prepare(_fcinfo: pg_sys::FunctionCallInfo) -> CallCx {
         // SAFETY: reads the backend's current memory context.
         CallCx::WrappedFn(unsafe { pg_sys::CurrentMemoryContext })
@@ -97,6 +98,7 @@ unsafe impl<Row: MaterializedRow> RetAbi for TableIterator<'_, Row> {
         self
     }
 
+    // SAFETY (callers): pgrx passes the fcinfo of the call whose rows these are.
     unsafe fn box_ret_in_fcinfo(fcinfo: pg_sys::FunctionCallInfo, ret: Self::Ret) -> pg_sys::Datum {
         // SAFETY: `fcinfo` is the call's own. InitMaterializedSRF raises an ERROR unless the
         // caller accepts a materialized set, then makes the tuplestore and the result's
@@ -123,6 +125,7 @@ unsafe impl<Row: MaterializedRow> RetAbi for TableIterator<'_, Row> {
         pg_sys::Datum::from(0)
     }
 
+    // SAFETY (callers): no per-call state is kept in fcinfo, so both do nothing.
     unsafe fn move_into_fcinfo_fcx(self, _fcinfo: pg_sys::FunctionCallInfo) {}
 
     unsafe fn fill_fcinfo_fcx(&self, _fcinfo: pg_sys::FunctionCallInfo) {}

@@ -52,20 +52,29 @@ fn meili_sync_stats() -> TableIterator<
     }))
 }
 
-/// Zeroes the cumulative counters of `pg_stat_meili_sync` (of one task, or of all).
+/// Zeroes the cumulative counters of `pg_stat_meili_sync`: of one task (with its replicas' or
+/// shards' rows when it is a task's own row), or of all.
 #[pg_extern(volatile, parallel_unsafe)]
 fn pg_stat_meili_sync_reset(task: default!(Option<i64>, "NULL")) -> bool {
     let result = (|| {
         require_admin()?;
-        if crate::preloaded() {
-            shmem::reset_counters(task);
+        if !crate::preloaded() {
+            return Ok(true);
+        }
+        match task {
+            None => shmem::reset_counters(None),
+            Some(id) => {
+                shmem::reset_counters(Some(id));
+                for member in crate::catalog::replicas_of(id)? {
+                    shmem::reset_counters(Some(member.id));
+                }
+            }
         }
         Ok(true)
     })();
     result.or_raise()
 }
 
-/// An LSN as Postgres writes it (the view casts it to pg_lsn).
 /// Live state of every task worker, from shared memory; the status view joins it with the catalog.
 // The named tuple is how pgrx declares the SQL result columns.
 #[allow(clippy::type_complexity)]

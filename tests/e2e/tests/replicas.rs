@@ -321,6 +321,16 @@ fn a_replica_is_added_mid_stream_and_removed_by_alter() {
     ));
     assert_eq!(verified.trim(), "0,0,0");
 
+    // Resetting the task's counters resets every replica's.
+    let counted = |cluster: &Cluster| {
+        cluster.psql(&format!(
+            "SELECT string_agg((documents > 0)::text, ',' ORDER BY task) FROM pg_stat_meili_sync WHERE task IN ({task}, {added})"
+        ))
+    };
+    assert_eq!(counted(&cluster), "true,true");
+    cluster.psql(&format!("SELECT pg_stat_meili_sync_reset({task})"));
+    assert_eq!(counted(&cluster), "false,false");
+
     // A resync of the task rebuilds the index on each replica, under writes; one of a replica's
     // row rebuilds that replica alone.
     let created_at = |meili: &Meili| meili.index(&index).map(|found| found["createdAt"].clone());

@@ -409,3 +409,77 @@ fn a_shard_added_under_writes_takes_its_documents_and_none_goes_missing() {
     );
     assert_eq!(refused.sqlstate, "0A000", "{}", refused.stderr);
 }
+
+/// `"decoding": "own"`: each shard's or replica's row decodes on a replication slot of its own,
+/// and each gets every change it keeps; dropping the task drops every slot.
+#[test]
+fn shards_and_replicas_on_slots_of_their_own_get_every_change() {
+    let Some(meilis) = own_shards(2) else {
+        return;
+    };
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 800));
+    let names = &NAMES[..2];
+    let sharded_index = meilis[0].unique_index("own_shards");
+    let shards: Vec<Value> = meilis
+        .iter()
+        .zip(names)
+        .map(|(meili, name)| meili.shard(name))
+        .collect();
+    let sharded = start_with_options(
+        &cluster,
+        None,
+        "products",
+        &sharded_index,
+        &json!({"shards": shards, "decoding": "own"}).to_string(),
+    );
+    let replicated_index = meilis[0].unique_index("own_replicas");
+    let replicas: Vec<Value> = meilis.iter().map(Meili::replica).collect();
+    let replicated = start_with_options(
+        &cluster,
+        None,
+        "products",
+        &replicated_index,
+        &json!({"replicas": replicas, "decoding": "own"}).to_string(),
+    );
+    let own_slots = || {
+        cluster.psql(
+            "SELECT count(*) FROM pg_replication_slots WHERE slot_name LIKE 'meili\\_sync\\_%' AND slot_name NOT LIKE '%\\_shared'",
+        )
+    };
+    let decoding = cluster.psql(&format!(
+        "SELECT string_agg(DISTINCT decoding, ',') FROM meili_sync_status WHERE {sharded} IN (task, replica_of) OR {replicated} IN (task, replica_of)"
+    ));
+    assert_eq!(decoding, "own");
+    cluster.psql("UPDATE products SET version = version + 1, name = name || ' v2' WHERE id <= 200");
+    cluster.psql(&products::insert_sql(801, 900));
+    cluster.psql("DELETE FROM products WHERE id BETWEEN 500 AND 540");
+    cluster.psql("UPDATE products SET id = id + 100000 WHERE id BETWEEN 300 AND 320");
+    wait_shards_match_table(&cluster, &meilis, names, &sharded_index);
+    for meili in &meilis {
+        pg_meili_sync_e2e::wait_index_matches_table(
+            &cluster,
+            meili,
+            &replicated_index,
+            "products",
+            CONVERGE,
+        );
+    }
+    assert_eq!(own_slots(), "4", "one slot for each of the four rows");
+    for task in [sharded, replicated] {
+        cluster.psql(&format!(
+            "SELECT meili_sync_drop({task}, drop_index => true)"
+        ));
+    }
+    let deadline = Instant::now() + CONVERGE;
+    while own_slots() != "0" {
+        assert!(
+            Instant::now() < deadline,
+            "the rows' slots were not dropped"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert_no_crash(&cluster);
+}
