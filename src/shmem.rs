@@ -961,6 +961,16 @@ impl LiveStatus {
         };
     }
 
+    /// Sets the worker's `pg_stat_activity.query` to a step of its own, for a worker whose steps
+    /// its phase does not tell (a rebalance).
+    pub fn report_step(&self, step: &str) {
+        let activity = std::ffi::CString::new(step.replace('\0', " ")).unwrap_or_default();
+        // SAFETY: called from the worker's main thread; Postgres copies the text.
+        unsafe {
+            pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, activity.as_ptr())
+        };
+    }
+
     /// Publishes the copy's progress and the writer's counters (cumulative for this worker).
     pub fn set_progress(&self, rows_copied: i64, batches_inflight: usize, writer: &WriterStats) {
         let counter = |value: &std::sync::atomic::AtomicU64| {

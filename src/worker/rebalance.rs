@@ -122,7 +122,14 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
             .map(|row| row.id)
             .collect();
         let now = in_transaction(live, "reading the WAL position", catalog::current_wal_lsn)?;
+        live.report_step(&format!(
+            "task {task_id}: waiting for the new shards to stream up to {}",
+            catalog::format_lsn(now)
+        ));
         wait_passed(live, &added, now)?;
+        live.report_step(&format!(
+            "task {task_id}: setting every shard's network, then the new shard list"
+        ));
         let shards = in_transaction(live, "reading the task's shards", || {
             catalog::shard_servers(task_id)
         })?;
@@ -145,9 +152,17 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
     for (row, after) in pending {
         // Every shard has passed the new list's commit: the old shard writes no moved id again,
         // and the new one holds each of them.
+        live.report_step(&format!(
+            "task {task_id}: waiting for every shard to pass {}",
+            catalog::format_lsn(after)
+        ));
         wait_passed(live, &all, after)?;
         let record = in_transaction(live, "reading the shard", || catalog::load_task(row))?
             .ok_or(Stop::Terminated)?;
+        live.report_step(&format!(
+            "task {task_id}: deleting from shard \"{}\" the documents that moved",
+            record.shard.as_deref().unwrap_or_default()
+        ));
         prune_index(&record, live)?;
         in_transaction(live, "noting the moved documents deleted", || {
             catalog::prune_done(row)

@@ -364,7 +364,15 @@ fn a_shard_added_under_writes_takes_its_documents_and_none_goes_missing() {
         let stable: BTreeSet<String> = (1..=1_500).map(|id| id.to_string()).collect();
         let deadline = Instant::now() + CONVERGE;
         let mut samples = 0;
+        let mut steps = BTreeSet::new();
         loop {
+            steps.extend(
+                cluster
+                    .psql("SELECT query FROM pg_stat_activity WHERE backend_type = 'pg_meili_sync rebalance'")
+                    .lines()
+                    .filter(|line| !line.is_empty())
+                    .map(str::to_owned),
+            );
             let found = search_ids_where(&cluster, task, "", "id <= 1500");
             let missing: Vec<&String> = stable.difference(&found).take(5).collect();
             assert!(
@@ -386,6 +394,15 @@ fn a_shard_added_under_writes_takes_its_documents_and_none_goes_missing() {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+        // The rebalance worker says in pg_stat_activity which step it is at (when a sample
+        // caught it: it may run between two).
+        for step in &steps {
+            assert!(
+                step.starts_with(&format!("task {task}: ")) || step == "starting",
+                "the rebalance worker's activity: {step}"
+            );
+        }
+        eprintln!("rebalance steps seen: {steps:?}");
     });
     wait_shards_match_table(&cluster, &meilis, &names, &index);
     let on_the_new_shard = meilis[3].document_count(&index).unwrap_or(0);
