@@ -954,15 +954,11 @@ impl LiveStatus {
     /// Also the worker's `pg_stat_activity.query`, so a DBA sees what it is doing.
     pub fn set_phase(&self, phase: Phase) {
         self.update(|entry| entry.phase = phase as u8);
-        let activity = std::ffi::CString::new(phase.as_str()).unwrap_or_default();
-        // SAFETY: called from the worker's main thread; Postgres copies the text.
-        unsafe {
-            pg_sys::pgstat_report_activity(pg_sys::BackendState::STATE_RUNNING, activity.as_ptr())
-        };
+        self.report_step(phase.as_str());
     }
 
-    /// Sets the worker's `pg_stat_activity.query` to a step of its own, for a worker whose steps
-    /// its phase does not tell (a rebalance).
+    /// Sets the worker's `pg_stat_activity.query`: its phase, or a step its phase does not tell
+    /// (a rebalance's).
     pub fn report_step(&self, step: &str) {
         let activity = std::ffi::CString::new(step.replace('\0', " ")).unwrap_or_default();
         // SAFETY: called from the worker's main thread; Postgres copies the text.
