@@ -74,6 +74,7 @@ SQL_TYPES = {"text", "bigint", "int", "integer", "int2", "int4", "int8", "smalli
 INTERNAL_FUNCTIONS = {
     # behind the meili_sync_status view (sql/views.sql joins it with the catalog)
     "meili_sync_worker_state",
+    "meili_sync_readable_error",
     # behind the pg_stat_meili_sync view
     "meili_sync_stats",
     # behind the meili_sync_waits view

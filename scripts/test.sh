@@ -53,7 +53,7 @@ done
 # With a real Meilisearch binary (MEILI_BIN; .ci/run sets it) and no MEILI_URL: the suite again,
 # each test against a real server of its own, but for the files whose outcome depends on the
 # Postgres side, or that other files cover on the real server, to keep CI within its time:
-# trust.rs, security.rs (attacks on the Postgres side), versions.rs (slots and failover),
+# trust.rs, versions.rs (slots and failover),
 # upgrade.rs (the extension replaced in place, a dump restored), shared.rs (the shared decoding
 # pass, whose requests are a task's own), views.rs (rendering views; the documents are encoded as
 # tables' are), edges.rs (state changes at their commit) and backfill.rs (every other file copies
@@ -64,7 +64,7 @@ if [ -n "${MEILI_BIN:-}" ] && [ -z "${MEILI_URL:-}" ]; then
     files=()
     for path in tests/e2e/tests/*.rs; do
         case "$(basename "$path" .rs)" in
-            trust | security | versions | upgrade | shared | views | edges | backfill) ;;
+            trust | versions | upgrade | shared | views | edges | backfill) ;;
             *) files+=(--test "$(basename "$path" .rs)") ;;
         esac
     done

@@ -2,6 +2,11 @@
 -- and an updated 0.1.0 one have the same objects (tests/pg_regress/sql/upgrade.sql checks it).
 \echo Use "ALTER EXTENSION pg_meili_sync UPDATE" to load this file. \quit
 
+-- Nothing in this script may bind an operator or function a user planted (a lookalike with an
+-- exact type match in the extension's schema beats pg_catalog's): only pg_catalog is on the path.
+-- SET LOCAL ends with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- Logical decoding hands us values in the server encoding, and Meilisearch takes UTF-8 only: one
 -- non-ASCII value of another encoding would stop the stream of every task. Refused up front.
 DO $$

@@ -3,6 +3,11 @@
 -- it).
 \echo Use "ALTER EXTENSION pg_meili_sync UPDATE" to load this file. \quit
 
+-- Nothing in this script may bind an operator or function a user planted (a lookalike with an
+-- exact type match in the extension's schema beats pg_catalog's): only pg_catalog is on the path.
+-- SET LOCAL ends with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- A partitioned table's leaf partitions that the task's index is in line with (sql/bootstrap.sql
 -- says why). NULL for the tasks of 0.2.0: their workers take the partitions as they find them.
 ALTER TABLE meili_sync.tasks ADD COLUMN partitions oid[];

@@ -3,13 +3,17 @@
 -- checks it).
 \echo Use "ALTER EXTENSION pg_meili_sync UPDATE" to load this file. \quit
 
+-- Nothing in this script may bind an operator or function a user planted (a lookalike with an
+-- exact type match in the extension's schema beats pg_catalog's): only pg_catalog is on the path.
+-- SET LOCAL ends with the script.
+SET LOCAL search_path = pg_catalog, pg_temp;
+
 -- A shard of a task (sql/bootstrap.sql says why). The tasks of 0.4.0 have none.
 ALTER TABLE meili_sync.tasks ADD COLUMN shard text;
 ALTER TABLE meili_sync.tasks ADD COLUMN shard_names text[];
 ALTER TABLE meili_sync.tasks ADD COLUMN shard_prune_after pg_lsn;
 
 -- meili_sync_status shows shard (sql/views.sql says why), as its last column.
-SET LOCAL search_path = pg_catalog, pg_temp;
 CREATE OR REPLACE VIEW @extschema@.meili_sync_status AS
 SELECT t.id AS task,
        t.source AS source_table,

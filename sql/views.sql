@@ -56,16 +56,10 @@ SELECT t.id AS task,
        w.last_sent_at,
        w.last_confirmed_at,
        -- A stopped task's catalog error (e.g. the crash-loop verdict) outranks the last worker's.
-       -- An error may quote row values (a refused document's id): only roles that may read the
-       -- table see it.
-       CASE WHEN (CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error ELSE w.last_error END) IS NULL
-                 THEN NULL
-            -- Once the table is dropped (has_table_privilege is then NULL), admins see why.
-            WHEN coalesce(pg_catalog.has_table_privilege(t.source, 'SELECT'),
-                          pg_catalog.pg_has_role('meili_sync_admin', 'MEMBER'))
-                 THEN CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error ELSE w.last_error END
-            ELSE 'hidden: reading this task''s errors needs SELECT on ' || t.source::text
-       END AS last_error,
+       -- An error may quote row values (a refused document's id): it is shown as the one rule of
+       -- meili_sync_readable_error allows (the workers' errors are already, by meili_sync_worker_state).
+       @extschema@.meili_sync_readable_error(t.source::pg_catalog.oid,
+           CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error ELSE w.last_error END) AS last_error,
        CASE WHEN t.state = 'error' OR w.last_error IS NULL THEN t.last_error_at ELSE w.last_error_at END AS last_error_at,
        t.primary_key,
        t.snapshot_started_at,
@@ -204,7 +198,7 @@ BEGIN
 END
 $$;
 GRANT EXECUTE ON FUNCTION @extschema@.meili_sync_worker_state(), @extschema@.meili_sync_stats(),
-                          @extschema@.meili_sync_waiting() TO pg_monitor;
+                          @extschema@.meili_sync_waiting(), @extschema@.meili_sync_readable_error(pg_catalog.oid, text) TO pg_monitor;
 -- Searching through a task is for every role that may read the task's table (checked inside);
 -- searching any index at any URL stays with meili_sync_admin (a backend must not become a way to
 -- reach arbitrary hosts).

@@ -7,6 +7,9 @@ use pgrx::{GucContext, GucFlags, GucRegistry, GucSetting};
 /// Room for this many tasks; `meili_sync.max_tasks` says how many may be used. A fixed array keeps
 /// shared memory a constant size (about 700 bytes a task).
 pub const TASK_ENTRIES: usize = 256;
+/// Room for this many databases with tasks at once; `meili_sync.max_databases` says how many may
+/// be used (a few dozen bytes each).
+pub const DATABASE_ENTRIES: usize = 1024;
 
 static URL: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
 static API_KEY: GucSetting<Option<CString>> = GucSetting::<Option<CString>>::new(None);
@@ -17,6 +20,7 @@ static INDEX_CHECK_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000)
 static MAX_RETAINED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static LAG_WARNING_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
 static MAX_TASKS: GucSetting<i32> = GucSetting::<i32>::new(64);
+static MAX_DATABASES: GucSetting<i32> = GucSetting::<i32>::new(64);
 static DECODER_MEMORY_MB: GucSetting<i32> = GucSetting::<i32>::new(256);
 static SEARCH_TIMEOUT_MS: GucSetting<i32> = GucSetting::<i32>::new(5_000);
 
@@ -134,6 +138,16 @@ pub fn init() {
         GucContext::Postmaster,
         GucFlags::default(),
     );
+    GucRegistry::define_int_guc(
+        c"meili_sync.max_databases",
+        c"How many databases may have tasks running at once; each runs a launcher, a background worker.",
+        c"Only databases with the extension and tasks (or slots to clean up) count; a database waits while all are taken. At most 1024.",
+        &MAX_DATABASES,
+        1,
+        DATABASE_ENTRIES as i32,
+        GucContext::Postmaster,
+        GucFlags::default(),
+    );
     // SAFETY: called from _PG_init after our settings are defined; warns about misspelled ones.
     #[cfg(not(any(feature = "pg13", feature = "pg14")))]
     unsafe {
@@ -236,6 +250,12 @@ pub fn max_tasks() -> usize {
     usize::try_from(MAX_TASKS.get())
         .unwrap_or(1)
         .clamp(1, TASK_ENTRIES)
+}
+
+pub fn max_databases() -> usize {
+    usize::try_from(MAX_DATABASES.get())
+        .unwrap_or(1)
+        .clamp(1, DATABASE_ENTRIES)
 }
 
 /// None when the warning is off (0).

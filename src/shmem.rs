@@ -304,9 +304,6 @@ pub fn waiting_backends() -> Vec<(i32, i64, u64)> {
 /// by looking every 10 ms.
 const WAITERS: usize = 128;
 
-/// Databases whose launcher shared memory can follow at once.
-pub const DATABASES: usize = 64;
-
 /// One database's launcher, as the cluster launcher, the SQL functions and the DDL guard see it.
 #[derive(Clone, Copy)]
 struct DatabaseLauncher {
@@ -346,7 +343,10 @@ pub struct SharedState {
     cluster_latch: usize,
     /// Commits that attached, detached or dropped a table (`note_partitions_changed_at_commit`).
     partitions_changed: u64,
-    databases: [DatabaseLauncher; DATABASES],
+    /// One entry per database that runs tasks (or cleans up after them), or is paused by a DDL
+    /// command: a database with nothing for us holds none, so that empty databases cannot use the
+    /// table up. The first `meili_sync.max_databases` are used.
+    databases: [DatabaseLauncher; crate::gucs::DATABASE_ENTRIES],
     entries: [LiveEntry; crate::gucs::TASK_ENTRIES],
     waiters: [Waiter; WAITERS],
 }
@@ -356,7 +356,7 @@ impl Default for SharedState {
         SharedState {
             cluster_latch: 0,
             partitions_changed: 0,
-            databases: [DatabaseLauncher::FREE; DATABASES],
+            databases: [DatabaseLauncher::FREE; crate::gucs::DATABASE_ENTRIES],
             entries: [LiveEntry::EMPTY; crate::gucs::TASK_ENTRIES],
             waiters: [Waiter::FREE; WAITERS],
         }
@@ -587,15 +587,14 @@ fn my_latch() -> usize {
 }
 
 /// The entry of `database` in the launchers' table, claimed when it has none; None when the
-/// table is full.
+/// table is full (`meili_sync.max_databases` entries taken).
 fn launcher_entry(state: &mut SharedState, database: pg_sys::Oid) -> Option<&mut DatabaseLauncher> {
-    let index = state
-        .databases
+    let usable = crate::gucs::max_databases();
+    let index = state.databases[..usable]
         .iter()
         .position(|entry| entry.database == database)
         .or_else(|| {
-            state
-                .databases
+            state.databases[..usable]
                 .iter()
                 .position(|entry| entry.database == pg_sys::Oid::INVALID)
         })?;
@@ -609,24 +608,62 @@ fn launcher_entry(state: &mut SharedState, database: pg_sys::Oid) -> Option<&mut
     Some(entry)
 }
 
-/// Publishes the calling database launcher's latch so SQL functions can wake it. False when it
-/// must not run: another launcher of its database runs, the database is paused for a DDL
-/// command, or the table of launchers is full.
-pub fn register_launcher() -> bool {
+/// Whether a database launcher may run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Registration {
+    Registered,
+    /// Another launcher of its database runs, or the database is paused for a DDL command.
+    Refused,
+    /// `meili_sync.max_databases` other databases hold an entry.
+    TableFull,
+}
+
+/// Publishes the calling database launcher's latch so SQL functions can wake it, taking its
+/// database's entry.
+pub fn register_launcher() -> Registration {
     let database = my_database();
     // SAFETY: this process's own pid.
     let pid = unsafe { pg_sys::MyProcPid };
     let mut state = STATE.exclusive();
     let Some(entry) = launcher_entry(&mut state, database) else {
-        return false;
+        return Registration::TableFull;
     };
     if entry.paused() || (entry.pid != 0 && entry.pid != pid && backend_alive(entry.pid)) {
-        return false;
+        return Registration::Refused;
     }
     entry.pid = pid;
     entry.latch = my_latch();
     entry.idle = false;
-    true
+    Registration::Registered
+}
+
+/// Frees the calling launcher's database's entry: the database has nothing for us (no
+/// extension, nothing to clean up), so it must not take a place in the table. Kept while a DDL
+/// command pauses it, SQL asked for a launcher, or another launcher runs there.
+pub fn release_unneeded_entry() {
+    let database = my_database();
+    // SAFETY: this process's own pid.
+    let pid = unsafe { pg_sys::MyProcPid };
+    let mut state = STATE.exclusive();
+    if let Some(entry) = state.databases.iter_mut().find(|entry| {
+        entry.database == database
+            && !entry.paused()
+            && !entry.wanted
+            && (entry.pid == 0 || entry.pid == pid || !backend_alive(entry.pid))
+    }) {
+        *entry = DatabaseLauncher::FREE;
+    }
+}
+
+/// How many entries of the launchers' table are taken, and how many may be.
+pub fn databases_served() -> (usize, usize) {
+    let usable = crate::gucs::max_databases();
+    let state = STATE.share();
+    let taken = state.databases[..usable]
+        .iter()
+        .filter(|entry| entry.database != pg_sys::Oid::INVALID)
+        .count();
+    (taken, usable)
 }
 
 /// The database launcher begins a round: what SQL asked for until now, it reads.
@@ -643,7 +680,9 @@ pub fn launcher_round_begins() {
 }
 
 /// The database launcher exits; `idle` when it found nothing to do, so that the cluster launcher
-/// starts it again only when SQL asks for it.
+/// starts it again only when SQL asks for it. An idle database gives its entry back (a database
+/// without an entry counts as idle), unless SQL asked for a launcher meanwhile or a DDL command
+/// pauses it.
 pub fn unregister_launcher(idle: bool) {
     let database = my_database();
     // SAFETY: this process's own pid.
@@ -654,9 +693,13 @@ pub fn unregister_launcher(idle: bool) {
         .iter_mut()
         .find(|entry| entry.database == database && entry.pid == pid)
     {
-        entry.pid = 0;
-        entry.latch = 0;
-        entry.idle = idle;
+        if idle && !entry.wanted && !entry.paused() {
+            *entry = DatabaseLauncher::FREE;
+        } else {
+            entry.pid = 0;
+            entry.latch = 0;
+            entry.idle = idle;
+        }
     }
 }
 
@@ -753,7 +796,7 @@ pub struct LauncherState {
     pub paused: bool,
 }
 
-/// The launcher state of `database` (all false for one never seen).
+/// The launcher state of `database`; a database without an entry has nothing for us (idle).
 pub fn launcher_state(database: pg_sys::Oid) -> LauncherState {
     let state = STATE.share();
     match state
@@ -770,7 +813,7 @@ pub fn launcher_state(database: pg_sys::Oid) -> LauncherState {
         None => LauncherState {
             pid: None,
             wanted: false,
-            idle: false,
+            idle: true,
             paused: false,
         },
     }

@@ -109,6 +109,17 @@ fn meili_sync_worker_state() -> TableIterator<
     } else {
         Vec::new()
     };
+    // An error can quote a row's values: each is shown as `catalog::readable_error` allows.
+    let sources = catalog::task_sources().or_raise();
+    let tasks: Vec<_> = tasks
+        .into_iter()
+        .map(|mut live| {
+            live.last_error =
+                catalog::readable_error(sources.get(&live.task_id).copied(), live.last_error)
+                    .or_raise();
+            live
+        })
+        .collect();
     TableIterator::new(tasks.into_iter().map(|live| {
         (
             live.task_id,
@@ -139,6 +150,13 @@ fn meili_sync_worker_state() -> TableIterator<
                 .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),
         )
     }))
+}
+
+/// A task's error as the calling role may read it (`catalog::readable_error`): the view
+/// `meili_sync_status` shows the catalog's errors through it.
+#[pg_extern(stable, parallel_safe)]
+fn meili_sync_readable_error(source: Option<pg_sys::Oid>, error: Option<String>) -> Option<String> {
+    catalog::readable_error(source, error).or_raise()
 }
 
 /// The backends waiting in `meili_sync_wait` with a place in shared memory (behind the view

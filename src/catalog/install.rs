@@ -69,17 +69,39 @@ fn show_on_tasks(scope: &str, message: &str) -> CatalogResult<()> {
 
 /// Clears what [`hold_tasks_for_update`] showed, once the SQL objects are the library's.
 pub fn release_tasks_held_for_update() -> CatalogResult<()> {
-    let held = select_one::<bool>(
+    clear_shown(WAITING_FOR_UPDATE)
+}
+
+/// How an active task's `last_error` begins while its database waits for a place in the table of
+/// databases the extension serves (`meili_sync.max_databases`); cleared once it has one.
+const WAITING_FOR_A_PLACE: &str = "waiting for a place among the databases pg_meili_sync serves";
+
+/// Shows on every active task that its database waits for a place: `detail` says why.
+pub fn show_waiting_for_a_place(detail: &str) -> CatalogResult<()> {
+    show_on_tasks(
+        "state OPERATOR(pg_catalog.=) ANY ('{snapshot,streaming,swapping}'::pg_catalog.text[])",
+        &format!("{WAITING_FOR_A_PLACE}: {detail}"),
+    )
+}
+
+/// Clears what [`show_waiting_for_a_place`] showed, once the database has a place.
+pub fn release_tasks_waiting_for_a_place() -> CatalogResult<()> {
+    clear_shown(WAITING_FOR_A_PLACE)
+}
+
+/// Clears the `last_error` of the tasks that show a message beginning with `prefix`.
+fn clear_shown(prefix: &str) -> CatalogResult<()> {
+    let shown = select_one::<bool>(
         "SELECT EXISTS (SELECT 1 FROM meili_sync.tasks WHERE pg_catalog.starts_with(last_error, $1))",
-        &[WAITING_FOR_UPDATE.into()],
+        &[prefix.into()],
     )?;
-    if held != Some(true) {
+    if shown != Some(true) {
         return Ok(());
     }
     Spi::run_with_args(
         "UPDATE meili_sync.tasks SET last_error = NULL, last_error_at = NULL
           WHERE pg_catalog.starts_with(last_error, $1)",
-        &[WAITING_FOR_UPDATE.into()],
+        &[prefix.into()],
     )?;
     Ok(())
 }

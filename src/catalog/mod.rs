@@ -51,6 +51,55 @@ fn names_from(value: Option<Vec<Option<String>>>) -> Option<Vec<String>> {
     value.map(|names| names.into_iter().flatten().collect())
 }
 
+/// What a role sees instead of an error it may not read.
+pub const HIDDEN_ERROR: &str = "hidden: reading this task's errors needs SELECT on its table or view, or membership in meili_sync_admin";
+
+/// The one rule of who may read a task's error, which can quote a row's values (a refused
+/// document's id, a value that failed a cast): superusers and members of `meili_sync_admin` (who
+/// read the dead letters, whole documents) read every error; any other role reads the errors of
+/// the tasks whose table or view it may SELECT. Every view and function that shows an error goes
+/// through here: the view `meili_sync_status` through `meili_sync_readable_error`.
+pub fn readable_error(
+    source: Option<pg_sys::Oid>,
+    error: Option<String>,
+) -> CatalogResult<Option<String>> {
+    let Some(error) = error else {
+        return Ok(None);
+    };
+    let readable = select_one::<bool>(
+        "SELECT pg_catalog.pg_has_role('meili_sync_admin', 'MEMBER')
+             OR coalesce(pg_catalog.has_table_privilege($1::pg_catalog.oid, 'SELECT'), false)",
+        &[source.into()],
+    )?
+    .unwrap_or(false);
+    Ok(Some(if readable {
+        error
+    } else {
+        HIDDEN_ERROR.to_owned()
+    }))
+}
+
+/// The table or view of each task of this database, read as the catalog's owner: the roles
+/// that may watch the workers (`pg_monitor`) may not read the catalog itself.
+pub fn task_sources() -> CatalogResult<std::collections::HashMap<i64, pg_sys::Oid>> {
+    as_catalog_owner(|| {
+        Spi::connect(|client| {
+            let mut sources = std::collections::HashMap::new();
+            for row in client.select(
+                "SELECT t.id, t.source::pg_catalog.oid FROM meili_sync.tasks t",
+                None,
+                &[],
+            )? {
+                if let (Some(task), Some(source)) = (row.get::<i64>(1)?, row.get::<pg_sys::Oid>(2)?)
+                {
+                    sources.insert(task, source);
+                }
+            }
+            Ok(sources)
+        })
+    })
+}
+
 pub fn current_role_is_admin() -> CatalogResult<bool> {
     Ok(select_one::<bool>(
         "SELECT (SELECT rolsuper FROM pg_catalog.pg_roles WHERE rolname OPERATOR(pg_catalog.=) current_user)

@@ -6,6 +6,7 @@ use pgrx::spi::quote_identifier;
 
 use super::shared::{SHARED_NAME_SQL, SHARED_TASK_SQL};
 use super::{select_one, CatalogResult, OBJECT_NAME_SQL};
+use crate::error::{ErrorKind, SyncError};
 use crate::pg_catalog::SlotStatus;
 
 /// A task's slot as the launcher's WAL guard sees it.
@@ -146,11 +147,276 @@ fn slots_and_publications(query: &str) -> CatalogResult<Vec<(String, String)>> {
     })
 }
 
+/// The options of every publication of ours, set explicitly each time one is made or changed:
+/// every operation, and each partition's changes under its own table (a task maps partitions to
+/// their root itself).
+pub(super) const PUBLICATION_OPTIONS: &str =
+    "publish = 'insert, update, delete, truncate', publish_via_partition_root = false";
+
+/// What [`check_publication`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PublicationCheck {
+    /// As this install made it.
+    Ours,
+    /// There was none, and none was made before: it is made now.
+    Made,
+    /// It was not as this install left it; the text says how. It is now, and the changes a slot
+    /// decoded with it since may have gone out wrongly or not at all.
+    Mended(String),
+}
+
+/// Makes the publication `name` one of ours as it must be, before a slot decodes with it: made by
+/// this install (its OID is the one recorded in `meili_sync.publications`), owned by the catalog's
+/// owner, publishing whole rows of tables, with [`PUBLICATION_OPTIONS`], and holding `must_hold`.
+/// A publication of that name that another role made or owns is never adopted: it is dropped and
+/// made anew, with `create_with` (or `must_hold`) as its tables. With `mend` false nothing is
+/// changed: what is wrong is only told.
+pub fn check_publication(
+    name: &str,
+    create_with: &[pg_sys::Oid],
+    must_hold: &[pg_sys::Oid],
+    mend: bool,
+) -> CatalogResult<PublicationCheck> {
+    let found = Spi::connect(|client| {
+        let mut rows = client.select(
+            "SELECT p.oid, p.pubowner OPERATOR(pg_catalog.=) o.relowner
+                      OR coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) p.pubowner), false),
+                    p.pubowner::pg_catalog.regrole::pg_catalog.text,
+                    p.puballtables
+                      OR EXISTS (SELECT 1 FROM pg_catalog.pg_publication_namespace s
+                                  WHERE s.pnpubid OPERATOR(pg_catalog.=) p.oid)
+                      OR EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r
+                                  WHERE r.prpubid OPERATOR(pg_catalog.=) p.oid
+                                    AND (r.prqual IS NOT NULL OR r.prattrs IS NOT NULL)),
+                    p.pubinsert AND p.pubupdate AND p.pubdelete AND p.pubtruncate AND NOT p.pubviaroot,
+                    (SELECT pg_catalog.array_agg(m.relid) FROM pg_catalog.unnest($2::pg_catalog.oid[]) AS m(relid)
+                      WHERE EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) m.relid)
+                        AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r
+                                         WHERE r.prpubid OPERATOR(pg_catalog.=) p.oid
+                                           AND r.prrelid OPERATOR(pg_catalog.=) m.relid))
+               FROM pg_catalog.pg_publication p,
+                    (SELECT c.relowner FROM pg_catalog.pg_class c
+                       JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+                      WHERE n.nspname OPERATOR(pg_catalog.=) 'meili_sync'
+                        AND c.relname OPERATOR(pg_catalog.=) 'tasks') o
+              WHERE p.pubname OPERATOR(pg_catalog.=) $1",
+            Some(1),
+            &[name.into(), must_hold.to_vec().into()],
+        )?;
+        let Some(row) = rows.next() else {
+            return Ok::<_, pgrx::spi::SpiError>(None);
+        };
+        Ok(Some(FoundPublication {
+            oid: row.get(1)?.unwrap_or(pg_sys::InvalidOid),
+            owned: row.get(2)?.unwrap_or(false),
+            owner: row.get(3)?.unwrap_or_default(),
+            publishes_more_or_less: row.get(4)?.unwrap_or(true),
+            options_right: row.get(5)?.unwrap_or(false),
+            lacking: row.get::<Vec<pg_sys::Oid>>(6)?.unwrap_or_default(),
+        }))
+    })?;
+    let recorded = select_one::<pg_sys::Oid>(
+        "SELECT publication FROM meili_sync.publications WHERE name OPERATOR(pg_catalog.=) $1",
+        &[name.into()],
+    )?;
+    let tables = if create_with.is_empty() {
+        must_hold
+    } else {
+        create_with
+    };
+    if !mend {
+        return Ok(match found {
+            None => PublicationCheck::Mended("is missing".into()),
+            Some(found) => {
+                let right = found.owned
+                    && !found.publishes_more_or_less
+                    && found.options_right
+                    && found.lacking.is_empty()
+                    && recorded.is_none_or(|recorded| recorded == found.oid);
+                if right {
+                    PublicationCheck::Ours
+                } else {
+                    PublicationCheck::Mended("is not as it was left".into())
+                }
+            }
+        });
+    }
+    let check = match found {
+        None => {
+            create_publication(name, tables)?;
+            match recorded {
+                Some(_) => PublicationCheck::Mended("was dropped by someone else".into()),
+                None => PublicationCheck::Made,
+            }
+        }
+        Some(found) if !found.owned || found.publishes_more_or_less => {
+            let why = if found.owned {
+                "was changed by someone else to publish more than its tables, or only some of their rows or columns".to_owned()
+            } else {
+                format!(
+                    "was made or taken by role {}, not by the catalog's owner, so it was not ours",
+                    found.owner
+                )
+            };
+            Spi::run(&format!("DROP PUBLICATION {}", quote_identifier(name)))?;
+            create_publication(name, tables)?;
+            PublicationCheck::Mended(why)
+        }
+        Some(found) => {
+            let mut faults = Vec::new();
+            if recorded.is_some_and(|recorded| recorded != found.oid) {
+                faults.push("was dropped and made again by someone else".to_owned());
+            }
+            if !found.options_right {
+                Spi::run(&format!(
+                    "ALTER PUBLICATION {} SET ({PUBLICATION_OPTIONS})",
+                    quote_identifier(name)
+                ))?;
+                faults.push("was changed by someone else to publish only some operations, or partitions' changes as their root's".to_owned());
+            }
+            if !found.lacking.is_empty() {
+                add_to_publication(name, &found.lacking)?;
+                faults.push("had tables taken out of it by someone else".to_owned());
+            }
+            set_owner(name)?;
+            if faults.is_empty() {
+                PublicationCheck::Ours
+            } else {
+                PublicationCheck::Mended(faults.join(", and "))
+            }
+        }
+    };
+    // Recorded only when it changed: a write would use up a transaction id at every check.
+    if check != PublicationCheck::Ours || recorded.is_none() {
+        Spi::run_with_args(
+            "INSERT INTO meili_sync.publications (name, publication)
+             SELECT p.pubname::pg_catalog.text, p.oid FROM pg_catalog.pg_publication p
+              WHERE p.pubname OPERATOR(pg_catalog.=) $1
+             ON CONFLICT (name) DO UPDATE SET publication = excluded.publication",
+            &[name.into()],
+        )?;
+    }
+    Ok(check)
+}
+
+/// A publication named like ours, as the catalog shows it.
+struct FoundPublication {
+    oid: pg_sys::Oid,
+    /// Owned by the catalog's owner, or by a superuser (0.5.0's shared decoder made the shared
+    /// publication as the superuser it connects as): only those could have made it.
+    owned: bool,
+    owner: String,
+    /// FOR ALL TABLES, FOR TABLES IN SCHEMA, a row filter or a column list.
+    publishes_more_or_less: bool,
+    options_right: bool,
+    /// Tables it must hold and does not.
+    lacking: Vec<pg_sys::Oid>,
+}
+
+/// Makes a publication of `tables` (none: an empty one) with [`PUBLICATION_OPTIONS`], owned by the
+/// catalog's owner. A table dropped meanwhile is left out (its task fails on its own).
+fn create_publication(name: &str, tables: &[pg_sys::Oid]) -> CatalogResult<()> {
+    let tables = qualified_names(tables)?;
+    let scope = if tables.is_empty() {
+        String::new()
+    } else {
+        format!("FOR TABLE ONLY {}", tables.join(", ONLY "))
+    };
+    Spi::run(&format!(
+        "CREATE PUBLICATION {} {scope} WITH ({PUBLICATION_OPTIONS})",
+        quote_identifier(name)
+    ))?;
+    set_owner(name)
+}
+
+/// Gives a publication of ours to the catalog's owner, unless it has it.
+fn set_owner(name: &str) -> CatalogResult<()> {
+    let owned = select_one::<bool>(
+        "SELECT p.pubowner OPERATOR(pg_catalog.=) c.relowner
+           FROM pg_catalog.pg_publication p, pg_catalog.pg_class c
+           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+          WHERE p.pubname OPERATOR(pg_catalog.=) $1
+            AND n.nspname OPERATOR(pg_catalog.=) 'meili_sync' AND c.relname OPERATOR(pg_catalog.=) 'tasks'",
+        &[name.into()],
+    )?;
+    if owned != Some(false) {
+        return Ok(());
+    }
+    let owner = select_one::<String>(
+        "SELECT c.relowner::pg_catalog.regrole::pg_catalog.text FROM pg_catalog.pg_class c
+           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+          WHERE n.nspname OPERATOR(pg_catalog.=) 'meili_sync' AND c.relname OPERATOR(pg_catalog.=) 'tasks'",
+        &[],
+    )?
+    .ok_or_else(|| SyncError::new(ErrorKind::Internal, "meili_sync.tasks has no owner"))?;
+    Spi::run(&format!(
+        "ALTER PUBLICATION {} OWNER TO {owner}",
+        quote_identifier(name)
+    ))?;
+    Ok(())
+}
+
+/// Adds `tables` to a publication of ours, and sets its options again.
+pub fn add_to_publication(name: &str, tables: &[pg_sys::Oid]) -> CatalogResult<()> {
+    let tables = qualified_names(tables)?;
+    if tables.is_empty() {
+        return Ok(());
+    }
+    Spi::run(&format!(
+        "ALTER PUBLICATION {} ADD TABLE ONLY {}",
+        quote_identifier(name),
+        tables.join(", ONLY ")
+    ))?;
+    Spi::run(&format!(
+        "ALTER PUBLICATION {} SET ({PUBLICATION_OPTIONS})",
+        quote_identifier(name)
+    ))?;
+    Ok(())
+}
+
+/// The schema-qualified, quoted names of the tables that still exist among `relids`.
+pub fn qualified_names(relids: &[pg_sys::Oid]) -> CatalogResult<Vec<String>> {
+    Spi::connect(|client| {
+        let mut names = Vec::new();
+        for row in client.select(
+            "SELECT pg_catalog.format('%I.%I', n.nspname, c.relname)
+               FROM pg_catalog.unnest($1::pg_catalog.oid[]) WITH ORDINALITY AS r(relid, place)
+               JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) r.relid
+               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
+              ORDER BY r.place",
+            None,
+            &[relids.to_vec().into()],
+        )? {
+            if let Some(name) = row.get::<String>(1)? {
+                names.push(name);
+            }
+        }
+        Ok(names)
+    })
+}
+
 pub fn drop_publication(name: &str) -> CatalogResult<()> {
     Spi::run(&format!(
         "DROP PUBLICATION IF EXISTS {}",
         quote_identifier(name)
     ))?;
+    forget_publication(name)
+}
+
+/// Forgets the record of a publication of ours that was dropped (or is about to be, in the same
+/// transaction). After DROP EXTENSION there is no record to forget.
+pub fn forget_publication(name: &str) -> CatalogResult<()> {
+    let recorded = select_one::<bool>(
+        "SELECT pg_catalog.to_regclass('meili_sync.publications') IS NOT NULL",
+        &[],
+    )?;
+    if recorded != Some(true) {
+        return Ok(());
+    }
+    Spi::run_with_args(
+        "DELETE FROM meili_sync.publications WHERE name OPERATOR(pg_catalog.=) $1",
+        &[name.into()],
+    )?;
     Ok(())
 }
 

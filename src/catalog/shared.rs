@@ -80,37 +80,32 @@ pub fn shared_tasks() -> CatalogResult<Vec<SharedTask>> {
     })
 }
 
-/// Makes the shared publication exist and publish exactly `relids` (whole rows: tasks pick their
-/// columns themselves, and differing column lists would break every task's stream).
-pub fn publish_exactly(name: &str, relids: &[pg_sys::Oid]) -> CatalogResult<()> {
-    let exists = select_one::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_publication WHERE pubname OPERATOR(pg_catalog.=) $1)",
-        &[name.into()],
-    )?
-    .unwrap_or(false);
-    if !exists {
-        Spi::run(&format!(
-            "CREATE PUBLICATION {} WITH (publish = 'insert, update, delete, truncate')",
-            quote_identifier(name)
-        ))?;
-    }
+/// Makes the shared publication one of ours (`check_publication`) that publishes exactly
+/// `relids` (whole rows: tasks pick their columns themselves, and differing column lists would
+/// break every task's stream), and returns what the check found.
+pub fn publish_exactly(
+    name: &str,
+    relids: &[pg_sys::Oid],
+) -> CatalogResult<super::PublicationCheck> {
+    let check = super::check_publication(name, relids, &[], true)?;
     let published = published_tables(name)?;
-    let adding = relids.iter().filter(|relid| !published.contains(relid));
-    let dropping = published.iter().filter(|relid| !relids.contains(relid));
-    for (action, relid) in adding
-        .map(|relid| ("ADD", relid))
-        .chain(dropping.map(|relid| ("DROP", relid)))
-    {
+    let adding: Vec<pg_sys::Oid> = relids
+        .iter()
+        .filter(|relid| !published.contains(relid))
+        .copied()
+        .collect();
+    super::add_to_publication(name, &adding)?;
+    for relid in published.iter().filter(|relid| !relids.contains(relid)) {
         // A table dropped since the tasks were read is skipped: its task fails on its own.
         let Some(table) = qualified_name(*relid)? else {
             continue;
         };
         Spi::run(&format!(
-            "ALTER PUBLICATION {} {action} TABLE ONLY {table}",
+            "ALTER PUBLICATION {} DROP TABLE ONLY {table}",
             quote_identifier(name),
         ))?;
     }
-    Ok(())
+    Ok(check)
 }
 
 /// The tables a publication holds.
@@ -139,6 +134,11 @@ pub fn set_published_tables(name: &str, tables: &[String]) -> CatalogResult<()> 
         "ALTER PUBLICATION {} SET TABLE ONLY {}",
         quote_identifier(name),
         tables.join(", ONLY ")
+    ))?;
+    Spi::run(&format!(
+        "ALTER PUBLICATION {} SET ({})",
+        quote_identifier(name),
+        super::replication::PUBLICATION_OPTIONS
     ))?;
     Ok(())
 }
@@ -220,6 +220,47 @@ pub fn forget_positions(slot: &str, what: &str) -> CatalogResult<Vec<i64>> {
     })
 }
 
+/// The shared publication was not as it was left (`check_publication`): every shared task that
+/// has a position in the shared slot loses it and copies its table again (an inactive one when it
+/// is resumed), with `message` as its last error. The decoder then makes the slot anew
+/// ([`any_shared_position`] is false), so that no slot decodes the WAL the wrong publication
+/// covered. Returns the ids of those tasks.
+pub fn copy_shared_tasks_again(message: &str) -> CatalogResult<Vec<i64>> {
+    Spi::connect_mut(|client| {
+        // A moving task streams from its own slot until it hands over: it only gets a position
+        // in the new shared slot.
+        client.update(
+            &format!(
+                "UPDATE meili_sync.tasks t SET stream_position = NULL
+                  WHERE {SHARED_TASK_SQL} AND t.stream_position IS NOT NULL AND {OWN_SLOT_SQL}"
+            ),
+            None,
+            &[],
+        )?;
+        let rows = client.update(
+            &format!(
+                "UPDATE meili_sync.tasks t SET {}
+                  WHERE {SHARED_TASK_SQL} AND t.stream_position IS NOT NULL
+                  RETURNING t.id",
+                super::tasks::copy_again_sql("$1")
+            ),
+            None,
+            &[message.into()],
+        )?;
+        Ok(ids_of(rows)?)
+    })
+}
+
+/// Whether any shared task holds a position in the shared slot: one that none holds keeps
+/// nothing anyone needs, and is made anew rather than read from where it stands.
+pub fn any_shared_position() -> CatalogResult<bool> {
+    Ok(select_one::<bool>(
+        &format!("SELECT EXISTS (SELECT 1 FROM meili_sync.tasks t WHERE {SHARED_TASK_SQL} AND t.stream_position IS NOT NULL)"),
+        &[],
+    )?
+    .unwrap_or(false))
+}
+
 /// Hands a moving task over to the shared pass: stores `position` (everything that committed
 /// before it is in the index, and its own slot was read up to it), then drops its own slot and
 /// publication, all in the caller's transaction. False if the task changed meanwhile (altered,
@@ -250,10 +291,7 @@ pub fn hand_over(
         return Ok(false);
     }
     super::drop_slot(own_object)?;
-    Spi::run(&format!(
-        "DROP PUBLICATION IF EXISTS {}",
-        quote_identifier(own_object)
-    ))?;
+    super::drop_publication(own_object)?;
     Ok(true)
 }
 

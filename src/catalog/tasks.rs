@@ -251,17 +251,23 @@ fn insert_task_row(task: NewTask<'_>, published: &[String]) -> CatalogResult<i64
             .first()
             .get_one::<pg_sys::Oid>()?
             .unwrap_or(pg_sys::InvalidOid);
+        let relids: Vec<pg_sys::Oid> = client
+            .select(
+                "SELECT pg_catalog.to_regclass(n)::pg_catalog.oid FROM pg_catalog.unnest($1::pg_catalog.text[]) AS n",
+                None,
+                &[published.to_vec().into()],
+            )?
+            .filter_map(|row| row.get::<pg_sys::Oid>(1).ok().flatten())
+            .collect();
         // Publish every column: a column list would have to cover the replica identity, or
-        // UPDATEs on the user's table would fail; the worker picks the columns itself.
-        client.update(
-            &format!(
-                "CREATE PUBLICATION {} FOR TABLE ONLY {} WITH (publish = 'insert, update, delete, truncate')",
-                quote_identifier(object_name(install, id)),
-                published.join(", ONLY ")
-            ),
-            None,
-            &[],
-        )?;
+        // UPDATEs on the user's table would fail; the worker picks the columns itself. A
+        // publication of this name that someone made first is not ours, and is made anew.
+        let name = object_name(install, id);
+        if let super::PublicationCheck::Mended(why) =
+            super::check_publication(&name, &relids, &[], true)?
+        {
+            warning!("pg_meili_sync task {id}: publication \"{name}\" {why}; it was made anew");
+        }
         Ok(id)
     })
 }
@@ -661,6 +667,9 @@ pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
                 .first()
                 .get::<i32>(1)
         })?;
+        if !task.shared || task.moving {
+            super::forget_publication(&task.publication_name)?;
+        }
         // A generation no stream runs: every stream of the task ends at this commit.
         match deleted {
             Some(generation) => announce_generation(task.id, i64::from(generation) + 1),
@@ -948,6 +957,35 @@ pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
         }
         Ok(tasks)
     })
+}
+
+/// The SET clause that makes task `t` copy its table again from the start, with the last error
+/// in parameter `message` (`$2`, say).
+pub(super) fn copy_again_sql(message: &str) -> String {
+    format!(
+        "state = CASE WHEN t.state OPERATOR(pg_catalog.=) ANY ('{{snapshot,streaming}}'::pg_catalog.text[]) THEN 'snapshot' ELSE t.state END,
+         generation = t.generation OPERATOR(pg_catalog.+) 1, snapshot_key = NULL, rows_copied = 0, stream_position = NULL,
+         partitions = NULL, snapshot_started_at = NULL, snapshot_finished_at = NULL,
+         last_error = {message}, last_error_at = pg_catalog.now()"
+    )
+}
+
+/// The task's publication was not as it was left (`check_publication`): its slot, which decoded
+/// with it, is dropped, and the task copies its table again (an inactive one when it is resumed),
+/// with `message` as its last error. The copy re-sends every row and deletes the documents of
+/// rows that are gone.
+pub fn copy_again(task_id: i64, slot: &str, message: &str) -> CatalogResult<()> {
+    if super::slot_wal_status(slot)?.is_some() {
+        super::drop_slot(slot)?;
+    }
+    Spi::run_with_args(
+        &format!(
+            "UPDATE meili_sync.tasks t SET {} WHERE t.id OPERATOR(pg_catalog.=) $1",
+            copy_again_sql("$2")
+        ),
+        &[task_id.into(), message.into()],
+    )?;
+    announce_state_change(task_id)
 }
 
 /// Starts the copy over (the slot it relied on was replaced).

@@ -711,6 +711,67 @@ fn warn_once_a_minute(message: String) {
     }
 }
 
+/// Whether this database has anything for a launcher to do: the extension, or the slots and
+/// publications a dropped extension left. When it cannot tell, it assumes so.
+fn has_work_for_a_launcher() -> bool {
+    match catalog::extension_installed() {
+        Ok(true) => true,
+        Ok(false) => catalog::leftovers_without_extension()
+            .map(|leftovers| !leftovers.is_empty())
+            .unwrap_or(true),
+        Err(_) => true,
+    }
+}
+
+/// How often a launcher whose database has no place yet looks for one.
+const PLACE_LOOK_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Waits until the table of databases has a place for this one, saying why in the log (once a
+/// minute) and on the waiting tasks. False when the launcher must stop instead (SIGTERM, another
+/// launcher took over, a DDL command waits for the database).
+fn wait_for_a_place(name: &str) -> bool {
+    let mut warned: Option<Instant> = None;
+    loop {
+        match shmem::register_launcher() {
+            shmem::Registration::Registered => {
+                BackgroundWorker::transaction(|| {
+                    read(
+                        "the tasks that waited for a place",
+                        catalog::release_tasks_waiting_for_a_place(),
+                    )
+                });
+                log!(
+                    "pg_meili_sync: database \"{name}\" has a place among the databases served now"
+                );
+                return true;
+            }
+            shmem::Registration::Refused => return false,
+            shmem::Registration::TableFull => {}
+        }
+        if warned.is_none_or(|at| at.elapsed() >= ROUND_FAILURE_LOG_INTERVAL) {
+            let (taken, usable) = shmem::databases_served();
+            let detail = format!(
+                "{taken} other databases run tasks, and meili_sync.max_databases is {usable}; this database's tasks start once one of them has no task left, or after meili_sync.max_databases is raised (it needs a restart)"
+            );
+            warn_with_hint(
+                format!("pg_meili_sync: the tasks of database \"{name}\" wait: {detail}"),
+                "Raise meili_sync.max_databases in postgresql.conf and restart the server, or drop the tasks of a database that no longer needs them.",
+            );
+            BackgroundWorker::transaction(|| {
+                read(
+                    "the tasks that wait for a place",
+                    catalog::show_waiting_for_a_place(&detail),
+                )
+            });
+            warned = Some(Instant::now());
+        }
+        if !BackgroundWorker::wait_latch(Some(PLACE_LOOK_INTERVAL)) {
+            return false;
+        }
+        reload_config_if_asked();
+    }
+}
+
 #[pg_guard]
 #[no_mangle]
 pub extern "C-unwind" fn meili_sync_database_launcher_main(_arg: pg_sys::Datum) {
@@ -721,12 +782,24 @@ pub extern "C-unwind" fn meili_sync_database_launcher_main(_arg: pg_sys::Datum) 
     };
     BackgroundWorker::connect_worker_to_spi_by_oid(Some(database), None);
     crate::security::pin_worker_settings();
-    // Another launcher of this database runs still, or a DDL command waits for the database.
-    if !shmem::register_launcher() {
+    // A database with nothing for us takes no place in the table of databases: empty databases,
+    // which any role with CREATEDB can make, must not use it up.
+    if !BackgroundWorker::transaction(has_work_for_a_launcher) {
+        shmem::release_unneeded_entry();
         return;
     }
     let name = BackgroundWorker::transaction(catalog::current_database)
         .unwrap_or_else(|_| database.to_u32().to_string());
+    match shmem::register_launcher() {
+        shmem::Registration::Registered => {}
+        // Another launcher of this database runs still, or a DDL command waits for the database.
+        shmem::Registration::Refused => return,
+        shmem::Registration::TableFull => {
+            if !wait_for_a_place(&name) {
+                return;
+            }
+        }
+    }
     log!("pg_meili_sync launcher started in database \"{name}\"");
 
     let mut launcher = Launcher {

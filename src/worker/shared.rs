@@ -158,6 +158,18 @@ impl SharedDecoder {
     fn refresh(&mut self, session: &DecodingSession) -> Result<Vec<SharedTask>, Stop> {
         self.last_refresh = Some(Instant::now());
         let tasks = self.read_tasks()?;
+        // Someone else dropped or changed the publication while the slot decoded with it: the
+        // decoder starts again, and mends it before it reads (`run`).
+        let check = in_transaction(self.live, "checking the shared publication", || {
+            catalog::check_publication(&self.name, &[], &self.published, false)
+        })?;
+        if let catalog::PublicationCheck::Mended(what) = check {
+            warning!(
+                "pg_meili_sync: the shared publication \"{}\" {what}; the shared decoder starts again to mend it",
+                self.name
+            );
+            return Err(Stop::Terminated);
+        }
         let relids = self.tables_to_publish(&tasks)?;
         if relids != self.published {
             in_transaction(self.live, "publishing the shared tables", || {
@@ -603,8 +615,8 @@ impl SharedDecoder {
         in_transaction(self.live, "preparing the shared slot", || {
             catalog::set_output_formats(false)
         })?;
-        self.refresh_publication()?;
-        self.ensure_slot()?;
+        let remake_slot = self.refresh_publication()?;
+        self.ensure_slot(remake_slot)?;
         self.live.set_phase(Phase::Streaming);
         let name = self.name.clone();
         drive_pass(self, &name, &name).map(|_| ())
@@ -612,22 +624,57 @@ impl SharedDecoder {
 
     /// The publication exists before the slot, and holds the shared tables before any task gets
     /// a position: a slot must never decode WAL written before its publication existed.
-    fn refresh_publication(&mut self) -> Result<(), Stop> {
+    ///
+    /// A publication that is not as this install left it (dropped, made again, changed, or made
+    /// first by another role) is mended; the changes the slot decoded with it may have gone out
+    /// wrongly or not at all, so every shared task with a position copies its table again, and
+    /// the slot is made anew (true) so that no slot reads that WAL again.
+    fn refresh_publication(&mut self) -> Result<bool, Stop> {
         let tasks = self.read_tasks()?;
         let relids = self.tables_to_publish(&tasks)?;
-        in_transaction(self.live, "publishing the shared tables", || {
+        let (slot_exists, positions_held) =
+            in_transaction(self.live, "reading the shared slot", || {
+                Ok((
+                    catalog::slot_wal_status(&self.name)?.is_some(),
+                    catalog::any_shared_position()?,
+                ))
+            })?;
+        let check = in_transaction(self.live, "publishing the shared tables", || {
             catalog::publish_exactly(&self.name, &relids)
         })?;
         self.published = relids;
-        Ok(())
+        let what = match check {
+            catalog::PublicationCheck::Mended(what) => what,
+            // Made while the slot holds positions: dropped before this install recorded it.
+            catalog::PublicationCheck::Made if slot_exists && positions_held => {
+                "was missing".to_owned()
+            }
+            _ => return Ok(false),
+        };
+        let message = format!(
+            "the shared publication \"{}\" {what}, so the changes decoded with it may have gone to Meilisearch wrongly or not at all; it was made again with a new shared slot, and this task copies its table again: every row is sent again, and the documents of rows that are gone are deleted",
+            self.name
+        );
+        let copying = in_transaction(self.live, "copying the shared tasks again", || {
+            catalog::copy_shared_tasks_again(&message)
+        })?;
+        warn_publication_mended(&self.name, &what, &copying);
+        Ok(slot_exists)
     }
 
     /// Creates the shared slot if it is missing. Tasks that had a position in a slot that is gone
     /// lost the changes it kept: they stop with an error asking for a new copy.
-    fn ensure_slot(&mut self) -> Result<(), Stop> {
+    fn ensure_slot(&mut self, remake: bool) -> Result<(), Stop> {
         let status = in_transaction(self.live, "reading the shared slot", || {
             catalog::slot_wal_status(&self.name)
         })?;
+        if remake && status.is_some() {
+            // No task holds a position in it any more (`refresh_publication`).
+            in_transaction(self.live, "dropping the shared slot", || {
+                catalog::drop_slot(&self.name)
+            })?;
+            return self.create_slot();
+        }
         if status.is_some_and(|status| status != SlotStatus::Lost) {
             return Ok(());
         }
@@ -651,6 +698,10 @@ impl SharedDecoder {
                 catalog::drop_slot(&self.name)
             })?;
         }
+        self.create_slot()
+    }
+
+    fn create_slot(&mut self) -> Result<(), Stop> {
         in_transaction(self.live, "creating the shared slot", || {
             catalog::create_slot(&self.name)
         })?;
@@ -660,6 +711,21 @@ impl SharedDecoder {
         );
         Ok(())
     }
+}
+
+/// Logs that a publication of ours was mended, and which tasks copy their tables again.
+pub fn warn_publication_mended(name: &str, what: &str, copying: &[i64]) {
+    let ids = copying
+        .iter()
+        .map(i64::to_string)
+        .collect::<Vec<_>>()
+        .join(", ");
+    let tasks = match copying.len() {
+        0 => "no task had decoded with it".to_owned(),
+        1 => format!("task {ids} copies its table again to re-send what may have been lost"),
+        _ => format!("tasks {ids} copy their tables again to re-send what may have been lost"),
+    };
+    warning!("pg_meili_sync: publication \"{name}\" {what}; it was made again as this install's own, and {tasks}");
 }
 
 /// The shared decoder's rounds in the drive loop: one read serves every attached task.

@@ -235,6 +235,48 @@ fn follow_every_table(task: &TaskRecord, view: &ViewPlan, live: LiveStatus) -> R
     Ok(())
 }
 
+/// The task's own publication must be as this install left it before its slot decodes with it
+/// (`catalog::check_publication`). One that someone else dropped, made again or changed is
+/// mended; what the slot decoded with it may have gone out wrongly or not at all, so the slot is
+/// dropped and the task copies its table again, on a new worker (the generation changed).
+fn check_own_publication(
+    task: &TaskRecord,
+    view: Option<&ViewPlan>,
+    live: LiveStatus,
+) -> Result<(), Stop> {
+    let (create_with, must_hold) = match view {
+        // A replaced view's new tables are `follow_every_table`'s.
+        Some(view) => (
+            view.tables.iter().map(|(relid, _)| *relid).collect(),
+            Vec::new(),
+        ),
+        None => (vec![task.relid], vec![task.relid]),
+    };
+    let (check, slot_exists) = in_transaction(live, "checking the task's publication", || {
+        let slot_exists = catalog::slot_wal_status(&task.slot_name)?.is_some();
+        let check =
+            catalog::check_publication(&task.publication_name, &create_with, &must_hold, true)?;
+        Ok((check, slot_exists))
+    })?;
+    let what = match check {
+        catalog::PublicationCheck::Mended(what) => what,
+        // Made while its slot exists: dropped before this install recorded it.
+        catalog::PublicationCheck::Made if slot_exists => "was missing".to_owned(),
+        _ => return Ok(()),
+    };
+    let message = format!(
+        "publication \"{}\" {what}, so the changes decoded with it may have gone to Meilisearch wrongly or not at all; it was made again, with a new replication slot, and the task copies its table again: every row is sent again, and the documents of rows that are gone are deleted",
+        task.publication_name
+    );
+    in_transaction(live, "copying the table again", || {
+        catalog::copy_again(task.id, &task.slot_name, &message)
+    })?;
+    // The next worker keeps this entry's error until it has one of its own.
+    live.set_error(&message);
+    crate::worker::shared::warn_publication_mended(&task.publication_name, &what, &[task.id]);
+    Err(Stop::Terminated)
+}
+
 /// A task of the shared decoding pass copies only once the shared decoder has given it its
 /// position (every transaction that commits after it is streamed to the task).
 fn await_position(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
@@ -284,6 +326,9 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
     })?;
     // A task of the shared pass (not moving) has no publication of its own: the shared
     // decoder publishes what its view reads.
+    if !task.shared || task.moving {
+        check_own_publication(&task, view.as_ref(), live)?;
+    }
     if let (Some(view), false) = (&view, task.shared && !task.moving) {
         follow_every_table(&task, view, live)?;
     }

@@ -481,8 +481,9 @@ fn a_crash_loop_of_the_shared_decoder_stops_its_tasks_with_its_last_error() {
     crash_loop_ends_in_state_error("shared", "the shared decoder crashed 10 times");
 }
 
-/// Someone drops the publication a task's changes come from: decoding fails each time the worker
-/// (or the shared decoder) starts, until the task stops with the error that says why.
+/// Someone drops the publication a task's changes come from and keeps it from being made again
+/// (an event trigger refuses CREATE PUBLICATION): each start of the worker (or the shared
+/// decoder) fails, until the task stops with the error that says why.
 /// The crash loop is the Postgres side's alone: it runs on the test server only (tier 4b, on a
 /// real Meilisearch, skips it to keep CI within its time).
 fn crash_loop_ends_in_state_error(decoding: &str, verdict: &str) {
@@ -499,6 +500,14 @@ fn crash_loop_ends_in_state_error(decoding: &str, verdict: &str) {
     cluster.wait_snapshot_done(task, CONVERGE);
     let publication =
         cluster.psql("SELECT pubname FROM pg_publication WHERE pubname LIKE 'meili\\_sync\\_%'");
+    cluster.psql(
+        "CREATE FUNCTION no_publications() RETURNS event_trigger LANGUAGE plpgsql AS
+         $$ BEGIN RAISE EXCEPTION 'no new publication: %', current_query(); END $$",
+    );
+    cluster.psql(
+        "CREATE EVENT TRIGGER no_publications ON ddl_command_start
+         WHEN TAG IN ('CREATE PUBLICATION') EXECUTE FUNCTION no_publications()",
+    );
     cluster.psql(&format!("DROP PUBLICATION {publication}"));
     cluster.psql(&products::insert_sql(101, 110));
     let status = wait_for("the crash loop to stop the task", CONVERGE, || {

@@ -9,7 +9,7 @@ use pg_meili_sync_e2e::meili::Meili;
 use pg_meili_sync_e2e::{assert_no_crash, products, wait_for, wait_index_matches_table};
 use serde_json::json;
 
-const CONVERGE: Duration = Duration::from_secs(300);
+const CONVERGE: Duration = Duration::from_secs(120);
 
 /// A log every trap writes to: what ran, as whom, whether that role is a superuser, and from
 /// which client (`psql` is the test's own harness; our workers have no application name, and
@@ -620,4 +620,330 @@ fn shards_and_replicas_never_run_a_trap_or_the_owners_code_as_superuser() {
         "pg_meili_sync rebalance:shop,pg_meili_sync task:shop"
     );
     assert_no_crash(&cluster);
+}
+
+/// The OID that names this install's slots and publications (`meili_sync_<oid>_…`).
+fn install_oid(cluster: &Cluster) -> String {
+    cluster.psql("SELECT 'meili_sync.tasks'::regclass::oid")
+}
+
+#[test]
+fn publications_claimed_first_are_never_adopted_and_changed_ones_are_mended() {
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&[]);
+    // A role that may create publications in the database (the database owner has that right).
+    cluster.psql("CREATE ROLE claimer LOGIN");
+    cluster.psql("GRANT CREATE ON DATABASE postgres TO claimer");
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    let install = install_oid(&cluster);
+    // The names are predictable: the shared pass's, and the own publication of task 2.
+    let shared = format!("meili_sync_{install}_shared");
+    let own = format!("meili_sync_{install}_2");
+    cluster.psql(&format!(
+        "SET ROLE claimer; CREATE PUBLICATION {shared} WITH (publish = 'insert'); CREATE PUBLICATION {own} WITH (publish = 'insert')"
+    ));
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 300));
+    cluster.psql("CREATE TABLE products_own (LIKE products INCLUDING ALL)");
+    cluster.psql("INSERT INTO products_own SELECT * FROM products");
+    let (shared_index, shared_task) = start_task(&cluster, &meili, "products", json!({}));
+    let (own_index, own_task) =
+        start_task(&cluster, &meili, "products_own", json!({"decoding": "own"}));
+    assert_eq!(own_task, 2, "the claimed name is the second task's");
+    cluster.wait_snapshot_done(shared_task, CONVERGE);
+    cluster.wait_snapshot_done(own_task, CONVERGE);
+    // Updates and deletes reach both indexes: neither insert-only publication was adopted.
+    for table in ["products", "products_own"] {
+        cluster.psql(&format!(
+            "UPDATE {table} SET name = 'renamed ' || id, version = version + 1 WHERE id <= 40; DELETE FROM {table} WHERE id > 250"
+        ));
+    }
+    wait_index_matches_table(&cluster, &meili, &shared_index, "products", CONVERGE);
+    wait_index_matches_table(&cluster, &meili, &own_index, "products_own", CONVERGE);
+    let owners = cluster.psql(&format!(
+        "SELECT string_agg(pubname || ' ' || pubowner::regrole::text || ' ' || pubinsert || pubupdate || pubdelete || pubtruncate, ', ' ORDER BY pubname)
+           FROM pg_publication WHERE pubname IN ('{shared}', '{own}')"
+    ));
+    assert_eq!(
+        owners,
+        format!("{own} postgres truetruetruetrue, {shared} postgres truetruetruetrue"),
+        "both publications are the catalog owner's, with every operation"
+    );
+    // The claimer no longer owns them: it cannot drop them to stall the decoder.
+    for name in [&shared, &own] {
+        let refused = pg_meili_sync_e2e::refusal(
+            &cluster,
+            &format!("SET ROLE claimer; DROP PUBLICATION {name}"),
+        );
+        assert_eq!(refused.sqlstate, "42501", "{refused:?}");
+    }
+
+    // Changed and dropped later by someone who may (a superuser): each task reports it, the
+    // publication is made again, and the table is copied again, so what went out wrongly
+    // meanwhile (here: deletes) is put right.
+    cluster.psql(&format!(
+        "ALTER PUBLICATION {shared} SET (publish = 'insert')"
+    ));
+    cluster.psql("DELETE FROM products WHERE id <= 20");
+    cluster.psql(&format!("DROP PUBLICATION {own}"));
+    cluster.psql("DELETE FROM products_own WHERE id <= 20");
+    for (task, name) in [(shared_task, &shared), (own_task, &own)] {
+        let deadline = std::time::Instant::now() + CONVERGE;
+        let error = wait_for("the task to report its publication", CONVERGE, || {
+            let status = cluster.status(task);
+            assert!(
+                std::time::Instant::now() + Duration::from_secs(1) < deadline,
+                "task {task} never reported its publication: {status:?}\n{}",
+                cluster.tail_log()
+            );
+            let error = status.get("last_error").cloned().unwrap_or_default();
+            (error.contains(name.as_str()) && error.contains("copies its table again"))
+                .then_some(error)
+        });
+        assert!(
+            error.contains("changes decoded with it may have gone to Meilisearch wrongly"),
+            "task {task}: {error}"
+        );
+    }
+    wait_index_matches_table(&cluster, &meili, &shared_index, "products", CONVERGE);
+    wait_index_matches_table(&cluster, &meili, &own_index, "products_own", CONVERGE);
+    // Streaming again, with the right options, on new slots.
+    cluster.psql("UPDATE products SET version = version + 1 WHERE id = 30; DELETE FROM products WHERE id = 31");
+    cluster.psql("UPDATE products_own SET version = version + 1 WHERE id = 30; DELETE FROM products_own WHERE id = 31");
+    wait_index_matches_table(&cluster, &meili, &shared_index, "products", CONVERGE);
+    wait_index_matches_table(&cluster, &meili, &own_index, "products_own", CONVERGE);
+    let options = cluster.psql(&format!(
+        "SELECT string_agg(pubname || ' ' || pubinsert || pubupdate || pubdelete || pubtruncate, ', ' ORDER BY pubname)
+           FROM pg_publication WHERE pubname IN ('{shared}', '{own}')"
+    ));
+    assert_eq!(
+        options,
+        format!("{own} truetruetruetrue, {shared} truetruetruetrue")
+    );
+    // No crash loop: the shared decoder started a few times, not over and over.
+    let decoder_starts = cluster
+        .server_log()
+        .matches("shared decoder started")
+        .count();
+    assert!(
+        decoder_starts <= 4,
+        "{decoder_starts} starts of the shared decoder"
+    );
+    assert_no_crash(&cluster);
+}
+
+#[test]
+fn empty_databases_never_use_up_the_table_of_databases() {
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&[]);
+    // A role below superuser with CREATEDB makes as many empty databases as the table holds.
+    cluster.psql("CREATE ROLE maker LOGIN CREATEDB");
+    let script: String = std::iter::once("SET ROLE maker;\n".to_owned())
+        .chain(
+            (0..64).map(|number| format!("CREATE DATABASE empty_{number} STRATEGY = FILE_COPY;\n")),
+        )
+        .collect();
+    cluster.psql_script(&script);
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM pg_database WHERE datname LIKE 'empty_%'"),
+        "64"
+    );
+    // The cluster launcher looks into each of them (two at a time, every naptime).
+    std::thread::sleep(Duration::from_secs(15));
+    cluster.psql("CREATE DATABASE victim");
+    cluster.use_database("victim");
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 200));
+    let (index, task) = start_task(&cluster, &meili, "products", json!({}));
+    cluster.wait_snapshot_done(task, Duration::from_secs(60));
+    cluster.psql("DELETE FROM products WHERE id <= 10");
+    wait_index_matches_table(&cluster, &meili, &index, "products", CONVERGE);
+}
+
+#[test]
+fn a_database_waits_for_a_place_with_a_warning_and_a_reason_then_streams() {
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&["meili_sync.max_databases=1"]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 100));
+    let (_, first) = start_task(&cluster, &meili, "products", json!({}));
+    cluster.wait_snapshot_done(first, CONVERGE);
+    cluster.psql("CREATE DATABASE second");
+    cluster.use_database("second");
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 100));
+    let (index, waiting) = start_task(&cluster, &meili, "products", json!({}));
+    let status = wait_for("the waiting task to say why", CONVERGE, || {
+        let status = cluster.status(waiting);
+        status
+            .get("last_error")
+            .is_some_and(|error| error.contains("waiting for a place"))
+            .then_some(status)
+    });
+    assert_eq!(status.get("state").map(String::as_str), Some("starting"));
+    assert!(
+        status["last_error"].contains("meili_sync.max_databases is 1"),
+        "{status:?}"
+    );
+    assert!(
+        cluster
+            .server_log()
+            .contains("WARNING:  pg_meili_sync: the tasks of database \"second\" wait"),
+        "{}",
+        cluster.tail_log()
+    );
+    // Once the first database has no task left, its place goes to the second.
+    cluster.use_database("postgres");
+    cluster.psql(&format!("SELECT meili_sync_drop({first})"));
+    cluster.use_database("second");
+    cluster.wait_snapshot_done(waiting, CONVERGE);
+    wait_index_matches_table(&cluster, &meili, &index, "products", CONVERGE);
+    let status = cluster.status(waiting);
+    assert_eq!(
+        status.get("last_error").map(String::as_str),
+        Some("null"),
+        "{status:?}"
+    );
+}
+
+#[test]
+fn an_errors_text_is_shown_only_as_the_one_rule_allows() {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql("CREATE TABLE payroll (id bigint PRIMARY KEY, ssn text)");
+    cluster.psql("INSERT INTO payroll VALUES (1, 'SSN-123-45-6789')");
+    // A server that is not there: the worker retries, and its live error is in shared memory.
+    let task: i64 = cluster
+        .psql("SELECT meili_sync_start('payroll', 'payroll', '{\"url\": \"http://127.0.0.1:9\"}')")
+        .parse()
+        .expect("task id");
+    cluster.psql("CREATE ROLE watcher LOGIN IN ROLE pg_monitor");
+    cluster.psql("CREATE ROLE reader LOGIN IN ROLE pg_monitor");
+    cluster.psql("GRANT SELECT ON payroll TO reader");
+    cluster.psql("CREATE ROLE admin LOGIN IN ROLE meili_sync_admin");
+    let live_error = wait_for("the worker's live error", CONVERGE, || {
+        let error = cluster.psql(&format!(
+            "SELECT last_error FROM meili_sync_worker_state() WHERE task = {task}"
+        ));
+        (!error.is_empty()).then_some(error)
+    });
+    assert!(!live_error.starts_with("hidden"), "{live_error}");
+    let hidden = "hidden: reading this task's errors needs SELECT on its table or view, or membership in meili_sync_admin";
+    for (role, sees) in [
+        ("watcher", hidden),
+        ("reader", live_error.as_str()),
+        ("admin", live_error.as_str()),
+    ] {
+        for query in [
+            format!("SELECT last_error FROM meili_sync_worker_state() WHERE task = {task}"),
+            format!("SELECT last_error FROM meili_sync_status WHERE task = {task}"),
+        ] {
+            // The live error can change (a retry's count); what matters is hidden or not.
+            let shown = cluster.psql(&format!("SET ROLE {role}; {query}"));
+            assert_eq!(
+                shown == hidden,
+                sees == hidden,
+                "{role} through {query}: {shown}"
+            );
+        }
+    }
+    // A stopped task's catalog error, which quotes a row's value, goes by the same rule.
+    cluster.psql(&format!("SELECT meili_sync_pause({task})"));
+    cluster.psql(&format!(
+        "UPDATE meili_sync.tasks SET state = 'error', last_error = 'invalid input syntax for type integer: \"SSN-123-45-6789\"' WHERE id = {task}"
+    ));
+    for (role, shows_value) in [("watcher", false), ("reader", true), ("admin", true)] {
+        for query in [
+            format!("SELECT coalesce(last_error, '') FROM meili_sync_worker_state() WHERE task = {task}"),
+            format!("SELECT last_error FROM meili_sync_status WHERE task = {task}"),
+        ] {
+            let shown = cluster.psql(&format!("SET ROLE {role}; {query}"));
+            assert!(
+                !shown.contains("SSN-") || shows_value,
+                "{role} read a row's value through {query}: {shown}"
+            );
+        }
+        let status = cluster.psql(&format!(
+            "SET ROLE {role}; SELECT last_error FROM meili_sync_status WHERE task = {task}"
+        ));
+        assert_eq!(
+            status.contains("SSN-123-45-6789"),
+            shows_value,
+            "{role}: {status}"
+        );
+    }
+}
+
+#[test]
+fn an_admin_role_made_by_someone_else_before_the_extension_is_never_taken() {
+    let cluster = Cluster::start(&[]);
+    let version: u32 = cluster
+        .psql("SHOW server_version_num")
+        .parse()
+        .expect("server_version_num");
+    cluster.psql("CREATE ROLE mallory LOGIN CREATEROLE");
+    // A role mallory can log in as.
+    cluster.psql("SET ROLE mallory; CREATE ROLE meili_sync_admin LOGIN PASSWORD 'known'");
+    let refused = pg_meili_sync_e2e::refusal(&cluster, "CREATE EXTENSION pg_meili_sync");
+    assert_eq!(refused.sqlstate, "55000", "{refused:?}");
+    assert!(refused.message.contains("it can log in"), "{refused:?}");
+    assert!(
+        refused.hint.contains("DROP ROLE meili_sync_admin"),
+        "{refused:?}"
+    );
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM pg_namespace WHERE nspname = 'meili_sync'"),
+        "0",
+        "nothing is left half-created"
+    );
+    // A role mallory let herself into (on 16 and later she also holds ADMIN OPTION on it).
+    cluster.psql("DROP ROLE meili_sync_admin");
+    cluster.psql("SET ROLE mallory; CREATE ROLE meili_sync_admin NOLOGIN");
+    cluster.psql("SET ROLE mallory; GRANT meili_sync_admin TO mallory");
+    let refused = pg_meili_sync_e2e::refusal(&cluster, "CREATE EXTENSION pg_meili_sync");
+    assert_eq!(refused.sqlstate, "55000", "{refused:?}");
+    assert!(
+        refused
+            .message
+            .contains("role mallory was made a member of it by role mallory"),
+        "{refused:?}"
+    );
+    if version >= 160000 {
+        assert!(
+            refused
+                .message
+                .contains("role mallory, which is not a superuser, holds ADMIN OPTION on it"),
+            "{refused:?}"
+        );
+    }
+    // Made by the extension: mallory can neither let herself in nor read a key.
+    cluster.psql("DROP ROLE meili_sync_admin");
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    if version >= 160000 {
+        let refused = pg_meili_sync_e2e::refusal(
+            &cluster,
+            "SET ROLE mallory; GRANT meili_sync_admin TO mallory",
+        );
+        assert_eq!(refused.sqlstate, "42501", "{refused:?}");
+    }
+    let refused = pg_meili_sync_e2e::refusal(
+        &cluster,
+        "SET ROLE mallory; SELECT api_key FROM meili_sync.task_secrets",
+    );
+    assert_eq!(refused.sqlstate, "42501", "{refused:?}");
+    // A role the extension made in another database, with members a superuser granted, is taken.
+    cluster.psql("CREATE ROLE alice LOGIN");
+    cluster.psql("GRANT meili_sync_admin TO alice");
+    cluster.psql("CREATE DATABASE other");
+    cluster.use_database("other");
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    assert_eq!(
+        cluster.psql(
+            "SELECT extversion IS NOT NULL FROM pg_extension WHERE extname = 'pg_meili_sync'"
+        ),
+        "t"
+    );
 }

@@ -67,7 +67,29 @@ SELECT extversion FROM pg_extension WHERE extname = 'pg_meili_sync';
 CREATE TABLE products (id bigint PRIMARY KEY, name text);
 -- With the SQL objects of another version than the library's, tasks cannot be managed.
 SELECT meili_sync_start('products', 'products', '{"url": "http://127.0.0.1:1"}');
+-- Lookalike operators in the extension's schema, each an exact type match (which beats
+-- pg_catalog's own candidate) for an operator that the 0.1.0 -> 0.2.0 script's status view uses
+-- (reltuples > 0, 100.0 * a bigint). The update scripts pin search_path: none is bound.
+CREATE FUNCTION public.lookalike_gt(real, integer) RETURNS boolean LANGUAGE sql
+    AS 'SELECT $1 OPERATOR(pg_catalog.>) $2::real';
+CREATE OPERATOR public.> (LEFTARG = real, RIGHTARG = integer, FUNCTION = public.lookalike_gt);
+CREATE FUNCTION public.lookalike_times(numeric, bigint) RETURNS numeric LANGUAGE sql
+    AS 'SELECT $1 OPERATOR(pg_catalog.*) $2::numeric';
+CREATE OPERATOR public.* (LEFTARG = numeric, RIGHTARG = bigint, FUNCTION = public.lookalike_times);
+-- Control: an unqualified query binds them.
+CREATE VIEW lookalike_control AS SELECT c.reltuples > 0 AS big, 100.0 * c.relpages::bigint AS pages FROM pg_class c;
+SELECT pg_catalog.count(*) AS control_bound FROM pg_depend d
+  JOIN pg_operator o ON d.refclassid = 'pg_operator'::regclass AND d.refobjid = o.oid
+ WHERE o.oprnamespace = 'public'::regnamespace;
+DROP VIEW lookalike_control;
+ALTER EXTENSION pg_meili_sync UPDATE TO '0.2.0';
+SELECT pg_catalog.count(*) AS bound_by_update FROM pg_depend d
+  JOIN pg_operator o ON d.refclassid = 'pg_operator'::regclass AND d.refobjid = o.oid
+ WHERE o.oprnamespace = 'public'::regnamespace;
 ALTER EXTENSION pg_meili_sync UPDATE;
+SELECT pg_catalog.count(*) AS bound_by_update FROM pg_depend d
+  JOIN pg_operator o ON d.refclassid = 'pg_operator'::regclass AND d.refobjid = o.oid
+ WHERE o.oprnamespace = 'public'::regnamespace;
 SELECT extversion FROM pg_extension WHERE extname = 'pg_meili_sync';
 SELECT string_agg(line, chr(30) ORDER BY line) AS upgraded FROM describe_extension() AS line \gset
 
