@@ -502,7 +502,7 @@ fn crash_loop_ends_in_state_error(decoding: &str, verdict: &str) {
         cluster.psql("SELECT pubname FROM pg_publication WHERE pubname LIKE 'meili\\_sync\\_%'");
     cluster.psql(
         "CREATE FUNCTION no_publications() RETURNS event_trigger LANGUAGE plpgsql AS
-         $$ BEGIN RAISE EXCEPTION 'no new publication: %', current_query(); END $$",
+         $$ BEGIN RAISE EXCEPTION 'no new publication here'; END $$",
     );
     cluster.psql(
         "CREATE EVENT TRIGGER no_publications ON ddl_command_start
@@ -517,7 +517,7 @@ fn crash_loop_ends_in_state_error(decoding: &str, verdict: &str) {
     let error = status.get("last_error").cloned().unwrap_or_default();
     assert!(
         error.contains(verdict)
-            && error.contains(&publication)
+            && error.contains("no new publication here")
             && error.contains("meili_sync_resume"),
         "{status:?}"
     );
