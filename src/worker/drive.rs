@@ -25,7 +25,9 @@ use crate::meili::client::Client;
 use crate::meter::CommitAges;
 use crate::pacing::{BusyNap, Throttle};
 use crate::shmem::{LiveStatus, Phase};
-use crate::worker::control::{fail, reload_config_if_asked, report_progress, should_stop, Stop};
+use crate::worker::control::{
+    fail, in_transaction, reload_config_if_asked, report_progress, should_stop, Stop,
+};
 
 /// WAL records decoded between two looks at confirmations and signals.
 pub const RECORDS_PER_ROUND: usize = 2000;
@@ -35,6 +37,10 @@ const IDLE_NAP: Duration = Duration::from_secs(1);
 
 /// How often the drive loop asks a `SwapGate` at most: each look reads the catalog.
 const GATE_CHECK_INTERVAL: Duration = Duration::from_millis(200);
+/// How often a stream on its own slot checks that its publication is still as it was made: one
+/// changed or dropped meanwhile (PostgreSQL 18 decodes on without a missing one) ends the
+/// worker, whose next start mends it and copies the table again (`task::check_own_publication`).
+const PUBLICATION_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 
 /// The nap of a round while a resync drains: the swap waits on it.
 const DRAIN_NAP: Duration = Duration::from_millis(5);
@@ -270,6 +276,8 @@ pub fn drive(
     let mut own_slot = OwnSlot {
         stream,
         task_id: task.id,
+        publication: &task.publication_name,
+        publication_checks: Throttle::new(PUBLICATION_CHECK_INTERVAL),
         watch,
         gate,
         draining: false,
@@ -388,6 +396,8 @@ fn rounds(session: &mut DecodingSession, pass: &mut impl Pass) -> Result<Ended, 
 struct OwnSlot<'a, 'gate, S: TaskStream> {
     stream: &'a mut S,
     task_id: i64,
+    publication: &'a str,
+    publication_checks: Throttle,
     watch: &'a mut IndexWatch,
     gate: Option<&'a mut (dyn SwapGate + 'gate)>,
     /// The gate asked to drain: nothing more is read.
@@ -401,6 +411,21 @@ impl<S: TaskStream> Pass for OwnSlot<'_, '_, S> {
         session: &mut DecodingSession,
         caught_up: bool,
     ) -> Result<Turn, Stop> {
+        if !self.draining && self.publication_checks.due(Instant::now()) {
+            let publication = self.publication;
+            let check = in_transaction(
+                self.stream.live(),
+                "checking the task's publication",
+                || catalog::check_publication(publication, &[], &[], false),
+            )?;
+            if let catalog::PublicationCheck::Mended(what) = check {
+                warning!(
+                    "pg_meili_sync task {}: publication \"{publication}\" {what}; the worker starts again to mend it",
+                    self.task_id
+                );
+                return Err(Stop::Terminated);
+            }
+        }
         if let Some(lsn) = self.stream.settle()? {
             session.confirm(lsn);
         }
