@@ -5,6 +5,7 @@
 //! Every function here expects to run inside a transaction (the caller's, or one a worker opened).
 
 mod dead_letters;
+mod fragments;
 mod install;
 mod replication;
 mod search_targets;
@@ -27,6 +28,7 @@ use pgrx::prelude::*;
 
 use crate::error::{ErrorKind, SyncError};
 use crate::security;
+use fragments::CATALOG_OWNER_SQL;
 
 pub type CatalogResult<T> = Result<T, SyncError>;
 
@@ -112,15 +114,8 @@ pub fn current_role_is_admin() -> CatalogResult<bool> {
 /// Runs catalog writes as the catalog's owner: `meili_sync_admin` may only read the catalog, so
 /// that every task comes through a function that checked its caller.
 fn as_catalog_owner<T>(work: impl FnOnce() -> CatalogResult<T>) -> CatalogResult<T> {
-    // By name in the system catalogs, not by a regclass cast: that would need USAGE on the
-    // schema, which roles that may only search (see `load_task_for_search`) do not have.
-    let owner = select_one::<pg_sys::Oid>(
-        "SELECT c.relowner FROM pg_catalog.pg_class c
-           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-          WHERE n.nspname OPERATOR(pg_catalog.=) 'meili_sync' AND c.relname OPERATOR(pg_catalog.=) 'tasks'",
-        &[],
-    )?
-    .ok_or_else(|| SyncError::new(ErrorKind::Internal, "meili_sync.tasks has no owner"))?;
+    let owner = select_one::<pg_sys::Oid>(&format!("SELECT {CATALOG_OWNER_SQL}"), &[])?
+        .ok_or_else(|| SyncError::new(ErrorKind::Internal, "meili_sync.tasks has no owner"))?;
     security::as_catalog_owner(owner, work)
 }
 

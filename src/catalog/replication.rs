@@ -4,9 +4,8 @@
 use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 
-use super::shared::{SHARED_NAME_SQL, SHARED_TASK_SQL};
+use super::fragments::{CATALOG_OWNER_SQL, SHARED_NAME_SQL, SHARED_TASK_SQL};
 use super::{select_one, CatalogResult, OBJECT_NAME_SQL};
-use crate::error::{ErrorKind, SyncError};
 use crate::pg_catalog::SlotStatus;
 
 /// A task's slot as the launcher's WAL guard sees it.
@@ -179,7 +178,7 @@ pub fn check_publication(
 ) -> CatalogResult<PublicationCheck> {
     let found = Spi::connect(|client| {
         let mut rows = client.select(
-            "SELECT p.oid, p.pubowner OPERATOR(pg_catalog.=) o.relowner
+            &format!("SELECT p.oid, p.pubowner OPERATOR(pg_catalog.=) {CATALOG_OWNER_SQL}
                       OR coalesce((SELECT r.rolsuper FROM pg_catalog.pg_roles r WHERE r.oid OPERATOR(pg_catalog.=) p.pubowner), false),
                     p.pubowner::pg_catalog.regrole::pg_catalog.text,
                     p.puballtables
@@ -194,12 +193,8 @@ pub fn check_publication(
                         AND NOT EXISTS (SELECT 1 FROM pg_catalog.pg_publication_rel r
                                          WHERE r.prpubid OPERATOR(pg_catalog.=) p.oid
                                            AND r.prrelid OPERATOR(pg_catalog.=) m.relid))
-               FROM pg_catalog.pg_publication p,
-                    (SELECT c.relowner FROM pg_catalog.pg_class c
-                       JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-                      WHERE n.nspname OPERATOR(pg_catalog.=) 'meili_sync'
-                        AND c.relname OPERATOR(pg_catalog.=) 'tasks') o
-              WHERE p.pubname OPERATOR(pg_catalog.=) $1",
+               FROM pg_catalog.pg_publication p
+              WHERE p.pubname OPERATOR(pg_catalog.=) $1"),
             Some(1),
             &[name.into(), must_hold.to_vec().into()],
         )?;
@@ -331,24 +326,17 @@ fn create_publication(name: &str, tables: &[pg_sys::Oid]) -> CatalogResult<()> {
 
 /// Gives a publication of ours to the catalog's owner, unless it has it.
 fn set_owner(name: &str) -> CatalogResult<()> {
-    let owned = select_one::<bool>(
-        "SELECT p.pubowner OPERATOR(pg_catalog.=) c.relowner
-           FROM pg_catalog.pg_publication p, pg_catalog.pg_class c
-           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-          WHERE p.pubname OPERATOR(pg_catalog.=) $1
-            AND n.nspname OPERATOR(pg_catalog.=) 'meili_sync' AND c.relname OPERATOR(pg_catalog.=) 'tasks'",
+    let owner = select_one::<String>(
+        &format!(
+            "SELECT {CATALOG_OWNER_SQL}::pg_catalog.regrole::pg_catalog.text FROM pg_catalog.pg_publication p
+              WHERE p.pubname OPERATOR(pg_catalog.=) $1
+                AND p.pubowner OPERATOR(pg_catalog.<>) {CATALOG_OWNER_SQL}"
+        ),
         &[name.into()],
     )?;
-    if owned != Some(false) {
+    let Some(owner) = owner else {
         return Ok(());
-    }
-    let owner = select_one::<String>(
-        "SELECT c.relowner::pg_catalog.regrole::pg_catalog.text FROM pg_catalog.pg_class c
-           JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-          WHERE n.nspname OPERATOR(pg_catalog.=) 'meili_sync' AND c.relname OPERATOR(pg_catalog.=) 'tasks'",
-        &[],
-    )?
-    .ok_or_else(|| SyncError::new(ErrorKind::Internal, "meili_sync.tasks has no owner"))?;
+    };
     Spi::run(&format!(
         "ALTER PUBLICATION {} OWNER TO {owner}",
         quote_identifier(name)

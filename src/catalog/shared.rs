@@ -5,24 +5,8 @@
 use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 
+use super::fragments::{copy_again_sql, OWN_SLOT_SQL, SHARED_NAME_SQL, SHARED_TASK_SQL};
 use super::{ids_of, select_one, CatalogResult};
-
-/// The SQL condition that a row `t` of `meili_sync.tasks` belongs to the shared pass, never NULL
-/// (a NULL inside the launcher's NOT would stop every other task). Shared is the default: only
-/// `"decoding": "own"` keeps a slot of the task's own. Resync helpers always have one.
-pub(super) const SHARED_TASK_SQL: &str =
-    "COALESCE(t.options OPERATOR(pg_catalog.->>) 'decoding', 'shared') OPERATOR(pg_catalog.=) 'shared' AND t.resync_of IS NULL";
-
-/// The SQL condition that task `t` still has a slot of its own. A shared task with one is moving
-/// into the shared pass: it streams from its own slot until it hands over (see
-/// `worker::handover`), and the slot is dropped in the hand-over's transaction.
-pub(super) const OWN_SLOT_SQL: &str =
-    "EXISTS (SELECT 1 FROM pg_catalog.pg_replication_slots o
-              WHERE o.slot_name OPERATOR(pg_catalog.=) pg_catalog.format('meili_sync_%s_%s', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid, t.id))";
-
-/// The SQL expression of the shared slot's and publication's name.
-pub(super) const SHARED_NAME_SQL: &str =
-    "pg_catalog.format('meili_sync_%s_shared', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid)";
 
 /// The name of the shared slot and publication (see [`super::object_name`] for the install).
 pub fn shared_object_name(install: pg_sys::Oid) -> String {
@@ -242,7 +226,7 @@ pub fn copy_shared_tasks_again(message: &str) -> CatalogResult<Vec<i64>> {
                 "UPDATE meili_sync.tasks t SET {}
                   WHERE {SHARED_TASK_SQL} AND t.stream_position IS NOT NULL
                   RETURNING t.id",
-                super::tasks::copy_again_sql("$1")
+                copy_again_sql("$1")
             ),
             None,
             &[message.into()],

@@ -5,8 +5,9 @@ use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 use pgrx::JsonB;
 
+use super::fragments::{copy_again_sql, OWN_SLOT_SQL, SHARED_TASK_SQL};
 use super::install::INSTALL_TOKEN_SQL;
-use super::shared::{shared_object_name, OWN_SLOT_SQL, SHARED_TASK_SQL};
+use super::shared::shared_object_name;
 use super::{
     as_catalog_owner, format_lsn, ids_of, names_from, select_one, CatalogResult, OBJECT_NAME_SQL,
 };
@@ -957,17 +958,6 @@ pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
         }
         Ok(tasks)
     })
-}
-
-/// The SET clause that makes task `t` copy its table again from the start, with the last error
-/// in parameter `message` (`$2`, say).
-pub(super) fn copy_again_sql(message: &str) -> String {
-    format!(
-        "state = CASE WHEN t.state OPERATOR(pg_catalog.=) ANY ('{{snapshot,streaming}}'::pg_catalog.text[]) THEN 'snapshot' ELSE t.state END,
-         generation = t.generation OPERATOR(pg_catalog.+) 1, snapshot_key = NULL, rows_copied = 0, stream_position = NULL,
-         partitions = NULL, snapshot_started_at = NULL, snapshot_finished_at = NULL,
-         last_error = {message}, last_error_at = pg_catalog.now()"
-    )
 }
 
 /// The task's publication was not as it was left (`check_publication`): its slot, which decoded
