@@ -32,7 +32,8 @@ e2e security a_trap_schema_never_runs_as_superuser \
     a_table_owners_code_runs_as_the_owner_never_as_superuser \
     sigterm_to_each_thread_of_a_busy_worker_never_restarts_the_server \
     an_admin_role_made_by_someone_else_before_the_extension_is_never_taken \
-    publications_claimed_first_are_never_adopted_and_changed_ones_are_mended
+    publications_claimed_first_are_never_adopted_and_changed_ones_are_mended \
+    views_that_reach_the_reader_through_functions_at_any_depth_are_refused
 e2e trust settings_that_user_code_changes_never_outlive_the_identity_switch
 e2e views view_backfill_then_changes_to_every_table \
     view_tasks_stream_in_the_shared_pass_and_one_moves_there_from_its_own_slot

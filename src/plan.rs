@@ -242,6 +242,13 @@ pub fn source_plan(
 ) -> Result<SnapshotPlan, SyncError> {
     let info = catalog::relation_info(relid)?;
     let relation = &info.qualified_name;
+    if options.reader_independent && !info.is_view() {
+        return Err(SyncError::new(
+            ErrorKind::InvalidParameter,
+            format!("option \"reader_independent\" is for views, and {relation} is not one"),
+        )
+        .hint("A table's rows are the same for every reader: leave the option out."));
+    }
     let mut columns = Vec::new();
     let mut column_names = Vec::new();
     let mut key_types = Vec::new();
@@ -448,7 +455,11 @@ pub fn view_plan(
         typed_key.push((name.clone(), column.type_name.clone()));
     }
     let query = catalog::view_query(relid, view, key)?;
-    catalog::refuse_rows_by_who_asks(relid, view)?;
+    catalog::refuse_rows_by_who_asks(
+        relid,
+        view,
+        options.reader_independent.then_some(task_owner),
+    )?;
     let tables = catalog::base_tables(relid)?;
     if let Some(table) = tables.iter().find(|table| {
         !matches!(

@@ -36,3 +36,17 @@ pub(super) fn copy_again_sql(message: &str) -> String {
          last_error = {message}, last_error_at = pg_catalog.now()"
     )
 }
+
+/// `read(relid)`: the view `$1` and every relation its rewrite rule depends on, following the
+/// views among them.
+pub(super) const RELATIONS_READ_SQL: &str = "WITH RECURSIVE read(relid) AS (
+                 SELECT $1::pg_catalog.oid
+                 UNION
+                 SELECT d.refobjid
+                   FROM read
+                   JOIN pg_catalog.pg_class v ON v.oid OPERATOR(pg_catalog.=) read.relid AND v.relkind OPERATOR(pg_catalog.=) 'v'
+                   JOIN pg_catalog.pg_rewrite r ON r.ev_class OPERATOR(pg_catalog.=) v.oid
+                   JOIN pg_catalog.pg_depend d ON d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_rewrite'::pg_catalog.regclass
+                        AND d.objid OPERATOR(pg_catalog.=) r.oid
+                        AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                        AND d.refobjid OPERATOR(pg_catalog.<>) v.oid)";

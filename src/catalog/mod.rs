@@ -7,6 +7,7 @@
 mod dead_letters;
 mod fragments;
 mod install;
+mod reader_dependence;
 mod replication;
 mod search_targets;
 mod shared;
@@ -16,6 +17,7 @@ mod view;
 
 pub use dead_letters::*;
 pub use install::*;
+pub use reader_dependence::*;
 pub use replication::*;
 pub use search_targets::*;
 pub use shared::*;

@@ -90,7 +90,13 @@ pub fn search_target(task_id: i64) -> CatalogResult<Option<Rc<SearchTarget>>> {
             api_key: replica.search_api_key.or(replica.api_key),
         })
         .collect();
-    let refusal = super::refuse_rows_by_who_asks(record.relid, &record.relation)
+    let declared_by = record
+        .options
+        .get("reader_independent")
+        .and_then(serde_json::Value::as_bool)
+        .unwrap_or(false)
+        .then_some(record.owner);
+    let refusal = super::refuse_rows_by_who_asks(record.relid, &record.relation, declared_by)
         .err()
         .map(|error| {
             let mut refused = SyncError::new(

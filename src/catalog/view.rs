@@ -6,6 +6,7 @@ use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 use pgrx::PgList;
 
+use super::fragments::RELATIONS_READ_SQL;
 use super::{key_arrays, page_text_values, CatalogResult};
 use crate::error::{ErrorKind, SyncError};
 use crate::pg_catalog::RelationKind;
@@ -19,20 +20,6 @@ pub struct BaseTable {
     pub qualified_name: String,
     pub relkind: RelationKind,
 }
-
-/// `read(relid)`: the view `$1` and every relation its rewrite rule depends on, following the
-/// views among them.
-const RELATIONS_READ_SQL: &str = "WITH RECURSIVE read(relid) AS (
-                 SELECT $1::pg_catalog.oid
-                 UNION
-                 SELECT d.refobjid
-                   FROM read
-                   JOIN pg_catalog.pg_class v ON v.oid OPERATOR(pg_catalog.=) read.relid AND v.relkind OPERATOR(pg_catalog.=) 'v'
-                   JOIN pg_catalog.pg_rewrite r ON r.ev_class OPERATOR(pg_catalog.=) v.oid
-                   JOIN pg_catalog.pg_depend d ON d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_rewrite'::pg_catalog.regclass
-                        AND d.objid OPERATOR(pg_catalog.=) r.oid
-                        AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
-                        AND d.refobjid OPERATOR(pg_catalog.<>) v.oid)";
 
 /// The tables a view reads, following the views it reads (from the dependencies of their rewrite
 /// rules, so tables named only in subqueries and sublinks count too; composite types are not
@@ -422,134 +409,4 @@ pub fn regclass_of(name: &str) -> CatalogResult<Option<pg_sys::Oid>> {
         "SELECT pg_catalog.to_regclass($1)::pg_catalog.oid",
         &[name.into()],
     )
-}
-
-/// Whether the view is `WITH (security_invoker)`: its base tables are then read with the rights
-/// of whoever queries it, so its rows depend on who asks.
-pub fn is_security_invoker(view: pg_sys::Oid) -> CatalogResult<bool> {
-    Ok(super::select_one::<bool>(
-        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_class c,
-                               pg_catalog.pg_options_to_table(c.reloptions) o
-                         WHERE c.oid OPERATOR(pg_catalog.=) $1
-                           AND o.option_name OPERATOR(pg_catalog.=) 'security_invoker'
-                           AND o.option_value::pg_catalog.bool)",
-        &[view.into()],
-    )?
-    .unwrap_or(false))
-}
-
-/// The rewrite rules' query trees (in their text form) of the view and of every view it reads.
-fn view_trees(view: pg_sys::Oid) -> CatalogResult<Vec<(String, String)>> {
-    Spi::connect(|client| {
-        let rows = client.select(
-            &format!(
-                "{RELATIONS_READ_SQL}
-             SELECT pg_catalog.format('%I.%I', n.nspname, c.relname), r.ev_action::pg_catalog.text
-               FROM read
-               JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) read.relid
-               JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
-               JOIN pg_catalog.pg_rewrite r ON r.ev_class OPERATOR(pg_catalog.=) c.oid
-              WHERE c.relkind OPERATOR(pg_catalog.=) 'v'
-              ORDER BY 1"
-            ),
-            None,
-            &[view.into()],
-        )?;
-        let mut trees = Vec::new();
-        for row in rows {
-            trees.push((
-                row.get::<String>(1)?.unwrap_or_default(),
-                row.get::<String>(2)?.unwrap_or_default(),
-            ));
-        }
-        Ok(trees)
-    })
-}
-
-/// The numbers that follow each `:<field> ` in a node tree's text form.
-fn node_numbers<'a>(tree: &'a str, field: &'a str) -> impl Iterator<Item = u32> + 'a {
-    tree.match_indices(field).filter_map(move |(at, _)| {
-        let digits: String = tree[at + field.len()..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        digits.parse().ok()
-    })
-}
-
-/// The SQL keywords that name the role asking (`CURRENT_USER` and its kin), as SQLValueFunction
-/// operations.
-fn role_keywords() -> [(u32, &'static str); 4] {
-    use pg_sys::SQLValueFunctionOp as Op;
-    [
-        (Op::SVFOP_CURRENT_ROLE, "CURRENT_ROLE"),
-        (Op::SVFOP_CURRENT_USER, "CURRENT_USER"),
-        (Op::SVFOP_USER, "USER"),
-        (Op::SVFOP_SESSION_USER, "SESSION_USER"),
-    ]
-}
-
-/// What makes the rows of the view (or of a view it reads) depend on the role or session that
-/// reads it, if anything: `CURRENT_USER` and its kin, PostgreSQL's functions that read the
-/// current role or a setting (`current_setting`, `pg_has_role` and `has_*_privilege` without a
-/// role argument, `row_security_active`), or a function of the user's that is not IMMUTABLE and
-/// whose body names one of those.
-pub fn role_dependence(view: pg_sys::Oid) -> CatalogResult<Option<String>> {
-    let mut functions: Vec<u32> = Vec::new();
-    for (name, tree) in view_trees(view)? {
-        for op in node_numbers(&tree, "{SQLVALUEFUNCTION :op ") {
-            if let Some((_, keyword)) = role_keywords().iter().find(|(code, _)| *code == op) {
-                return Ok(Some(format!("view {name} uses {keyword}")));
-            }
-        }
-        for field in [":funcid ", ":opfuncid ", ":aggfnoid "] {
-            functions.extend(node_numbers(&tree, field));
-        }
-    }
-    functions.sort_unstable();
-    functions.dedup();
-    if functions.is_empty() {
-        return Ok(None);
-    }
-    let functions: Vec<pg_sys::Oid> = functions.into_iter().map(pg_sys::Oid::from).collect();
-    super::select_one::<String>(
-        r"SELECT pg_catalog.format('it calls %s%s', p.oid::pg_catalog.regprocedure,
-                  CASE WHEN n.nspname OPERATOR(pg_catalog.=) 'pg_catalog' THEN ', which reads the current role or a setting'
-                       ELSE ', which is not IMMUTABLE and reads the current role or a setting' END)
-            FROM pg_catalog.pg_proc p JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
-           WHERE p.oid OPERATOR(pg_catalog.=) ANY ($1)
-             AND CASE WHEN n.nspname OPERATOR(pg_catalog.=) 'pg_catalog' THEN
-                          p.proname OPERATOR(pg_catalog.=) ANY ('{current_user,session_user,getpgusername,current_setting,row_security_active}'::pg_catalog.name[])
-                       OR (p.proname OPERATOR(pg_catalog.=) 'pg_has_role' AND p.pronargs OPERATOR(pg_catalog.=) 2)
-                       OR (p.proname OPERATOR(pg_catalog.~) '^has_.*_privilege$'
-                           AND p.pronargs OPERATOR(pg_catalog.=) CASE WHEN p.proname OPERATOR(pg_catalog.=) 'has_column_privilege' THEN 3 ELSE 2 END)
-                      ELSE p.provolatile OPERATOR(pg_catalog.<>) 'i'
-                       AND p.prosrc OPERATOR(pg_catalog.~*) '(current_user|session_user|current_role|getpgusername|current_setting|pg_has_role|has_[a-z_]+_privilege|row_security_active)'
-                 END
-           ORDER BY p.oid LIMIT 1",
-        &[functions.into()],
-    )
-}
-
-/// Refuses a view whose rows depend on who reads it. A view task renders each document once, as
-/// the view's owner, and every searcher gets the same hits: a `security_invoker` view (its base
-/// tables read with the reader's rights) or one that filters by `current_user` would give every
-/// searcher the rows the owner sees.
-pub fn refuse_rows_by_who_asks(relid: pg_sys::Oid, view: &str) -> Result<(), SyncError> {
-    const HINT: &str = "A view task renders each document once, as the view's owner, and every role that may search the task gets the same documents. Sync a view whose rows are the same for every reader (a view without security_invoker, filtering by data rather than by the role), and grant SELECT on it only to roles that may see all of them.";
-    if is_security_invoker(relid)? {
-        return Err(SyncError::new(
-            ErrorKind::UnsupportedType,
-            format!("view {view} cannot be synced: it is security_invoker, so its rows depend on who reads it"),
-        )
-        .hint(HINT));
-    }
-    if let Some(what) = role_dependence(relid)? {
-        return Err(SyncError::new(
-            ErrorKind::UnsupportedType,
-            format!("view {view} cannot be synced: its rows depend on who reads it ({what})"),
-        )
-        .hint(HINT));
-    }
-    Ok(())
 }

@@ -178,7 +178,11 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
                 // REPLACE VIEW; a view that lost its key column stops the task.
                 let plan = plan::source_plan(task.relid, &task.primary_key, options)?;
                 view.check_follows_every_table(task.relid, task.id)?;
-                catalog::refuse_rows_by_who_asks(task.relid, &view.view)?;
+                catalog::refuse_rows_by_who_asks(
+                    task.relid,
+                    &view.view,
+                    options.reader_independent.then_some(task.owner),
+                )?;
                 // The view's columns, not the documents' fields (a `geo` column's is `_geo`).
                 let columns = plan.source_columns.clone();
                 security::as_table_owner(plan.table_owner, || {

@@ -11,6 +11,7 @@ mod dead_letter;
 pub mod dispatch;
 pub mod encode;
 pub mod failure;
+pub mod function_body;
 pub mod geo;
 pub mod meili;
 pub mod meter;

@@ -111,6 +111,9 @@ pub struct TaskOptions {
     pub geo: Option<String>,
     /// Embedder name → the pgvector column that holds its user-provided embeddings.
     pub vectors: Vec<(String, String)>,
+    /// For a view: its owner declares that its rows are the same for every reader, in place of
+    /// the check that follows every function it calls (see docs/security.md).
+    pub reader_independent: bool,
 }
 
 impl Default for TaskOptions {
@@ -132,6 +135,7 @@ impl Default for TaskOptions {
             stream_depth: DEFAULT_STREAM_DEPTH,
             flush_interval_ms: 200,
             gzip: false,
+            reader_independent: false,
             write_mode: WriteMode::Replace,
             decoding: Decoding::Shared,
             settings: None,
@@ -174,6 +178,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "mappings",
     "geo",
     "vectors",
+    "reader_independent",
 ];
 
 fn invalid(message: String, hint: &str) -> InvalidOption {
@@ -669,6 +674,14 @@ impl TaskOptions {
                 },
                 "mappings" => parsed.mappings = expect_mappings(value)?,
                 "vectors" => parsed.vectors = expect_vectors(value)?,
+                "reader_independent" => {
+                    parsed.reader_independent = value.as_bool().ok_or_else(|| {
+                        invalid(
+                            format!("option \"reader_independent\" must be true or false, not {value}"),
+                            "Pass a JSON boolean: true declares, as the view's owner, that the view's rows are the same for every role that reads it.",
+                        )
+                    })?
+                }
                 "geo" => {
                     parsed.geo = Some(value.as_str().filter(|name| !name.is_empty()).map(str::to_owned).ok_or_else(|| {
                         invalid(
@@ -778,18 +791,22 @@ impl TaskOptions {
                 .collect();
             stored.insert("vectors".into(), Value::Object(vectors));
         }
+        if self.reader_independent {
+            stored.insert("reader_independent".into(), Value::from(true));
+        }
         Value::Object(stored)
     }
 }
 
 /// The options a task is created with for good: changing one needs a new task.
-pub const FIXED_OPTIONS: [&str; 6] = [
+pub const FIXED_OPTIONS: [&str; 7] = [
     "primary_key",
     "columns",
     "exclude_columns",
     "mappings",
     "geo",
     "vectors",
+    "reader_independent",
 ];
 
 /// The first fixed option among `changes`, if any.
@@ -1098,6 +1115,30 @@ mod tests {
         let error = TaskOptions::parse(&json!({"batch_bytes": 200_000_000}))
             .expect_err("above the default limit");
         assert!(error.message.contains("batch_bytes"), "{}", error.message);
+    }
+
+    #[test]
+    fn reader_independent_is_a_boolean_kept_only_when_declared() {
+        let declared = TaskOptions::parse(&json!({"reader_independent": true})).expect("a boolean");
+        assert!(declared.reader_independent);
+        assert_eq!(declared.to_stored_json()["reader_independent"], json!(true));
+        let default = TaskOptions::parse(&json!({})).expect("no options");
+        assert!(default.to_stored_json().get("reader_independent").is_none());
+        let error = TaskOptions::parse(&json!({"reader_independent": "yes"}))
+            .expect_err("a string is not a declaration");
+        assert!(
+            error.message.contains("reader_independent"),
+            "{}",
+            error.message
+        );
+        assert_eq!(
+            fixed_option_in(
+                json!({"reader_independent": false})
+                    .as_object()
+                    .expect("object")
+            ),
+            Some("reader_independent")
+        );
     }
 
     #[test]

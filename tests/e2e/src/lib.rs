@@ -114,6 +114,38 @@ pub fn refusal(cluster: &cluster::Cluster, sql: &str) -> Refusal {
     }
 }
 
+/// Starts a task on each view, and previews it, as each of `roles`: each must be refused with
+/// `0A000` and a message that names the view and holds its `what`. Returns the refusals.
+pub fn refused_views(
+    cluster: &cluster::Cluster,
+    meili: &meili::Meili,
+    views: &[(&str, &str)],
+    roles: &[&str],
+) -> Vec<Refusal> {
+    let options = meili.options(serde_json::json!({"primary_key": "id"}));
+    let mut refusals = Vec::new();
+    for (view, what) in views {
+        for role in roles {
+            let index = meili.unique_index("refused");
+            for sql in [
+                format!("SET ROLE {role}; SELECT meili_sync_start('{view}', '{index}', '{options}')"),
+                format!("SET ROLE {role}; SELECT * FROM meili_sync_preview('{view}', '{{\"primary_key\": \"id\"}}')"),
+            ] {
+                let refused = refusal(cluster, &sql);
+                assert_eq!(refused.sqlstate, "0A000", "{sql}: {}", refused.stderr);
+                assert!(
+                    refused.message.contains(&format!("view public.{view} cannot be synced"))
+                        && refused.message.contains(what),
+                    "{sql}: {}",
+                    refused.message
+                );
+                refusals.push(refused);
+            }
+        }
+    }
+    refusals
+}
+
 /// Starts a task that syncs `source` into a new index of `meili` (the options name the server;
 /// `extra` is merged into them), as `role` when given; returns the index and the task id.
 pub fn start_task(

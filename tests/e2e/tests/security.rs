@@ -6,7 +6,9 @@ use std::time::Duration;
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::{assert_no_crash, products, wait_for, wait_index_matches_table};
+use pg_meili_sync_e2e::{
+    assert_no_crash, products, refusal, refused_views, wait_for, wait_index_matches_table,
+};
 use serde_json::json;
 
 const CONVERGE: Duration = Duration::from_secs(120);
@@ -946,4 +948,140 @@ fn an_admin_role_made_by_someone_else_before_the_extension_is_never_taken() {
         ),
         "t"
     );
+}
+
+/// Views whose rows depend on the reader one function (or more) deeper than the view: a view
+/// task renders as the view's owner, so each would hand every searcher the owner's rows.
+const READER_VIEWS: &str = r#"
+CREATE ROLE view_owner IN ROLE meili_sync_admin;
+CREATE ROLE ops IN ROLE meili_sync_admin;
+GRANT CREATE ON SCHEMA public TO view_owner;
+SET ROLE view_owner;
+CREATE TABLE public.docs (id int PRIMARY KEY, body text, tenant text);
+INSERT INTO public.docs SELECT g, 'doc ' || g, CASE WHEN g % 2 = 0 THEN 'ops' ELSE 'view_owner' END
+  FROM generate_series(1, 10) g;
+-- A function that calls another that reads current_user.
+CREATE FUNCTION public.who() RETURNS text LANGUAGE sql STABLE AS 'SELECT current_user::text';
+CREATE FUNCTION public.whose() RETURNS text LANGUAGE sql STABLE AS 'SELECT public.who()';
+CREATE VIEW public.two_deep AS SELECT id, body FROM public.docs WHERE tenant = public.whose();
+-- A function whose body is SELECT USER.
+CREATE FUNCTION public.plain_user() RETURNS text LANGUAGE sql STABLE AS 'SELECT USER';
+CREATE VIEW public.by_user AS SELECT id, body FROM public.docs WHERE tenant = public.plain_user();
+-- PL/pgSQL reading a setting through dynamic SQL.
+CREATE FUNCTION public.tenant() RETURNS text LANGUAGE plpgsql STABLE AS $$
+DECLARE t text;
+BEGIN
+    EXECUTE 'SELECT pg_catalog.current_setting(''app.tenant'', true)' INTO t;
+    RETURN coalesce(nullif(t, ''), 'view_owner');
+END $$;
+CREATE VIEW public.by_setting AS SELECT id, body FROM public.docs WHERE tenant = public.tenant();
+-- Three deep through a BEGIN ATOMIC body and an operator of the owner's.
+CREATE FUNCTION public.tenant_eq(text, text) RETURNS boolean LANGUAGE sql STABLE
+    AS $$ SELECT $1 = pg_catalog.current_setting('app.tenant', true) $$;
+CREATE OPERATOR public.=~= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.tenant_eq);
+CREATE FUNCTION public.visible(t text) RETURNS boolean LANGUAGE sql STABLE
+    BEGIN ATOMIC SELECT t OPERATOR(public.=~=) 'x'; END;
+CREATE VIEW public.by_operator AS SELECT id, body FROM public.docs WHERE public.visible(tenant);
+-- Harmless: functions that read data only, two deep.
+CREATE FUNCTION public.shout(t text) RETURNS text LANGUAGE sql IMMUTABLE AS 'SELECT pg_catalog.upper(t)';
+CREATE FUNCTION public.headline(t text) RETURNS text LANGUAGE plpgsql STABLE
+    AS $$ BEGIN RETURN public.shout(t) || '!'; END $$;
+CREATE VIEW public.headlines AS SELECT id, public.headline(body) AS body FROM public.docs;
+GRANT SELECT ON public.two_deep, public.by_user, public.by_setting, public.by_operator, public.headlines TO ops;
+RESET ROLE;
+"#;
+
+#[test]
+fn views_that_reach_the_reader_through_functions_at_any_depth_are_refused() {
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql_script(READER_VIEWS);
+    let views = [
+        (
+            "two_deep",
+            "calls public.whose(), which calls public.who(), which uses CURRENT_USER",
+        ),
+        ("by_user", "calls public.plain_user(), which uses USER"),
+        (
+            "by_operator",
+            "calls public.visible(text), which calls public.tenant_eq(text,text), which calls current_setting(",
+        ),
+        (
+            "by_setting",
+            "calls public.tenant(), which cannot be followed: it runs SQL built at run time (EXECUTE)",
+        ),
+    ];
+    let refusals = refused_views(&cluster, &meili, &views, &["postgres", "ops"]);
+    assert!(
+        refusals
+            .iter()
+            .any(|refused| refused.hint.contains("\"reader_independent\": true")),
+        "the hint for what cannot be followed names the declaration"
+    );
+    let options = meili.options(json!({"primary_key": "id"}));
+    // Only the view's owner may declare it reader-independent.
+    let declared = meili.options(json!({"primary_key": "id", "reader_independent": true}));
+    let index = meili.unique_index("reader");
+    let refused = refusal(
+        &cluster,
+        &format!("SET ROLE ops; SELECT meili_sync_start('by_setting', '{index}', '{declared}')"),
+    );
+    assert_eq!(refused.sqlstate, "42501", "{}", refused.stderr);
+    assert!(
+        refused.message.contains("reader_independent"),
+        "{}",
+        refused.message
+    );
+    assert_eq!(
+        cluster.psql("SELECT count(*) FROM meili_sync.tasks"),
+        "0",
+        "nothing was started"
+    );
+    // The owner's declaration stands in for the check: the view syncs, as its owner reads it.
+    let task: i64 = cluster
+        .psql(&format!(
+            "SET ROLE view_owner; SELECT meili_sync_start('by_setting', '{index}', '{declared}')"
+        ))
+        .parse()
+        .expect("task id");
+    cluster.wait_snapshot_done(task, CONVERGE);
+    wait_index_matches_table(&cluster, &meili, &index, "public.by_setting", CONVERGE);
+    // A view that reads data only, through two functions, syncs; a function it reaches that is
+    // replaced to read the role stops the task at its next render, before any document of it.
+    let headlines = meili.unique_index("reader");
+    let task: i64 = cluster
+        .psql(&format!(
+            "SET ROLE ops; SELECT meili_sync_start('headlines', '{headlines}', '{options}')"
+        ))
+        .parse()
+        .expect("task id");
+    cluster.wait_snapshot_done(task, CONVERGE);
+    wait_index_matches_table(&cluster, &meili, &headlines, "public.headlines", CONVERGE);
+    cluster.psql_script(
+        "SET ROLE view_owner;
+         CREATE OR REPLACE FUNCTION public.shout(t text) RETURNS text LANGUAGE sql IMMUTABLE
+             AS 'SELECT pg_catalog.upper(t) || current_user';
+         RESET ROLE;
+         UPDATE public.docs SET body = 'changed' WHERE id = 1;",
+    );
+    let status = cluster.wait_error(task, CONVERGE);
+    let error = status.get("last_error").cloned().unwrap_or_default();
+    assert!(
+        error.contains("depend on who reads it") && error.contains("public.shout(text)"),
+        "{error}"
+    );
+    let rendered: Vec<String> = meili
+        .all_documents(&headlines)
+        .iter()
+        .filter_map(|document| document["body"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        rendered
+            .iter()
+            .all(|body| !body.contains("VIEW_OWNER") && !body.contains("view_owner")),
+        "{rendered:?}"
+    );
+    assert!(rendered.contains(&"DOC 1!".to_owned()), "{rendered:?}");
+    assert_no_crash(&cluster);
 }
