@@ -114,6 +114,10 @@ struct FunctionFacts {
     immutable: bool,
     source: String,
     sql_body: Option<String>,
+    /// The query trees of its arguments' defaults: the planner adds them to a call.
+    argument_defaults: Option<String>,
+    /// For an aggregate: the functions that do its work (transition, final, combine, …).
+    aggregate_support: Option<Vec<pg_sys::Oid>>,
 }
 
 /// The functions among `oids` that need a look: every one outside `pg_catalog`, and those of
@@ -127,7 +131,11 @@ fn functions_to_check(oids: &[pg_sys::Oid]) -> CatalogResult<Vec<FunctionFacts>>
                           n.nspname OPERATOR(pg_catalog.=) 'pg_catalog' AS builtin,
                           ({BUILTIN_READS_SQL}) AS reads, ({BUILTIN_RUNS_TEXT_SQL}) AS runs_text,
                           l.lanname::pg_catalog.text, p.provolatile OPERATOR(pg_catalog.=) 'i',
-                          p.prosrc, p.prosqlbody::pg_catalog.text
+                          p.prosrc, p.prosqlbody::pg_catalog.text, p.proargdefaults::pg_catalog.text,
+                          (SELECT pg_catalog.array_remove(ARRAY[a.aggtransfn, a.aggfinalfn, a.aggcombinefn,
+                                      a.aggserialfn, a.aggdeserialfn, a.aggmtransfn, a.aggminvtransfn,
+                                      a.aggmfinalfn]::pg_catalog.oid[], 0::pg_catalog.oid)
+                             FROM pg_catalog.pg_aggregate a WHERE a.aggfnoid OPERATOR(pg_catalog.=) p.oid)
                      FROM pg_catalog.pg_proc p
                      JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) p.pronamespace
                      JOIN pg_catalog.pg_language l ON l.oid OPERATOR(pg_catalog.=) p.prolang
@@ -150,6 +158,8 @@ fn functions_to_check(oids: &[pg_sys::Oid]) -> CatalogResult<Vec<FunctionFacts>>
                 immutable: row.get(7)?.unwrap_or(false),
                 source: row.get(8)?.unwrap_or_default(),
                 sql_body: row.get(9)?,
+                argument_defaults: row.get(10)?,
+                aggregate_support: row.get(11)?,
             });
         }
         Ok(functions)
@@ -316,6 +326,17 @@ impl Walk {
                 );
             }
             return Ok(None);
+        }
+        if let Some(support) = &function.aggregate_support {
+            self.enqueue(support.iter().copied(), &format!("{path}, which"));
+            return Ok(None);
+        }
+        if let Some(defaults) = &function.argument_defaults {
+            if let Some(found) =
+                self.tree(defaults, &format!("{path} (an argument's default)"), true)?
+            {
+                return Ok(Some(found));
+            }
         }
         match function.language.as_str() {
             // Only superusers install C; IMMUTABLE declares that it reads no role or setting.

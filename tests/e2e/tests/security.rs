@@ -982,12 +982,22 @@ CREATE OPERATOR public.=~= (LEFTARG = text, RIGHTARG = text, FUNCTION = public.t
 CREATE FUNCTION public.visible(t text) RETURNS boolean LANGUAGE sql STABLE
     BEGIN ATOMIC SELECT t OPERATOR(public.=~=) 'x'; END;
 CREATE VIEW public.by_operator AS SELECT id, body FROM public.docs WHERE public.visible(tenant);
+-- An aggregate whose transition function reads the role, and an argument's default that does.
+CREATE FUNCTION public.pick(state text, value text) RETURNS text LANGUAGE sql STABLE
+    AS 'SELECT value || SESSION_USER';
+CREATE AGGREGATE public.picked(text) (SFUNC = public.pick, STYPE = text);
+CREATE VIEW public.by_aggregate AS
+SELECT d.id, (SELECT public.picked(e.body) FROM public.docs e WHERE e.id = d.id) AS body FROM public.docs d;
+CREATE FUNCTION public.stamp(body text, who text DEFAULT current_user) RETURNS text LANGUAGE sql
+    IMMUTABLE AS 'SELECT body || who';
+CREATE VIEW public.by_default AS SELECT id, public.stamp(body) AS body FROM public.docs;
 -- Harmless: functions that read data only, two deep.
 CREATE FUNCTION public.shout(t text) RETURNS text LANGUAGE sql IMMUTABLE AS 'SELECT pg_catalog.upper(t)';
 CREATE FUNCTION public.headline(t text) RETURNS text LANGUAGE plpgsql STABLE
     AS $$ BEGIN RETURN public.shout(t) || '!'; END $$;
 CREATE VIEW public.headlines AS SELECT id, public.headline(body) AS body FROM public.docs;
-GRANT SELECT ON public.two_deep, public.by_user, public.by_setting, public.by_operator, public.headlines TO ops;
+GRANT SELECT ON public.two_deep, public.by_user, public.by_setting, public.by_operator,
+                public.by_aggregate, public.by_default, public.headlines TO ops;
 RESET ROLE;
 "#;
 
@@ -1011,6 +1021,11 @@ fn views_that_reach_the_reader_through_functions_at_any_depth_are_refused() {
             "by_setting",
             "calls public.tenant(), which cannot be followed: it runs SQL built at run time (EXECUTE)",
         ),
+        (
+            "by_aggregate",
+            "calls public.picked(text), which calls public.pick(text,text), which uses SESSION_USER",
+        ),
+        ("by_default", "calls public.stamp(text,text) (an argument's default), which"),
     ];
     let refusals = refused_views(&cluster, &meili, &views, &["postgres", "ops"]);
     assert!(
