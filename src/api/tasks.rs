@@ -1237,6 +1237,9 @@ fn meili_sync_drop(task: Option<i64>, drop_index: default!(Option<bool>, false))
                 delete_index(row, &resync::helper_index_uid(&row.index_uid))?;
             }
         }
+        // Before any row goes (and after the servers answered, which may take a while): the
+        // rows are locked in the order of their ids, as the workers' writes of several rows are.
+        catalog::lock_task_rows(record.id)?;
         for (_, helper) in helpers {
             catalog::delete_task(&catalog::require_task(helper)?)?;
         }

@@ -50,3 +50,22 @@ pub(super) const RELATIONS_READ_SQL: &str = "WITH RECURSIVE read(relid) AS (
                         AND d.objid OPERATOR(pg_catalog.=) r.oid
                         AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
                         AND d.refobjid OPERATOR(pg_catalog.<>) v.oid)";
+
+/// `UPDATE meili_sync.tasks <alias> SET <set> WHERE <condition> <returning>`, taking the rows'
+/// locks in the order of their ids first. Every statement and transaction that writes several
+/// rows of the catalog locks them in that order (see `lock_task_rows`), so that two of them never
+/// wait for each other: in the order of the heap, a decoder assigning positions and a drop of a
+/// sharded task deadlocked.
+pub(super) fn update_in_id_order_sql(
+    alias: &str,
+    set: &str,
+    condition: &str,
+    returning: &str,
+) -> String {
+    format!(
+        "UPDATE meili_sync.tasks {alias} SET {set}
+           FROM (SELECT {alias}.id AS locked_id FROM meili_sync.tasks {alias} WHERE {condition}
+                  ORDER BY {alias}.id FOR UPDATE OF {alias}) AS in_id_order
+          WHERE {alias}.id OPERATOR(pg_catalog.=) in_id_order.locked_id {returning}"
+    )
+}

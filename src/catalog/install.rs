@@ -3,6 +3,7 @@
 
 use pgrx::prelude::*;
 
+use super::fragments::update_in_id_order_sql;
 use super::{as_catalog_owner, select_one, CatalogResult};
 
 /// The version of the SQL objects this library was built with (the control file's
@@ -58,9 +59,13 @@ fn show_on_tasks(scope: &str, message: &str) -> CatalogResult<()> {
         return Ok(());
     }
     Spi::run_with_args(
-        &format!(
-            "UPDATE meili_sync.tasks SET last_error = $1, last_error_at = pg_catalog.now()
-              WHERE {scope} AND (last_error IS NULL OR last_error OPERATOR(pg_catalog.<>) $1)"
+        &update_in_id_order_sql(
+            "t",
+            "last_error = $1, last_error_at = pg_catalog.now()",
+            &format!(
+                "{scope} AND (t.last_error IS NULL OR t.last_error OPERATOR(pg_catalog.<>) $1)"
+            ),
+            "",
         ),
         &[message.into()],
     )?;
@@ -99,8 +104,12 @@ fn clear_shown(prefix: &str) -> CatalogResult<()> {
         return Ok(());
     }
     Spi::run_with_args(
-        "UPDATE meili_sync.tasks SET last_error = NULL, last_error_at = NULL
-          WHERE pg_catalog.starts_with(last_error, $1)",
+        &update_in_id_order_sql(
+            "t",
+            "last_error = NULL, last_error_at = NULL",
+            "pg_catalog.starts_with(t.last_error, $1)",
+            "",
+        ),
         &[prefix.into()],
     )?;
     Ok(())

@@ -5,7 +5,9 @@
 use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 
-use super::fragments::{copy_again_sql, OWN_SLOT_SQL, SHARED_NAME_SQL, SHARED_TASK_SQL};
+use super::fragments::{
+    copy_again_sql, update_in_id_order_sql, OWN_SLOT_SQL, SHARED_NAME_SQL, SHARED_TASK_SQL,
+};
 use super::{ids_of, select_one, CatalogResult};
 
 /// The name of the shared slot and publication (see [`super::object_name`] for the install).
@@ -146,14 +148,18 @@ fn qualified_name(relid: pg_sys::Oid) -> CatalogResult<Option<String>> {
 pub fn assign_positions(confirmed: u64) -> CatalogResult<Vec<i64>> {
     Spi::connect_mut(|client| {
         let rows = client.update(
-            &format!(
-                "UPDATE meili_sync.tasks t
-                    SET stream_position = CASE WHEN {OWN_SLOT_SQL}
-                            THEN GREATEST(pg_catalog.pg_current_wal_insert_lsn(), '0/0'::pg_catalog.pg_lsn OPERATOR(pg_catalog.+) $1::pg_catalog.numeric)
-                            ELSE '0/0'::pg_catalog.pg_lsn OPERATOR(pg_catalog.+) $1::pg_catalog.numeric END
-                  WHERE {SHARED_TASK_SQL} AND t.stream_position IS NULL
-                    AND (t.snapshot_finished_at IS NULL OR {OWN_SLOT_SQL})
-                  RETURNING t.id"
+            &update_in_id_order_sql(
+                "t",
+                &format!(
+                    "stream_position = CASE WHEN {OWN_SLOT_SQL}
+                        THEN GREATEST(pg_catalog.pg_current_wal_insert_lsn(), '0/0'::pg_catalog.pg_lsn OPERATOR(pg_catalog.+) $1::pg_catalog.numeric)
+                        ELSE '0/0'::pg_catalog.pg_lsn OPERATOR(pg_catalog.+) $1::pg_catalog.numeric END"
+                ),
+                &format!(
+                    "{SHARED_TASK_SQL} AND t.stream_position IS NULL
+                     AND (t.snapshot_finished_at IS NULL OR {OWN_SLOT_SQL})"
+                ),
+                "RETURNING t.id",
             ),
             None,
             &[(confirmed as i64).into()],
@@ -187,15 +193,17 @@ pub fn tasks_without_changes() -> CatalogResult<Vec<i64>> {
 pub fn forget_positions(slot: &str, what: &str) -> CatalogResult<Vec<i64>> {
     Spi::connect_mut(|client| {
         let rows = client.update(
-            &format!(
-                "UPDATE meili_sync.tasks t
-                    SET stream_position = NULL,
-                        state = CASE WHEN {OWN_SLOT_SQL} THEN t.state ELSE 'error' END,
-                        last_error = CASE WHEN {OWN_SLOT_SQL} THEN t.last_error
-                            ELSE pg_catalog.format('the shared replication slot \"%s\" is %s, so the changes it kept for this task are lost; run SELECT meili_sync_snapshot(%s) to copy the table again', $1, $2, t.id) END,
-                        last_error_at = CASE WHEN {OWN_SLOT_SQL} THEN t.last_error_at ELSE pg_catalog.now() END
-                  WHERE {SHARED_TASK_SQL} AND t.stream_position IS NOT NULL
-                  RETURNING CASE WHEN {OWN_SLOT_SQL} THEN NULL ELSE t.id END"
+            &update_in_id_order_sql(
+                "t",
+                &format!(
+                    "stream_position = NULL,
+                     state = CASE WHEN {OWN_SLOT_SQL} THEN t.state ELSE 'error' END,
+                     last_error = CASE WHEN {OWN_SLOT_SQL} THEN t.last_error
+                         ELSE pg_catalog.format('the shared replication slot \"%s\" is %s, so the changes it kept for this task are lost; run SELECT meili_sync_snapshot(%s) to copy the table again', $1, $2, t.id) END,
+                     last_error_at = CASE WHEN {OWN_SLOT_SQL} THEN t.last_error_at ELSE pg_catalog.now() END"
+                ),
+                &format!("{SHARED_TASK_SQL} AND t.stream_position IS NOT NULL"),
+                &format!("RETURNING CASE WHEN {OWN_SLOT_SQL} THEN NULL ELSE t.id END"),
             ),
             None,
             &[slot.into(), what.into()],
@@ -214,19 +222,21 @@ pub fn copy_shared_tasks_again(message: &str) -> CatalogResult<Vec<i64>> {
         // A moving task streams from its own slot until it hands over: it only gets a position
         // in the new shared slot.
         client.update(
-            &format!(
-                "UPDATE meili_sync.tasks t SET stream_position = NULL
-                  WHERE {SHARED_TASK_SQL} AND t.stream_position IS NOT NULL AND {OWN_SLOT_SQL}"
+            &update_in_id_order_sql(
+                "t",
+                "stream_position = NULL",
+                &format!("{SHARED_TASK_SQL} AND t.stream_position IS NOT NULL AND {OWN_SLOT_SQL}"),
+                "",
             ),
             None,
             &[],
         )?;
         let rows = client.update(
-            &format!(
-                "UPDATE meili_sync.tasks t SET {}
-                  WHERE {SHARED_TASK_SQL} AND t.stream_position IS NOT NULL
-                  RETURNING t.id",
-                copy_again_sql("$1")
+            &update_in_id_order_sql(
+                "t",
+                &copy_again_sql("$1"),
+                &format!("{SHARED_TASK_SQL} AND t.stream_position IS NOT NULL"),
+                "RETURNING t.id",
             ),
             None,
             &[message.into()],
@@ -293,7 +303,10 @@ pub fn stream_position(task_id: i64) -> CatalogResult<Option<u64>> {
 /// that has one moves: a position forgotten with its lost slot stays forgotten, and a task of a
 /// new install (ids start again at 1) gets its first from its own decoder, never from this one.
 pub fn store_positions(positions: &[(i64, u64)]) -> CatalogResult<()> {
-    for &(task_id, position) in positions {
+    // In the order of the ids, as every write of several rows (`update_in_id_order_sql`).
+    let mut positions = positions.to_vec();
+    positions.sort_unstable();
+    for (task_id, position) in positions {
         Spi::run_with_args(
             "UPDATE meili_sync.tasks SET stream_position = GREATEST(stream_position,
                     '0/0'::pg_catalog.pg_lsn OPERATOR(pg_catalog.+) $2::pg_catalog.numeric)

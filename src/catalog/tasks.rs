@@ -5,7 +5,7 @@ use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 use pgrx::JsonB;
 
-use super::fragments::{copy_again_sql, OWN_SLOT_SQL, SHARED_TASK_SQL};
+use super::fragments::{copy_again_sql, update_in_id_order_sql, OWN_SLOT_SQL, SHARED_TASK_SQL};
 use super::install::INSTALL_TOKEN_SQL;
 use super::shared::shared_object_name;
 use super::{
@@ -461,10 +461,11 @@ fn update_task_and_replicas(
     all.extend(args);
     Spi::connect_mut(|client| {
         let rows = client.update(
-            &format!(
-                "UPDATE meili_sync.tasks SET {set}
-                  WHERE id OPERATOR(pg_catalog.=) $1 OR replica_of OPERATOR(pg_catalog.=) $1
-                 RETURNING id"
+            &update_in_id_order_sql(
+                "t",
+                set,
+                "t.id OPERATOR(pg_catalog.=) $1 OR t.replica_of OPERATOR(pg_catalog.=) $1",
+                "RETURNING t.id",
             ),
             None,
             &all,
@@ -641,8 +642,25 @@ pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
     })
 }
 
+/// Locks the rows of the task, of its replicas or shards and of their resync helpers, in the
+/// order of their ids (as `update_in_id_order_sql` does), before a drop deletes them one by one.
+pub fn lock_task_rows(task_id: i64) -> CatalogResult<()> {
+    as_catalog_owner(|| {
+        Spi::run_with_args(
+            "SELECT t.id FROM meili_sync.tasks t
+              WHERE t.id OPERATOR(pg_catalog.=) $1 OR t.replica_of OPERATOR(pg_catalog.=) $1
+                 OR t.resync_of IN (SELECT f.id FROM meili_sync.tasks f
+                                     WHERE f.id OPERATOR(pg_catalog.=) $1 OR f.replica_of OPERATOR(pg_catalog.=) $1)
+              ORDER BY t.id FOR UPDATE OF t",
+            &[task_id.into()],
+        )?;
+        Ok(())
+    })
+}
+
 /// Deletes the task, and first its replicas' rows: each stream of each ends at this commit.
 pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
+    lock_task_rows(task.id)?;
     for replica in replicas_of(task.id)? {
         delete_task(&replica)?;
     }
@@ -895,9 +913,7 @@ fn update_tasks_where(alias: &str, condition: &str, set: &str) -> CatalogResult<
     }
     Spi::connect_mut(|client| {
         let rows = client.update(
-            &format!(
-                "UPDATE meili_sync.tasks {alias} SET {set} WHERE {condition} RETURNING {alias}.id"
-            ),
+            &update_in_id_order_sql(alias, set, condition, &format!("RETURNING {alias}.id")),
             None,
             &[],
         )?;
