@@ -36,19 +36,20 @@ pub fn is_security_invoker(view: pg_sys::Oid) -> CatalogResult<bool> {
     .unwrap_or(false))
 }
 
-/// The rewrite rules' query trees (in their text form) of the view and of every view it reads.
-fn view_trees(view: pg_sys::Oid) -> CatalogResult<Vec<(String, String)>> {
+/// The rewrite rules' query trees (in their text form) of the view and of every view it reads,
+/// each with the view's OID and name.
+fn view_trees(view: pg_sys::Oid) -> CatalogResult<Vec<(pg_sys::Oid, String, String)>> {
     Spi::connect(|client| {
         let rows = client.select(
             &format!(
                 "{RELATIONS_READ_SQL}
-             SELECT pg_catalog.format('%I.%I', n.nspname, c.relname), r.ev_action::pg_catalog.text
+             SELECT c.oid, pg_catalog.format('%I.%I', n.nspname, c.relname), r.ev_action::pg_catalog.text
                FROM read
                JOIN pg_catalog.pg_class c ON c.oid OPERATOR(pg_catalog.=) read.relid
                JOIN pg_catalog.pg_namespace n ON n.oid OPERATOR(pg_catalog.=) c.relnamespace
                JOIN pg_catalog.pg_rewrite r ON r.ev_class OPERATOR(pg_catalog.=) c.oid
               WHERE c.relkind OPERATOR(pg_catalog.=) 'v'
-              ORDER BY 1"
+              ORDER BY 2"
             ),
             None,
             &[view.into()],
@@ -56,8 +57,9 @@ fn view_trees(view: pg_sys::Oid) -> CatalogResult<Vec<(String, String)>> {
         let mut trees = Vec::new();
         for row in rows {
             trees.push((
-                row.get::<String>(1)?.unwrap_or_default(),
+                row.get::<pg_sys::Oid>(1)?.unwrap_or(pg_sys::InvalidOid),
                 row.get::<String>(2)?.unwrap_or_default(),
+                row.get::<String>(3)?.unwrap_or_default(),
             ));
         }
         Ok(trees)
@@ -75,11 +77,13 @@ fn node_numbers<'a>(tree: &'a str, field: &'a str) -> impl Iterator<Item = u32> 
     })
 }
 
-/// The SQL keywords that name the role asking (`CURRENT_USER` and its kin), as SQLValueFunction
-/// operations (PostgreSQL 15; later majors make them calls of `pg_catalog.current_user()`).
-fn role_keywords() -> [(u32, &'static str); 4] {
+/// The SQL keywords that name the role asking (`CURRENT_USER` and its kin) or its schema, as
+/// SQLValueFunction operations (`SYSTEM_USER`, from PostgreSQL 16, is a call of
+/// `pg_catalog.system_user()` instead, which the list of functions has).
+fn role_keywords() -> [(u32, &'static str); 5] {
     use pg_sys::SQLValueFunctionOp as Op;
     [
+        (Op::SVFOP_CURRENT_SCHEMA, "CURRENT_SCHEMA"),
         (Op::SVFOP_CURRENT_ROLE, "CURRENT_ROLE"),
         (Op::SVFOP_CURRENT_USER, "CURRENT_USER"),
         (Op::SVFOP_USER, "USER"),
@@ -91,7 +95,7 @@ fn role_keywords() -> [(u32, &'static str); 4] {
 const FUNCTION_FIELDS: [&str; 4] = [":funcid ", ":opfuncid ", ":aggfnoid ", ":winfnoid "];
 
 /// The condition that a function `p` of `pg_catalog` reads the role asking or a setting.
-const BUILTIN_READS_SQL: &str = "p.proname OPERATOR(pg_catalog.=) ANY ('{current_user,session_user,getpgusername,current_setting,row_security_active,current_schema,current_schemas,inet_client_addr,inet_client_port,pg_backend_pid,pg_my_temp_schema}'::pg_catalog.name[])
+const BUILTIN_READS_SQL: &str = "p.proname OPERATOR(pg_catalog.=) ANY ('{current_user,session_user,system_user,getpgusername,current_setting,row_security_active,current_schema,current_schemas,inet_client_addr,inet_client_port,pg_backend_pid,pg_my_temp_schema,pg_show_all_settings,pg_client_encoding,currval,lastval,pg_cursor,pg_prepared_statement,pg_stat_get_activity}'::pg_catalog.name[])
       OR (p.proname OPERATOR(pg_catalog.=) 'pg_has_role' AND p.pronargs OPERATOR(pg_catalog.=) 2)
       OR (p.proname OPERATOR(pg_catalog.~) '^has_.*_privilege$'
           AND p.pronargs OPERATOR(pg_catalog.=) CASE WHEN p.proname OPERATOR(pg_catalog.=) 'has_column_privilege' THEN 3 ELSE 2 END)";
@@ -99,7 +103,7 @@ const BUILTIN_READS_SQL: &str = "p.proname OPERATOR(pg_catalog.=) ANY ('{current
 /// The condition that a function `p` of `pg_catalog` runs SQL given as text, or reads whatever
 /// the role asking may read.
 const BUILTIN_RUNS_TEXT_SQL: &str =
-    "p.proname OPERATOR(pg_catalog.~) '^(query|cursor|schema|database)_to_xml'
+    "p.proname OPERATOR(pg_catalog.~) '^(query|cursor|schema|database|table)_to_xml'
       OR p.proname OPERATOR(pg_catalog.=) 'ts_stat'
       OR (p.proname OPERATOR(pg_catalog.=) 'ts_rewrite' AND p.pronargs OPERATOR(pg_catalog.=) 2)";
 
@@ -184,9 +188,23 @@ fn named_in_body(facts: &BodyFacts) -> CatalogResult<(Vec<pg_sys::Oid>, Vec<pg_s
                            WHERE p.proname OPERATOR(pg_catalog.=) c.f
                              AND (c.s OPERATOR(pg_catalog.=) '' OR n.nspname OPERATOR(pg_catalog.=) c.s))
            UNION ALL
-           SELECT o.oprcode::pg_catalog.oid FROM pg_catalog.pg_operator o
+           -- row.f calls f(row): attribute notation names a function of one argument.
+           SELECT p.oid FROM pg_catalog.pg_proc p
+            WHERE p.proname OPERATOR(pg_catalog.=) ANY ($4::pg_catalog.text[])
+              AND p.pronargs OPERATOR(pg_catalog.=) 1
+           UNION ALL
+           -- The planner may use an operator's commutator or negator in its place.
+           SELECT x.code FROM pg_catalog.pg_operator o,
+                  LATERAL (SELECT o.oprcode::pg_catalog.oid
+                           UNION ALL
+                           SELECT c.oprcode::pg_catalog.oid FROM pg_catalog.pg_operator c
+                            WHERE c.oid OPERATOR(pg_catalog.=) ANY (ARRAY[o.oprcom, o.oprnegate])) x(code)
             WHERE o.oprname OPERATOR(pg_catalog.=) ANY ($3::pg_catalog.text[])
-              AND o.oprcode::pg_catalog.oid OPERATOR(pg_catalog.<>) 0
+              -- pg_catalog's operators call pg_catalog's functions (only superusers make them),
+              -- none of which reads the reader: every body is taken to use `=` and its kin, so
+              -- leaving them out saves looking at hundreds.
+              AND o.oprnamespace OPERATOR(pg_catalog.<>) 'pg_catalog'::pg_catalog.regnamespace
+              AND x.code OPERATOR(pg_catalog.<>) 0
            UNION ALL
            SELECT c.castfunc FROM pg_catalog.pg_cast c
              JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) c.casttarget
@@ -211,11 +229,167 @@ fn named_in_body(facts: &BodyFacts) -> CatalogResult<(Vec<pg_sys::Oid>, Vec<pg_s
     Ok((functions, views))
 }
 
+/// The fields of a query tree that name a type: a domain's CHECK constraints run where a value
+/// of it is made.
+const TYPE_FIELDS: [&str; 5] = [
+    ":resulttype ",
+    ":consttype ",
+    ":vartype ",
+    ":paramtype ",
+    ":funcresulttype ",
+];
+
+/// The functions of the operators' commutators and negators: the planner may use them instead
+/// (`NOT (a = b)` becomes `a <> b`, `1 < x` becomes `x > 1`).
+fn commutators_and_negators(operators: &[pg_sys::Oid]) -> CatalogResult<Vec<pg_sys::Oid>> {
+    if operators.is_empty() {
+        return Ok(Vec::new());
+    }
+    Ok(select_one::<Vec<pg_sys::Oid>>(
+        "SELECT pg_catalog.array_agg(DISTINCT c.oprcode::pg_catalog.oid)
+           FROM pg_catalog.pg_operator o
+           JOIN pg_catalog.pg_operator c ON c.oid OPERATOR(pg_catalog.=) ANY (ARRAY[o.oprcom, o.oprnegate])
+          WHERE o.oid OPERATOR(pg_catalog.=) ANY ($1) AND c.oprcode::pg_catalog.oid OPERATOR(pg_catalog.<>) 0",
+        &[operators.to_vec().into()],
+    )?
+    .unwrap_or_default())
+}
+
+/// The functions of the casts PostgreSQL applies without their being written: implicit and
+/// assignment casts, and casts to `json` or `jsonb` (`to_json` and its kin, and the render of a
+/// document, call them). Those written in C were installed by a superuser, as every C function.
+fn casts_applied_unwritten() -> CatalogResult<Vec<pg_sys::Oid>> {
+    Ok(select_one::<Vec<pg_sys::Oid>>(
+        "SELECT pg_catalog.array_agg(DISTINCT c.castfunc ORDER BY c.castfunc)
+           FROM pg_catalog.pg_cast c
+           JOIN pg_catalog.pg_proc p ON p.oid OPERATOR(pg_catalog.=) c.castfunc
+           JOIN pg_catalog.pg_language l ON l.oid OPERATOR(pg_catalog.=) p.prolang
+          WHERE l.lanname OPERATOR(pg_catalog.<>) ALL ('{c,internal}'::pg_catalog.name[])
+            AND (c.castcontext OPERATOR(pg_catalog.=) ANY ('{i,a}'::pg_catalog.char[])
+                 OR c.casttarget OPERATOR(pg_catalog.=) ANY ('{json,jsonb}'::pg_catalog.regtype[]))",
+        &[],
+    )?
+    .unwrap_or_default())
+}
+
+/// What PostgreSQL runs on its own around the relations and types a tree or body reaches, each
+/// with what it is: the row security policies of the relations (their `current_user` is the
+/// reader's), the CHECK constraints of the domains (and of the domains they are made from); and,
+/// where `writes`, the column defaults, CHECK constraints, domains of the columns, and triggers
+/// of the relations. Relations and types come as OIDs, or as names from a body's text (in any
+/// schema). Returns the query trees and the trigger functions.
+struct AroundQuery<'a> {
+    relations: &'a [pg_sys::Oid],
+    relation_names: &'a [String],
+    types: &'a [pg_sys::Oid],
+    type_names: &'a [String],
+    writes: bool,
+}
+
+/// See [`AroundQuery`].
+type Around = (Vec<(String, String)>, Vec<(String, pg_sys::Oid)>);
+
+fn around(query: &AroundQuery) -> CatalogResult<Around> {
+    const SCOPE: &str = "WITH RECURSIVE rel AS (
+             SELECT c.oid FROM pg_catalog.pg_class c
+              WHERE c.oid OPERATOR(pg_catalog.=) ANY ($1) OR c.relname OPERATOR(pg_catalog.=) ANY ($2::pg_catalog.name[])
+           ), domains(oid) AS (
+             SELECT t.oid FROM pg_catalog.pg_type t
+              WHERE t.typtype OPERATOR(pg_catalog.=) 'd'
+                AND (t.oid OPERATOR(pg_catalog.=) ANY ($3) OR t.typname OPERATOR(pg_catalog.=) ANY ($4::pg_catalog.name[])
+                     OR ($5 AND t.oid IN (SELECT a.atttypid FROM pg_catalog.pg_attribute a JOIN rel ON a.attrelid OPERATOR(pg_catalog.=) rel.oid
+                                           WHERE a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped)))
+             UNION
+             SELECT b.oid FROM domains d
+               JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) d.oid
+               JOIN pg_catalog.pg_type b ON b.oid OPERATOR(pg_catalog.=) t.typbasetype
+              WHERE b.typtype OPERATOR(pg_catalog.=) 'd'
+           )";
+    if query.relations.is_empty()
+        && query.relation_names.is_empty()
+        && query.types.is_empty()
+        && query.type_names.is_empty()
+    {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let args = || {
+        vec![
+            query.relations.to_vec().into(),
+            query.relation_names.to_vec().into(),
+            query.types.to_vec().into(),
+            query.type_names.to_vec().into(),
+            query.writes.into(),
+        ]
+    };
+    Spi::connect(|client| {
+        let rows = client.select(
+            &format!(
+                "{SCOPE}
+                 SELECT x.what, x.tree FROM (
+                   SELECT pg_catalog.format('policy %I on %s%s', p.polname, p.polrelid::pg_catalog.regclass, e.clause) AS what,
+                          e.tree
+                     FROM pg_catalog.pg_policy p JOIN rel ON p.polrelid OPERATOR(pg_catalog.=) rel.oid,
+                          LATERAL (VALUES ('', p.polqual::pg_catalog.text),
+                                          (' (WITH CHECK)', CASE WHEN $5 THEN p.polwithcheck::pg_catalog.text END)) e(clause, tree)
+                    WHERE e.tree IS NOT NULL
+                   UNION ALL
+                   SELECT pg_catalog.format('the default of column %I of %s', a.attname, d.adrelid::pg_catalog.regclass),
+                          d.adbin::pg_catalog.text
+                     FROM pg_catalog.pg_attrdef d JOIN rel ON d.adrelid OPERATOR(pg_catalog.=) rel.oid
+                     JOIN pg_catalog.pg_attribute a ON a.attrelid OPERATOR(pg_catalog.=) d.adrelid AND a.attnum OPERATOR(pg_catalog.=) d.adnum
+                    WHERE $5
+                   UNION ALL
+                   SELECT pg_catalog.format('constraint %I of %s', c.conname, c.conrelid::pg_catalog.regclass),
+                          c.conbin::pg_catalog.text
+                     FROM pg_catalog.pg_constraint c JOIN rel ON c.conrelid OPERATOR(pg_catalog.=) rel.oid
+                    WHERE $5 AND c.conbin IS NOT NULL
+                   UNION ALL
+                   SELECT pg_catalog.format('constraint %I of domain %s', c.conname, c.contypid::pg_catalog.regtype),
+                          c.conbin::pg_catalog.text
+                     FROM pg_catalog.pg_constraint c JOIN domains d ON c.contypid OPERATOR(pg_catalog.=) d.oid
+                    WHERE c.conbin IS NOT NULL) x
+                 ORDER BY 1"
+            ),
+            None,
+            &args(),
+        )?;
+        let mut trees = Vec::new();
+        for row in rows {
+            trees.push((
+                row.get::<String>(1)?.unwrap_or_default(),
+                row.get::<String>(2)?.unwrap_or_default(),
+            ));
+        }
+        let mut triggers = Vec::new();
+        if query.writes {
+            let rows = client.select(
+                &format!(
+                    "{SCOPE}
+                     SELECT pg_catalog.format('trigger %I on %s', g.tgname, g.tgrelid::pg_catalog.regclass), g.tgfoid
+                       FROM pg_catalog.pg_trigger g JOIN rel ON g.tgrelid OPERATOR(pg_catalog.=) rel.oid
+                      ORDER BY 1"
+                ),
+                None,
+                &args(),
+            )?;
+            for row in rows {
+                triggers.push((
+                    row.get::<String>(1)?.unwrap_or_default(),
+                    row.get::<pg_sys::Oid>(2)?.unwrap_or(pg_sys::InvalidOid),
+                ));
+            }
+        }
+        Ok((trees, triggers))
+    })
+}
+
 /// A walk over what a view reaches, each function and view once.
 #[derive(Default)]
 struct Walk {
     seen_functions: HashSet<pg_sys::Oid>,
     seen_views: HashSet<pg_sys::Oid>,
+    /// Policies, defaults and constraints looked at (by what they are).
+    seen_trees: HashSet<String>,
     /// Functions to look at, with the path that reached them.
     queue: VecDeque<(pg_sys::Oid, String)>,
 }
@@ -254,12 +428,66 @@ impl Walk {
         for field in FUNCTION_FIELDS {
             functions.extend(node_numbers(tree, field).map(pg_sys::Oid::from));
         }
+        let operators: Vec<pg_sys::Oid> = node_numbers(tree, ":opno ")
+            .map(pg_sys::Oid::from)
+            .collect();
+        functions.extend(commutators_and_negators(&operators)?);
         self.enqueue(functions, &subject);
         let relations: Vec<pg_sys::Oid> = node_numbers(tree, ":relid ")
             .map(pg_sys::Oid::from)
             .collect();
-        for relation in relations {
+        for &relation in &relations {
             if let Some(found) = self.view(relation, path)? {
+                return Ok(Some(found));
+            }
+        }
+        let mut type_numbers: Vec<u32> = TYPE_FIELDS
+            .iter()
+            .flat_map(|field| node_numbers(tree, field))
+            .collect();
+        type_numbers.sort_unstable();
+        type_numbers.dedup();
+        let types: Vec<pg_sys::Oid> = type_numbers.into_iter().map(pg_sys::Oid::from).collect();
+        // A view holds no writes; a function's `BEGIN ATOMIC` body may (CMD_UPDATE, CMD_INSERT,
+        // CMD_DELETE, CMD_MERGE).
+        let writes = of_function
+            && node_numbers(tree, ":commandType ").any(|command| {
+                [
+                    pg_sys::CmdType::CMD_UPDATE,
+                    pg_sys::CmdType::CMD_INSERT,
+                    pg_sys::CmdType::CMD_DELETE,
+                    pg_sys::CmdType::CMD_MERGE,
+                ]
+                .contains(&command)
+            });
+        self.around(
+            &AroundQuery {
+                relations: &relations,
+                relation_names: &[],
+                types: &types,
+                type_names: &[],
+                writes,
+            },
+            &subject,
+        )
+    }
+
+    /// Looks at what PostgreSQL runs on its own around what `subject` reaches
+    /// ([`AroundQuery`]); `subject` is "view …" or "… calls f(), which".
+    fn around(
+        &mut self,
+        query: &AroundQuery,
+        subject: &str,
+    ) -> CatalogResult<Option<ReaderDependence>> {
+        let (trees, triggers) = around(query)?;
+        for (what, function) in triggers {
+            self.enqueue([function], &format!("{subject} sets off {what}, which"));
+        }
+        for (what, tree) in trees {
+            if !self.seen_trees.insert(what.clone()) {
+                continue;
+            }
+            if let Some(found) = self.tree(&tree, &format!("{subject} meets {what}"), true)? {
                 return Ok(Some(found));
             }
         }
@@ -271,7 +499,10 @@ impl Walk {
         if !self.seen_views.insert(relid) {
             return Ok(None);
         }
-        for (name, tree) in view_trees(relid)? {
+        let trees = view_trees(relid)?;
+        // The views it reads are looked at here, once: their OIDs in the trees lead nowhere new.
+        self.seen_views.extend(trees.iter().map(|(oid, _, _)| *oid));
+        for (_, name, tree) in trees {
             let path = if path.is_empty() {
                 format!("view {name}")
             } else {
@@ -365,7 +596,19 @@ impl Walk {
                         return Ok(Some(found));
                     }
                 }
-                Ok(None)
+                // `INSERT INTO t (a, b)` reads as a call of t: called names count too.
+                let mut names = facts.names.clone();
+                names.extend(facts.calls.iter().map(|call| call.name.clone()));
+                self.around(
+                    &AroundQuery {
+                        relations: &[],
+                        relation_names: &names,
+                        types: &[],
+                        type_names: &names,
+                        writes: facts.writes,
+                    },
+                    &format!("{path}, which"),
+                )
             }
             language => cannot_follow(&format!(
                 "it is written in {language}, which the check cannot read"
@@ -382,6 +625,10 @@ pub fn reader_dependence(view: pg_sys::Oid) -> CatalogResult<Option<ReaderDepend
     if let Some(found) = walk.view(view, "")? {
         return Ok(Some(found));
     }
+    walk.enqueue(
+        casts_applied_unwritten()?,
+        "a cast PostgreSQL may apply without its being written (implicit, on assignment, or to JSON)",
+    );
     walk.functions()
 }
 

@@ -24,12 +24,37 @@ pub struct BodyFacts {
     pub calls: Vec<CalledName>,
     /// The operators written, symbols (`+`) or `OPERATOR(schema.+)`'s symbol.
     pub operators: Vec<String>,
-    /// Every other name (relations, types, columns), folded as PostgreSQL folds them.
+    /// Every other name (relations, types, columns, and functions called in attribute notation,
+    /// `row.f`), folded as PostgreSQL folds them.
     pub names: Vec<String>,
+    /// Whether it may write to a table (`INSERT`, `UPDATE`, `DELETE`, `MERGE`): the triggers
+    /// and column defaults of the tables it names then run too.
+    pub writes: bool,
 }
 
-/// Keywords that are the role asking, wherever they stand as a value.
-const ROLE_KEYWORDS: [&str; 4] = ["current_user", "session_user", "current_role", "user"];
+/// The operators PostgreSQL applies without their symbol being written: `IN`, `ANY`, `BETWEEN`,
+/// `CASE x WHEN`, `NULLIF`, `IS DISTINCT FROM` and `USING` compare with `=`, `<>`, `<`, `>`,
+/// `<=`, `>=`, and `LIKE`, `ILIKE` and `SIMILAR TO` match with `~~`, `~~*` and `~` (and their
+/// negations). Every body is taken to use them all.
+pub const IMPLIED_OPERATORS: [&str; 12] = [
+    "=", "<>", "<", ">", "<=", ">=", "~~", "!~~", "~~*", "!~~*", "~", "!~",
+];
+
+/// Statements that write to a table.
+const WRITE_KEYWORDS: [&str; 4] = ["insert", "update", "delete", "merge"];
+
+/// Keywords that are the role asking (or its session's schema), wherever they stand as a value.
+const ROLE_KEYWORDS: [&str; 6] = [
+    "current_user",
+    "session_user",
+    "current_role",
+    "user",
+    "system_user",
+    "current_schema",
+];
+
+/// PostgreSQL keeps this many bytes of a name (NAMEDATALEN - 1) and drops the rest.
+const NAME_BYTES: usize = 63;
 
 /// Characters of an operator symbol (PostgreSQL's lexer's `op_chars`).
 const OPERATOR_CHARS: &str = "~!@#^&|`?+-*/%<>=";
@@ -76,6 +101,9 @@ pub fn read_body(body: &str) -> BodyFacts {
             if facts.reads_the_reader.is_none() && name == "show" {
                 facts.reads_the_reader = Some("SHOW".into());
             }
+            if WRITE_KEYWORDS.contains(&name.as_str()) {
+                facts.writes = true;
+            }
             if facts.cannot_follow.is_none() && name == "execute" {
                 facts.cannot_follow = Some("it runs SQL built at run time (EXECUTE)".into());
             }
@@ -107,6 +135,9 @@ pub fn read_body(body: &str) -> BodyFacts {
         }
     }
     facts.calls.dedup();
+    facts
+        .operators
+        .extend(IMPLIED_OPERATORS.iter().map(|symbol| (*symbol).to_owned()));
     facts.operators.sort();
     facts.operators.dedup();
     facts.names.sort();
@@ -122,7 +153,7 @@ fn tokens(body: &str) -> Result<Vec<Token>, String> {
     let peek = |at: usize| chars.get(at).copied().unwrap_or('\0');
     while at < chars.len() {
         let c = chars[at];
-        if c.is_whitespace() {
+        if matches!(c, ' ' | '\t' | '\n' | '\r' | '\x0b' | '\x0c') {
             at += 1;
         } else if c == '-' && peek(at + 1) == '-' {
             while at < chars.len() && chars[at] != '\n' {
@@ -136,7 +167,7 @@ fn tokens(body: &str) -> Result<Vec<Token>, String> {
             tokens.push(Token::Value);
         } else if c == '"' {
             let (name, next) = quoted_name(&chars, at)?;
-            tokens.push(Token::Quoted(name));
+            tokens.push(Token::Quoted(truncated(name)));
             at = next;
         } else if c == '$' && peek(at + 1).is_ascii_digit() {
             at += 1;
@@ -152,12 +183,22 @@ fn tokens(body: &str) -> Result<Vec<Token>, String> {
                 at += 1;
             }
             tokens.push(Token::Value);
-        } else if c.is_alphabetic() || c == '_' {
+        } else if c.is_ascii_alphabetic() || c == '_' || !c.is_ascii() {
+            // As PostgreSQL's lexer: every character beyond ASCII is part of a name, and only
+            // A-Z are folded.
             let start = at;
-            while peek(at).is_alphanumeric() || matches!(peek(at), '_' | '$') {
+            while peek(at).is_ascii_alphanumeric()
+                || matches!(peek(at), '_' | '$')
+                || (!peek(at).is_ascii() && peek(at) != '\0')
+            {
                 at += 1;
             }
-            let word: String = chars[start..at].iter().collect::<String>().to_lowercase();
+            let word = truncated(
+                chars[start..at]
+                    .iter()
+                    .collect::<String>()
+                    .to_ascii_lowercase(),
+            );
             if peek(at) == '\'' {
                 // A prefixed string: E'…' (backslash escapes), B'…', X'…', N'…'; or a typed
                 // literal (mood'happy'), whose type is a name to follow.
@@ -193,13 +234,47 @@ fn tokens(body: &str) -> Result<Vec<Token>, String> {
                 // `--` or `/*` right at the start is a comment, taken on the next turn.
                 continue;
             }
-            tokens.push(Token::Operator(chars[start..at].iter().collect()));
+            tokens.extend(operator_spellings(chars[start..at].iter().collect()));
         } else {
             tokens.push(Token::Punct(c));
             at += 1;
         }
     }
     Ok(tokens)
+}
+
+/// A name as PostgreSQL keeps it: its first 63 bytes, cut at a character's boundary.
+fn truncated(mut name: String) -> String {
+    if name.len() > NAME_BYTES {
+        let mut end = NAME_BYTES;
+        while !name.is_char_boundary(end) {
+            end -= 1;
+        }
+        name.truncate(end);
+    }
+    name
+}
+
+/// The operators a written symbol may stand for. PostgreSQL reads `!=` as `<>`, and a symbol
+/// ending in `+` or `-` without any of `~!@#^&|`?%` in it as a shorter one followed by `+` or `-`
+/// (`=-1`); both readings are followed.
+fn operator_spellings(symbol: String) -> Vec<Token> {
+    if symbol == "!=" {
+        return vec![Token::Operator("<>".into())];
+    }
+    let mut spellings = vec![Token::Operator(symbol.clone())];
+    if symbol.len() > 1
+        && symbol.ends_with(['+', '-'])
+        && !symbol.contains(['~', '!', '@', '#', '^', '&', '|', '`', '?', '%'])
+    {
+        let shorter = symbol.trim_end_matches(['+', '-']);
+        if !shorter.is_empty() {
+            spellings.push(Token::Operator(shorter.to_owned()));
+        }
+        spellings.push(Token::Operator("+".into()));
+        spellings.push(Token::Operator("-".into()));
+    }
+    spellings
 }
 
 fn skip_block_comment(chars: &[char], mut at: usize) -> Result<usize, String> {
@@ -263,7 +338,9 @@ fn skip_escape_string(chars: &[char], mut at: usize) -> Result<usize, String> {
 /// Skips a $tag$…$tag$ literal (the tag may be empty).
 fn skip_dollar_string(chars: &[char], at: usize) -> Result<usize, String> {
     let mut end = at + 1;
-    while end < chars.len() && (chars[end].is_alphanumeric() || chars[end] == '_') {
+    while end < chars.len()
+        && (chars[end].is_ascii_alphanumeric() || chars[end] == '_' || !chars[end].is_ascii())
+    {
         end += 1;
     }
     if chars.get(end) != Some(&'$') {
@@ -311,6 +388,13 @@ mod tests {
                 None => call.name.clone(),
             })
             .collect()
+    }
+
+    /// The operators written in the body, besides those every body is taken to use.
+    fn written(facts: &BodyFacts) -> Vec<String> {
+        let mut written = facts.operators.clone();
+        written.retain(|symbol| !IMPLIED_OPERATORS.contains(&symbol.as_str()));
+        written
     }
 
     #[test]
@@ -378,7 +462,7 @@ mod tests {
             "SELECT public.tenant_of(t.id) + lower(\"Name\") OPERATOR(app.===) x::app.mood FROM app.items t",
         );
         assert_eq!(called(&facts), vec!["public.tenant_of", "lower"]);
-        assert_eq!(facts.operators, vec!["+", "==="]);
+        assert_eq!(written(&facts), vec!["+", "==="]);
         for name in ["app", "items", "mood", "x", "id", "Name"] {
             assert!(facts.names.contains(&name.to_string()), "{name}");
         }
@@ -387,9 +471,81 @@ mod tests {
     }
 
     #[test]
+    fn names_are_read_as_postgresql_reads_them() {
+        // Only A-Z fold; a name is cut to 63 bytes; NBSP and other non-ASCII are name characters.
+        let long = format!("evil.{}_hidden()", "a".repeat(63));
+        let facts = read_body(&format!(
+            "SELECT {long}, evil.\u{3a9}who(), evil.who\u{a0}()"
+        ));
+        assert_eq!(
+            called(&facts),
+            vec![
+                format!("evil.{}", "a".repeat(63)),
+                "evil.\u{3a9}who".to_owned(),
+                "evil.who\u{a0}".to_owned()
+            ]
+        );
+        for (body, keyword) in [
+            ("SELECT SYSTEM_USER", "SYSTEM_USER"),
+            ("SELECT x FROM t WHERE s = current_schema", "CURRENT_SCHEMA"),
+        ] {
+            assert_eq!(read_body(body).reads_the_reader.as_deref(), Some(keyword));
+        }
+    }
+
+    #[test]
+    fn operators_are_followed_as_postgresql_reads_them() {
+        let facts = read_body("SELECT a != b");
+        assert!(facts.operators.contains(&"<>".to_owned()));
+        assert!(!facts.operators.contains(&"!=".to_owned()));
+        let facts = read_body("SELECT a =- 1");
+        for symbol in ["=-", "=", "-"] {
+            assert!(facts.operators.contains(&symbol.to_owned()), "{symbol}");
+        }
+    }
+
+    #[test]
+    fn operators_applied_without_their_symbol_are_followed() {
+        for body in [
+            "SELECT 1 WHERE x IN (1, 2)",
+            "SELECT 1 WHERE x BETWEEN 1 AND 2",
+            "SELECT NULLIF(a, b), CASE a WHEN b THEN 1 END",
+            "SELECT 1 FROM a JOIN b USING (id) WHERE a.x IS DISTINCT FROM b.x",
+            "SELECT 1 WHERE x LIKE 'a%' OR x ILIKE 'b%' OR x SIMILAR TO 'c'",
+        ] {
+            let facts = read_body(body);
+            for symbol in IMPLIED_OPERATORS {
+                assert!(
+                    facts.operators.contains(&symbol.to_owned()),
+                    "{body}: {symbol}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn a_body_that_writes_is_told_apart() {
+        for body in [
+            "INSERT INTO log VALUES (1) RETURNING id",
+            "BEGIN UPDATE t SET x = 1; RETURN 1; END",
+            "DELETE FROM t RETURNING *",
+            "MERGE INTO t USING s ON t.id = s.id WHEN MATCHED THEN DO NOTHING",
+        ] {
+            assert!(read_body(body).writes, "{body}");
+        }
+        for body in [
+            "SELECT 'insert'",
+            "SELECT \"update\" FROM t",
+            "SELECT t.delete FROM t",
+        ] {
+            assert!(!read_body(body).writes, "{body}");
+        }
+    }
+
+    #[test]
     fn a_comment_ends_an_operator() {
         let facts = read_body("SELECT 1 +-- current_user\n 2");
-        assert_eq!(facts.operators, vec!["+"]);
+        assert_eq!(written(&facts), vec!["+"]);
         assert_eq!(facts.reads_the_reader, None);
     }
 

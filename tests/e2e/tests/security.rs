@@ -991,13 +991,51 @@ SELECT d.id, (SELECT public.picked(e.body) FROM public.docs e WHERE e.id = d.id)
 CREATE FUNCTION public.stamp(body text, who text DEFAULT current_user) RETURNS text LANGUAGE sql
     IMMUTABLE AS 'SELECT body || who';
 CREATE VIEW public.by_default AS SELECT id, public.stamp(body) AS body FROM public.docs;
+-- A system view that shows the session's settings, and a name PostgreSQL cuts to 63 bytes.
+CREATE FUNCTION public.app_name() RETURNS text LANGUAGE sql STABLE
+    AS 'SELECT s.setting FROM pg_catalog.pg_settings s WHERE s.name = ''application_name''';
+CREATE VIEW public.by_settings AS SELECT id, body FROM public.docs WHERE tenant = public.app_name();
+CREATE FUNCTION public.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa() RETURNS text LANGUAGE sql STABLE AS 'SELECT current_user::text';
+CREATE FUNCTION public.long_caller() RETURNS text LANGUAGE sql STABLE
+    AS 'SELECT public.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa_and_more()';
+CREATE VIEW public.by_long_name AS SELECT id, body FROM public.docs WHERE tenant = public.long_caller();
+-- Attribute notation: d.owner_of calls public.owner_of(d).
+CREATE FUNCTION public.owner_of(d public.docs) RETURNS text LANGUAGE sql STABLE AS 'SELECT current_user::text';
+CREATE FUNCTION public.via_attribute(d public.docs) RETURNS text LANGUAGE sql STABLE AS 'SELECT d.owner_of';
+CREATE VIEW public.by_attribute AS SELECT d.id, d.body FROM public.docs d WHERE d.tenant = public.via_attribute(d);
+-- An operator whose negator reads the role: the planner turns NOT (a === b) into a !== b.
+CREATE FUNCTION public.same(text, text) RETURNS boolean LANGUAGE sql IMMUTABLE AS 'SELECT $1 = $2';
+CREATE FUNCTION public.not_mine(text, text) RETURNS boolean LANGUAGE sql STABLE AS 'SELECT $1 <> current_user';
+CREATE OPERATOR public.!== (LEFTARG = text, RIGHTARG = text, FUNCTION = public.not_mine);
+CREATE OPERATOR public.=== (LEFTARG = text, RIGHTARG = text, FUNCTION = public.same, NEGATOR = OPERATOR(public.!==));
+CREATE VIEW public.by_negator AS SELECT id, body FROM public.docs WHERE NOT (tenant OPERATOR(public.===) 'x');
+-- A table whose row security policy reads the role (current_user there is the reader).
+CREATE TABLE public.secrets (id int PRIMARY KEY, body text, tenant text);
+ALTER TABLE public.secrets ENABLE ROW LEVEL SECURITY, FORCE ROW LEVEL SECURITY;
+CREATE POLICY mine ON public.secrets USING (tenant = current_user);
+CREATE VIEW public.by_policy AS SELECT id, body FROM public.secrets;
+-- A function that writes: a trigger and a column default of the table it writes read the role.
+CREATE TABLE public.visits (id int, who text);
+CREATE FUNCTION public.stamp_who() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN NEW.who := current_user; RETURN NEW; END $$;
+CREATE TRIGGER stamp BEFORE INSERT ON public.visits FOR EACH ROW EXECUTE FUNCTION public.stamp_who();
+CREATE FUNCTION public.visit(i int) RETURNS text LANGUAGE sql VOLATILE AS 'INSERT INTO public.visits (id) VALUES (i) RETURNING who';
+CREATE VIEW public.by_trigger AS SELECT id, public.visit(id) AS body FROM public.docs;
+CREATE TABLE public.marks (id int, who text DEFAULT current_user);
+CREATE FUNCTION public.mark(i int) RETURNS text LANGUAGE plpgsql VOLATILE
+    AS $$ DECLARE w text; BEGIN INSERT INTO public.marks (id) VALUES (i) RETURNING who INTO w; RETURN w; END $$;
+CREATE VIEW public.by_write_default AS SELECT id, public.mark(id) AS body FROM public.docs;
+-- A domain whose CHECK constraint reads the role.
+CREATE DOMAIN public.own_text AS text CHECK (VALUE <> current_user);
+CREATE VIEW public.by_domain AS SELECT id, body::public.own_text AS body FROM public.docs;
 -- Harmless: functions that read data only, two deep.
 CREATE FUNCTION public.shout(t text) RETURNS text LANGUAGE sql IMMUTABLE AS 'SELECT pg_catalog.upper(t)';
 CREATE FUNCTION public.headline(t text) RETURNS text LANGUAGE plpgsql STABLE
     AS $$ BEGIN RETURN public.shout(t) || '!'; END $$;
 CREATE VIEW public.headlines AS SELECT id, public.headline(body) AS body FROM public.docs;
 GRANT SELECT ON public.two_deep, public.by_user, public.by_setting, public.by_operator,
-                public.by_aggregate, public.by_default, public.headlines TO ops;
+                public.by_aggregate, public.by_default, public.by_settings, public.by_long_name,
+                public.by_attribute, public.by_negator, public.by_policy, public.by_trigger,
+                public.by_write_default, public.by_domain, public.headlines TO ops;
 RESET ROLE;
 "#;
 
@@ -1026,6 +1064,35 @@ fn views_that_reach_the_reader_through_functions_at_any_depth_are_refused() {
             "calls public.picked(text), which calls public.pick(text,text), which uses SESSION_USER",
         ),
         ("by_default", "calls public.stamp(text,text) (an argument's default), which"),
+        ("by_settings", "calls pg_show_all_settings()"),
+        (
+            "by_long_name",
+            "calls public.long_caller(), which calls public.aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa(), which uses CURRENT_USER",
+        ),
+        (
+            "by_attribute",
+            "which calls public.owner_of(public.docs), which uses CURRENT_USER",
+        ),
+        (
+            "by_negator",
+            "view public.by_negator calls public.not_mine(text,text), which uses CURRENT_USER",
+        ),
+        (
+            "by_policy",
+            "view public.by_policy meets policy mine on public.secrets, which uses CURRENT_USER",
+        ),
+        (
+            "by_trigger",
+            "calls public.visit(integer), which sets off trigger stamp on public.visits, which calls public.stamp_who(), which uses CURRENT_USER",
+        ),
+        (
+            "by_write_default",
+            "calls public.mark(integer), which meets the default of column who of public.marks, which uses CURRENT_USER",
+        ),
+        (
+            "by_domain",
+            "view public.by_domain meets constraint own_text_check of domain public.own_text, which uses CURRENT_USER",
+        ),
     ];
     let refusals = refused_views(&cluster, &meili, &views, &["postgres", "ops"]);
     assert!(
@@ -1098,5 +1165,43 @@ fn views_that_reach_the_reader_through_functions_at_any_depth_are_refused() {
         "{rendered:?}"
     );
     assert!(rendered.contains(&"DOC 1!".to_owned()), "{rendered:?}");
+    // What PostgreSQL applies anywhere without its being written: an `=` of the owner's that
+    // `IN` picks, and a cast to JSON. Each in a database of its own, as it reaches every view.
+    for (database, script, view, what) in [
+        (
+            "reader_in",
+            "CREATE TYPE public.tag AS (v text);
+             CREATE FUNCTION public.tag_eq(public.tag, public.tag) RETURNS boolean LANGUAGE sql STABLE
+                 AS 'SELECT ($1).v OPERATOR(pg_catalog.=) current_user';
+             CREATE OPERATOR public.= (LEFTARG = public.tag, RIGHTARG = public.tag, FUNCTION = public.tag_eq);
+             CREATE FUNCTION public.tagged(t public.tag) RETURNS boolean LANGUAGE sql STABLE
+                 AS 'SELECT t IN (ROW(''x'')::public.tag)';
+             CREATE VIEW public.by_in AS SELECT id, body FROM public.docs WHERE public.tagged(ROW(tenant)::public.tag);",
+            "by_in",
+            "calls public.tag_eq(public.tag,public.tag), which uses CURRENT_USER",
+        ),
+        (
+            "reader_json",
+            "CREATE TYPE public.tag AS (v text);
+             CREATE FUNCTION public.tag_json(public.tag) RETURNS json LANGUAGE sql STABLE
+                 AS 'SELECT pg_catalog.to_json(current_user::text)';
+             CREATE CAST (public.tag AS json) WITH FUNCTION public.tag_json(public.tag);
+             CREATE VIEW public.by_json_cast AS SELECT id, ROW(body)::public.tag AS body FROM public.docs;",
+            "by_json_cast",
+            "a cast PostgreSQL may apply without its being written (implicit, on assignment, or to JSON) calls public.tag_json(public.tag), which uses CURRENT_USER",
+        ),
+    ] {
+        cluster.psql(&format!("CREATE DATABASE {database}"));
+        cluster.use_database(database);
+        cluster.psql_script(&format!(
+            "CREATE EXTENSION pg_meili_sync;
+             GRANT CREATE ON SCHEMA public TO view_owner;
+             SET ROLE view_owner;
+             CREATE TABLE public.docs (id int PRIMARY KEY, body text, tenant text);
+             {script}
+             RESET ROLE;"
+        ));
+        refused_views(&cluster, &meili, &[(view, what)], &["postgres"]);
+    }
     assert_no_crash(&cluster);
 }
