@@ -642,6 +642,24 @@ pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
     })
 }
 
+/// Whether the task is still at `generation`, holding its row (FOR SHARE) until the end of the
+/// transaction: what a worker makes for the task then cannot outlive a drop or an alter that
+/// commits meanwhile (the drop waits, and then finds what was made).
+pub fn hold_task_at(task_id: i64, generation: i32) -> CatalogResult<bool> {
+    // A locking read is not read-only.
+    let held = Spi::connect_mut(|client| {
+        let rows = client.update(
+            "SELECT 1 FROM meili_sync.tasks
+              WHERE id OPERATOR(pg_catalog.=) $1 AND generation OPERATOR(pg_catalog.=) $2
+                FOR SHARE",
+            None,
+            &[task_id.into(), generation.into()],
+        )?;
+        Ok::<_, pgrx::spi::SpiError>(rows.len())
+    })?;
+    Ok(held > 0)
+}
+
 /// Locks the rows of the task, of its replicas or shards and of their resync helpers, in the
 /// order of their ids (as `update_in_id_order_sql` does), before a drop deletes them one by one.
 pub fn lock_task_rows(task_id: i64) -> CatalogResult<()> {

@@ -252,12 +252,19 @@ fn check_own_publication(
         ),
         None => (vec![task.relid], vec![task.relid]),
     };
-    let (check, slot_exists) = in_transaction(live, "checking the task's publication", || {
+    let checked = in_transaction(live, "checking the task's publication", || {
+        // A publication made again for a task dropped meanwhile would be left behind.
+        if !catalog::hold_task_at(task.id, task.generation)? {
+            return Ok(None);
+        }
         let slot_exists = catalog::slot_wal_status(&task.slot_name)?.is_some();
         let check =
             catalog::check_publication(&task.publication_name, &create_with, &must_hold, true)?;
-        Ok((check, slot_exists))
+        Ok(Some((check, slot_exists)))
     })?;
+    let Some((check, slot_exists)) = checked else {
+        return Err(Stop::Terminated);
+    };
     let what = match check {
         catalog::PublicationCheck::Mended(what) => what,
         // Made while its slot exists: dropped before this install recorded it.
