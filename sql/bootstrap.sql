@@ -108,7 +108,11 @@ CREATE TABLE meili_sync.tasks (
     shard_names text[],
     -- On a shard row that a shard was added beside: its documents that moved to another shard
     -- are deleted once every shard has passed this position (by the task's rebalance worker).
-    shard_prune_after pg_lsn
+    shard_prune_after pg_lsn,
+    -- The shape the task's documents were copied in (columns, their names and types, a view's
+    -- definition; `catalog::fragments::SOURCE_SHAPE_SQL`): a DDL that changes the source's makes
+    -- the launcher show the task out of shape until a resync copies it again.
+    shape text
 );
 COMMENT ON TABLE meili_sync.tasks IS 'One row per sync task; state is what the task should be doing.';
 -- Task workers update this table while they hold a decoding context; as a user catalog table its

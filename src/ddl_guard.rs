@@ -7,7 +7,8 @@
 //! fails in Postgres as it would without us, and stops nothing.
 //!
 //! The same hook wakes the database's launcher at the commit of `CREATE`/`ALTER EXTENSION
-//! pg_meili_sync` and of a `COPY` into its catalog (a restore), which call no task function.
+//! pg_meili_sync` and of a `COPY` into its catalog (a restore), which call no task function, and
+//! of a DDL that may change what a task's documents look like (the launcher compares shapes).
 
 use std::ffi::CStr;
 use std::time::{Duration, Instant};
@@ -93,13 +94,40 @@ unsafe extern "C-unwind" fn leave_database_first(
             .execute()
         }
     }
-    if wakes {
+    // SAFETY: as above.
+    if wakes || (unsafe { may_change_shape(node) } && extension_is_here()) {
         shmem::wake_launcher_at_commit();
     }
     // SAFETY: as above.
     if unsafe { may_change_partitions(node) } {
         shmem::note_partitions_changed_at_commit();
     }
+}
+
+/// Whether `node` may change what a task's documents look like without changing rows, so that
+/// the launcher compares each task's shape at its commit (`catalog::show_tasks_out_of_shape`)
+/// rather than at its next round: an `ALTER TABLE` (of a table, a view or a composite type), a
+/// rename (of a column or an attribute), `ALTER TYPE … RENAME VALUE`, `CREATE OR REPLACE VIEW`.
+///
+/// # Safety
+/// `node` is a valid utility statement node (or null).
+unsafe fn may_change_shape(node: *mut pg_sys::Node) -> bool {
+    // SAFETY: the caller's node, checked for NULL first.
+    !node.is_null()
+        && matches!(
+            unsafe { (*node).type_ },
+            pg_sys::NodeTag::T_AlterTableStmt
+                | pg_sys::NodeTag::T_RenameStmt
+                | pg_sys::NodeTag::T_AlterEnumStmt
+                | pg_sys::NodeTag::T_ViewStmt
+        )
+}
+
+/// Whether this database has the extension: a DDL elsewhere wakes no launcher.
+fn extension_is_here() -> bool {
+    // SAFETY: called on a backend's main thread inside the statement's transaction, after the
+    // command ran; `missing_ok` makes an absent extension InvalidOid, not an ERROR.
+    unsafe { pg_sys::get_extension_oid(c"pg_meili_sync".as_ptr(), true) != pg_sys::InvalidOid }
 }
 
 /// Whether `node` may attach, detach or drop a partition: an `ALTER TABLE` with `ATTACH` or

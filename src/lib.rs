@@ -15,6 +15,7 @@ mod gucs;
 mod jsonb;
 mod materialized;
 mod plan;
+mod resync_request;
 mod search;
 mod security;
 mod shmem;

@@ -197,6 +197,17 @@ pub fn recheck_source(
     })
 }
 
+/// The tables a task's publication holds: its table, or every table its view reads.
+pub fn published_tables(
+    record: &TaskRecord,
+    options: &TaskOptions,
+) -> Result<Vec<String>, SyncError> {
+    Ok(match check_task_source(record, options)? {
+        (_, Some(view)) => view.published_tables(),
+        (info, None) => vec![info.qualified_name],
+    })
+}
+
 /// What is checked of an existing task's table or view before work on it (a worker's copy or
 /// stream, a resync): an ordinary table or a view that the task's owner may read, and a view
 /// that can still be followed. Its catalog facts, and the plan of a view (None for a table).

@@ -11,7 +11,7 @@ mod verify;
 
 use crate::catalog;
 use crate::error::{ErrorKind, SyncError};
-use crate::{gucs, security, shmem};
+use crate::{gucs, security};
 
 pub(super) use crate::shmem::wake_launcher_at_commit;
 
@@ -135,20 +135,4 @@ pub(super) fn task_and_replicas(
     let mut rows = catalog::replicas_of(record.id)?;
     rows.insert(0, record);
     Ok(rows)
-}
-
-/// Each task row (resync helpers' and replicas' too) keeps a slot of shared memory for its live
-/// state and counters: room for `adding` more rows within `meili_sync.max_tasks`.
-pub(super) fn require_task_room(adding: usize) -> Result<(), SyncError> {
-    let limit = gucs::max_tasks();
-    // The other databases' tasks that have run since the server started hold entries too.
-    let elsewhere = shmem::entries_of_other_databases() as i64;
-    if catalog::task_count()? + elsewhere + adding as i64 <= limit as i64 {
-        return Ok(());
-    }
-    Err(SyncError::new(
-        ErrorKind::Limit,
-        format!("there are already {limit} meili_sync tasks in this cluster's databases, as many as meili_sync.max_tasks allows"),
-    )
-    .hint("Drop tasks you no longer need, or raise meili_sync.max_tasks (and max_worker_processes) in postgresql.conf and restart the server."))
 }

@@ -7,7 +7,7 @@ use pgrx::{JsonB, PgRelation};
 
 use super::{
     require_admin, require_launcher_database, require_logical_wal, require_preloaded,
-    require_select, require_task, require_task_room, required, wake_launcher_at_commit,
+    require_select, require_task, required, wake_launcher_at_commit,
 };
 use crate::catalog::{self, NewTask, RelationInfo, TaskState};
 use crate::encode::{encode_row, ColumnValue};
@@ -17,8 +17,7 @@ use crate::meili::client::{Client, MeiliError};
 use crate::options::{validate_index_uid, Replica, TaskOptions, WriteMode};
 use crate::pg_catalog::ReplicaIdentity;
 use crate::vectors;
-use crate::worker::resync;
-use crate::{gucs, plan, security};
+use crate::{gucs, plan, resync_request, security};
 
 /// Whether the old row of an UPDATE or DELETE on `table` carries every column of `sorted_key`.
 fn identity_covers(table: &RelationInfo, sorted_key: &[String]) -> bool {
@@ -381,7 +380,7 @@ fn start_task(
         )
         .hint("The key columns identify each document and are always sent."));
     }
-    require_task_room(servers.len())?;
+    catalog::require_task_room(servers.len())?;
     for server in &servers {
         refuse_index_in_use(&server.url, index_uid, None)?;
     }
@@ -502,22 +501,6 @@ fn refuse_leaving_shared_decoding(
         ),
     )
     .hint("Start a new task with '{\"decoding\": \"own\"}' (meili_sync_drop, then meili_sync_start): it copies the table again."))
-}
-
-/// A task moving into the shared decoding pass streams from its own slot for a moment more; a
-/// resync waits until it has moved.
-fn refuse_while_moving(record: &catalog::TaskRecord) -> Result<(), SyncError> {
-    if !record.moving {
-        return Ok(());
-    }
-    Err(SyncError::new(
-        ErrorKind::Prerequisite,
-        format!(
-            "task {} is moving into the shared decoding pass",
-            record.id
-        ),
-    )
-    .hint("It moves once it streams and has caught up; meili_sync_status shows decoding = 'shared' then. Try again after that."))
 }
 
 /// A task held for the swap of its resync changes only through the helper, for a moment.
@@ -804,17 +787,6 @@ fn refuse_on_replica(
     .hint(hint(task)))
 }
 
-/// The tables a task's publication holds: its table, or every table its view reads.
-fn published_tables(
-    record: &catalog::TaskRecord,
-    options: &TaskOptions,
-) -> Result<Vec<String>, SyncError> {
-    Ok(match plan::check_task_source(record, options)? {
-        (_, Some(view)) => view.published_tables(),
-        (info, None) => vec![info.qualified_name],
-    })
-}
-
 /// `meili_sync_alter(task, '{"replicas": [...]}')`: each server the task does not write to yet
 /// gets a replica row (its worker copies the table into it while the others stream on), and each
 /// replica left out is removed. The task's own server stays. Returns the key given for it.
@@ -846,7 +818,7 @@ fn change_replicas(
             replica.url != record.url && !existing.iter().any(|row| row.url == replica.url)
         })
         .collect();
-    require_task_room(adding.len())?;
+    catalog::require_task_room(adding.len())?;
     for replica in &adding {
         refuse_index_in_use(&replica.url, &record.index_uid, None)?;
     }
@@ -871,7 +843,7 @@ fn change_replicas(
         }
     }
     if !adding.is_empty() {
-        let published = published_tables(record, parsed)?;
+        let published = plan::published_tables(record, parsed)?;
         for replica in adding {
             insert_member(
                 record,
@@ -980,7 +952,7 @@ fn change_shards(
     }
     let adding = &parsed.shards[existing.len()..];
     if !adding.is_empty() {
-        require_task_room(adding.len())?;
+        catalog::require_task_room(adding.len())?;
         for shard in adding {
             refuse_index_in_use(&shard.url, &record.index_uid, None)?;
         }
@@ -989,7 +961,7 @@ fn change_shards(
             .iter()
             .map(|shard| shard.name.clone())
             .collect();
-        let published = published_tables(record, parsed)?;
+        let published = plan::published_tables(record, parsed)?;
         for shard in adding {
             insert_member(
                 record,
@@ -1035,123 +1007,11 @@ fn meili_sync_resync(task: Option<i64>) -> i64 {
         require_launcher_database()?;
         let record = require_task(task)?;
         require_select(&record)?;
-        if let Some(rebuilt) = record.resync_of {
-            return Err(SyncError::new(
-                ErrorKind::InvalidParameter,
-                format!("task {} is the resync helper of task {rebuilt}", record.id),
-            )
-            .hint(format!("Resync task {rebuilt} itself.")));
-        }
-        let rows: Vec<catalog::TaskRecord> = if record.replica_of.is_some() {
-            vec![record.clone()]
-        } else {
-            std::iter::once(record.clone())
-                .chain(catalog::replicas_of(record.id)?)
-                .collect()
-        };
-        let root = record.replica_of.unwrap_or(record.id);
-        if record.shard.is_some() && catalog::shard_rebalance_pending(root)? {
-            return Err(SyncError::new(
-                ErrorKind::Prerequisite,
-                format!("a shard is still being added to task {root}"),
-            )
-            .hint("Resync once every shard streams and the documents that moved are gone (the server log says when)."));
-        }
-        for row in &rows {
-            refuse_until_resyncable(row)?;
-        }
-        let fresh_uid = resync::helper_index_uid(&record.index_uid);
-        validate_index_uid(&fresh_uid).map_err(|_| {
-            SyncError::new(
-                ErrorKind::InvalidParameter,
-                format!(
-                    "index uid \"{}\" is too long to add \"__resync\" for the new index",
-                    record.index_uid
-                ),
-            )
-            .hint("Index uids of tasks to resync must be at most 392 characters long.")
-        })?;
-        for row in &rows {
-            if let Some((existing, _)) = catalog::index_owner_task(&row.url, &fresh_uid)? {
-                return Err(SyncError::new(
-                    ErrorKind::DuplicateTask,
-                    format!("task {existing} already syncs into index \"{fresh_uid}\" at {}, the index a resync would build", row.url),
-                )
-                .hint(format!("Drop task {existing} first.")));
-            }
-        }
-        require_task_room(rows.len())?;
-        let options = TaskOptions::parse(&record.options)?;
-        // Checked as the task's worker checks it: the helper copies with the owner's rights.
-        let published = published_tables(&record, &options)?;
-        let mut helpers = Vec::with_capacity(rows.len());
-        for row in &rows {
-            helpers.push(catalog::insert_task(
-                NewTask {
-                    relid: row.relid,
-                    // The helper acts for the task it rebuilds: its reads, mapping queries and the
-                    // worker's privilege checks are that task owner's, never the caller's.
-                    owner: row.owner,
-                    index_uid: &fresh_uid,
-                    url: &row.url,
-                    api_key: row.api_key.as_deref(),
-                    search_api_key: row.search_api_key.as_deref(),
-                    primary_key: &row.primary_key,
-                    options: row.options.clone(),
-                    resync_of: Some(row.id),
-                    replica_of: None,
-                    // A shard's helper keeps the ids its shard keeps.
-                    shard: row.shard.as_deref().zip(row.shard_names.as_deref()),
-                },
-                &published,
-            )?);
-        }
-        if rows.len() > 1 {
-            let each: Vec<String> = rows
-                .iter()
-                .zip(&helpers)
-                .map(|(row, helper)| {
-                    format!("helper {helper} rebuilds row {} at {}", row.id, row.url)
-                })
-                .collect();
-            notice!(
-                "pg_meili_sync task {}: each server is resynced on its own: {}",
-                record.id,
-                each.join("; ")
-            );
-        }
+        let helpers = resync_request::begin_resync(&record)?;
         wake_launcher_at_commit();
         Ok(helpers[0])
     })();
     result.or_raise()
-}
-
-/// A row can be resynced while it streams, outside a move, and without a resync under way.
-fn refuse_until_resyncable(row: &catalog::TaskRecord) -> Result<(), SyncError> {
-    refuse_while_moving(row)?;
-    if let Some(helper) = catalog::resync_helper(row.id)? {
-        return Err(SyncError::new(
-            ErrorKind::DuplicateTask,
-            format!("task {} is already being resynced by helper task {helper}", row.id),
-        )
-        .hint(format!(
-            "Follow it in meili_sync_status; SELECT meili_sync_drop({helper}, drop_index => true) cancels it."
-        )));
-    }
-    if row.state != TaskState::Streaming {
-        return Err(SyncError::new(
-            ErrorKind::Prerequisite,
-            format!(
-                "task {} is in state \"{}\"; only a streaming task can be resynced",
-                row.id, row.state
-            ),
-        )
-        .hint(format!(
-            "Resume a paused or stopped task first; a task that has not finished its copy, or failed, is copied again with SELECT meili_sync_snapshot({}).",
-            row.id
-        )));
-    }
-    Ok(())
 }
 
 /// Why an index of the task's server could not be deleted, as an ERROR with what to do.
@@ -1234,7 +1094,7 @@ fn meili_sync_drop(task: Option<i64>, drop_index: default!(Option<bool>, false))
             delete_index(&record, &record.index_uid)?;
             // The indexes the resyncs were building go too.
             for (row, _) in &helpers {
-                delete_index(row, &resync::helper_index_uid(&row.index_uid))?;
+                delete_index(row, &resync_request::helper_index_uid(&row.index_uid))?;
             }
         }
         // Before any row goes (and after the servers answered, which may take a while): the

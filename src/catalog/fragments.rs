@@ -32,7 +32,7 @@ pub(super) fn copy_again_sql(message: &str) -> String {
     format!(
         "state = CASE WHEN t.state OPERATOR(pg_catalog.=) ANY ('{{snapshot,streaming}}'::pg_catalog.text[]) THEN 'snapshot' ELSE t.state END,
          generation = t.generation OPERATOR(pg_catalog.+) 1, snapshot_key = NULL, rows_copied = 0, stream_position = NULL,
-         partitions = NULL, snapshot_started_at = NULL, snapshot_finished_at = NULL,
+         partitions = NULL, snapshot_started_at = NULL, snapshot_finished_at = NULL, shape = NULL,
          last_error = {message}, last_error_at = pg_catalog.now()"
     )
 }
@@ -69,3 +69,46 @@ pub(super) fn update_in_id_order_sql(
           WHERE {alias}.id OPERATOR(pg_catalog.=) in_id_order.locked_id {returning}"
     )
 }
+
+/// The SQL expression of the shape of task `t`'s documents as its source gives them now: each
+/// column it sends (after `columns` or `exclude_columns`), with its name, its type, the labels of
+/// an enum it is of and the attributes of a composite it is of (through a domain or an array);
+/// and for a view, the rewrite rules of the view and of every view it reads. The catalog keeps
+/// the shape each task's documents were copied in (`tasks.shape`); a DDL that changes what
+/// documents look like without changing rows makes the two differ.
+pub(super) const SOURCE_SHAPE_SQL: &str = "(SELECT pg_catalog.md5(
+        coalesce(pg_catalog.string_agg(pg_catalog.format('%s %s [%s] [%s]', a.attname,
+                     pg_catalog.format_type(a.atttypid, a.atttypmod),
+                     (SELECT pg_catalog.string_agg(e.enumlabel::pg_catalog.text, ',' ORDER BY e.enumsortorder)
+                        FROM pg_catalog.pg_enum e WHERE e.enumtypid OPERATOR(pg_catalog.=) b.base),
+                     (SELECT pg_catalog.string_agg(pg_catalog.format('%s %s', c.attname, pg_catalog.format_type(c.atttypid, c.atttypmod)), ',' ORDER BY c.attnum)
+                        FROM pg_catalog.pg_type ct
+                        JOIN pg_catalog.pg_attribute c ON c.attrelid OPERATOR(pg_catalog.=) ct.typrelid
+                       WHERE ct.oid OPERATOR(pg_catalog.=) b.base AND c.attnum OPERATOR(pg_catalog.>) 0 AND NOT c.attisdropped)),
+                 ';' ORDER BY a.attnum), '')
+        OPERATOR(pg_catalog.||) coalesce((
+            WITH RECURSIVE read(relid) AS (
+                SELECT t.source::pg_catalog.oid
+                UNION
+                SELECT d.refobjid
+                  FROM read
+                  JOIN pg_catalog.pg_rewrite r ON r.ev_class OPERATOR(pg_catalog.=) read.relid
+                  JOIN pg_catalog.pg_depend d ON d.classid OPERATOR(pg_catalog.=) 'pg_catalog.pg_rewrite'::pg_catalog.regclass
+                       AND d.objid OPERATOR(pg_catalog.=) r.oid
+                       AND d.refclassid OPERATOR(pg_catalog.=) 'pg_catalog.pg_class'::pg_catalog.regclass
+                       AND d.refobjid OPERATOR(pg_catalog.<>) read.relid)
+            -- Where in the statement each node was written is no part of the view's shape.
+            SELECT pg_catalog.string_agg(pg_catalog.regexp_replace(r.ev_action::pg_catalog.text,
+                       ':(stmt_)?location -?[0-9]+|:stmt_len [0-9]+', '', 'g'), ';' ORDER BY r.ev_class)
+              FROM read JOIN pg_catalog.pg_rewrite r ON r.ev_class OPERATOR(pg_catalog.=) read.relid), ''))
+       FROM pg_catalog.pg_attribute a
+       JOIN pg_catalog.pg_type ty ON ty.oid OPERATOR(pg_catalog.=) a.atttypid
+       CROSS JOIN LATERAL (SELECT CASE WHEN ty.typtype OPERATOR(pg_catalog.=) 'd' THEN ty.typbasetype
+                                       WHEN ty.typelem OPERATOR(pg_catalog.<>) 0 AND ty.typlen OPERATOR(pg_catalog.=) -1 THEN ty.typelem
+                                       ELSE ty.oid END) b(base)
+      WHERE a.attrelid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid
+        AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
+        AND (a.attname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (t.primary_key)
+             OR ((NOT t.options OPERATOR(pg_catalog.?) 'columns'
+                  OR a.attname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.jsonb_array_elements_text(t.options OPERATOR(pg_catalog.->) 'columns'))))
+                 AND NOT a.attname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.jsonb_array_elements_text(coalesce(t.options OPERATOR(pg_catalog.->) 'exclude_columns', '[]'::pg_catalog.jsonb)))))))";

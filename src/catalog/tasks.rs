@@ -5,7 +5,9 @@ use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 use pgrx::JsonB;
 
-use super::fragments::{copy_again_sql, update_in_id_order_sql, OWN_SLOT_SQL, SHARED_TASK_SQL};
+use super::fragments::{
+    copy_again_sql, update_in_id_order_sql, OWN_SLOT_SQL, SHARED_TASK_SQL, SOURCE_SHAPE_SQL,
+};
 use super::install::INSTALL_TOKEN_SQL;
 use super::shared::shared_object_name;
 use super::{
@@ -635,7 +637,8 @@ pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
             task_id,
             "state = 'snapshot', generation = generation + 1, snapshot_key = NULL, rows_copied = 0,
              stream_position = NULL, partitions = NULL,
-             snapshot_started_at = NULL, snapshot_finished_at = NULL, last_error = NULL, last_error_at = NULL",
+             snapshot_started_at = NULL, snapshot_finished_at = NULL, shape = NULL,
+             last_error = NULL, last_error_at = NULL",
             Vec::new(),
         )?;
         changed.into_iter().try_for_each(announce_state_change)
@@ -720,11 +723,16 @@ pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
 pub fn mark_snapshot_started(task_id: i64, partitions: Option<&[u32]>) -> CatalogResult<()> {
     let partitions: Option<Vec<pg_sys::Oid>> =
         partitions.map(|leaves| leaves.iter().copied().map(pg_sys::Oid::from).collect());
+    // The shape the documents are copied in: kept by a resumed copy, whose first rows may have
+    // gone in the shape of its first start.
     Spi::run_with_args(
-        "UPDATE meili_sync.tasks
-            SET snapshot_started_at = coalesce(snapshot_started_at, pg_catalog.now()),
-                partitions = coalesce(partitions, $2)
-          WHERE id OPERATOR(pg_catalog.=) $1",
+        &format!(
+            "UPDATE meili_sync.tasks t
+                SET snapshot_started_at = coalesce(t.snapshot_started_at, pg_catalog.now()),
+                    partitions = coalesce(t.partitions, $2),
+                    shape = coalesce(t.shape, {SOURCE_SHAPE_SQL})
+              WHERE t.id OPERATOR(pg_catalog.=) $1"
+        ),
         &[task_id.into(), partitions.into()],
     )?;
     Ok(())
@@ -767,6 +775,22 @@ pub fn set_error_state(task_id: i64, message: &str) -> CatalogResult<()> {
         &[task_id.into(), message.into()],
     )?;
     Ok(())
+}
+
+/// Each task row (resync helpers' and replicas' too) keeps a slot of shared memory for its live
+/// state and counters: room for `adding` more rows within `meili_sync.max_tasks`.
+pub fn require_task_room(adding: usize) -> Result<(), SyncError> {
+    let limit = crate::gucs::max_tasks();
+    // The other databases' tasks that have run since the server started hold entries too.
+    let elsewhere = crate::shmem::entries_of_other_databases() as i64;
+    if task_count()? + elsewhere + adding as i64 <= limit as i64 {
+        return Ok(());
+    }
+    Err(SyncError::new(
+        ErrorKind::Limit,
+        format!("there are already {limit} meili_sync tasks in this cluster's databases, as many as meili_sync.max_tasks allows"),
+    )
+    .hint("Drop tasks you no longer need, or raise meili_sync.max_tasks (and max_worker_processes) in postgresql.conf and restart the server."))
 }
 
 pub fn task_count() -> CatalogResult<i64> {
@@ -895,10 +919,12 @@ pub fn finish_swap(helper_id: i64, task: &TaskRecord, lsn: u64) -> CatalogResult
         )?;
     }
     let task_id = task.id;
+    // The index now holds the helper's documents, in the shape the helper copied them in.
     Spi::run_with_args(
-        "UPDATE meili_sync.tasks SET state = 'streaming', generation = generation + 1
+        "UPDATE meili_sync.tasks SET state = 'streaming', generation = generation + 1,
+                shape = (SELECT h.shape FROM meili_sync.tasks h WHERE h.id OPERATOR(pg_catalog.=) $2)
           WHERE id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) 'swapping'",
-        &[task_id.into()],
+        &[task_id.into(), helper_id.into()],
     )?;
     Spi::run_with_args(
         "UPDATE meili_sync.tasks SET resync_phase = 'swapped' WHERE id OPERATOR(pg_catalog.=) $1",
@@ -952,6 +978,81 @@ pub fn fail_tasks_of_dropped_sources() -> CatalogResult<Vec<i64>> {
         "state = 'error', last_error_at = pg_catalog.now(),
          last_error = pg_catalog.format('the table or view this task synced (OID %s) was dropped, so nothing reaches index \"%s\" any more; run SELECT meili_sync_drop(%s) to remove the task, with drop_index => true to delete the index too', t.source::pg_catalog.oid, t.index_uid, t.id)",
     )
+}
+
+/// How a task's `last_error` begins while its documents are not all in its source's shape.
+const OUT_OF_SHAPE: &str = "out of shape";
+
+/// Compares each task's source with the shape its documents were copied in (`tasks.shape`):
+/// a task whose source changed shape since (a column added, dropped, renamed or retyped, an enum
+/// value renamed, a view replaced) shows it in its `last_error`, with the call that brings every
+/// document in line; the ids of the tasks newly shown are returned. A task back in shape (after a
+/// resync, or the DDL undone) no longer shows it. A task of an earlier version that has no shape
+/// recorded gets its source's shape of now. The launcher asks every round.
+pub fn show_tasks_out_of_shape() -> CatalogResult<Vec<i64>> {
+    update_tasks_where(
+        "t",
+        "t.shape IS NULL AND t.snapshot_started_at IS NOT NULL",
+        &format!("shape = {SOURCE_SHAPE_SQL}"),
+    )?;
+    let shown = format!(
+        "pg_catalog.format('{OUT_OF_SHAPE}: the columns of %s changed since its documents were copied (a column added, dropped, renamed or retyped, an enum value renamed, or the view replaced); documents of rows that have not changed since keep their old fields, a dropped column''s values included. %s',
+             t.source,
+             CASE WHEN t.options OPERATOR(pg_catalog.->>) 'schema_changes' OPERATOR(pg_catalog.=) 'report'
+                  THEN pg_catalog.format('Run SELECT meili_sync_resync(%s) to rebuild the index in the new shape while the task streams on (its option \"schema_changes\" is \"report\")', coalesce(t.replica_of, t.id))
+                  ELSE pg_catalog.format('A resync rebuilds the index in the new shape while the task streams on (meili_sync_status shows its helper); if none starts, the server log says why, and SELECT meili_sync_resync(%s) asks again', coalesce(t.replica_of, t.id)) END)"
+    );
+    update_tasks_where(
+        "t",
+        &format!(
+            "t.resync_of IS NULL AND t.shape IS NOT NULL
+             AND t.state OPERATOR(pg_catalog.=) ANY ('{{snapshot,streaming,swapping}}'::pg_catalog.text[])
+             AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid)
+             AND t.shape OPERATOR(pg_catalog.<>) {SOURCE_SHAPE_SQL}
+             AND t.last_error IS DISTINCT FROM {shown}"
+        ),
+        &format!("last_error = {shown}, last_error_at = pg_catalog.now()"),
+    )
+    .and_then(|shown_now| {
+        update_tasks_where(
+            "t",
+            &format!(
+                "pg_catalog.starts_with(t.last_error, '{OUT_OF_SHAPE}')
+                 AND (t.state OPERATOR(pg_catalog.<>) ALL ('{{snapshot,streaming,swapping}}'::pg_catalog.text[])
+                      OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid)
+                      OR t.shape OPERATOR(pg_catalog.=) {SOURCE_SHAPE_SQL})"
+            ),
+            "last_error = NULL, last_error_at = NULL",
+        )?;
+        Ok(shown_now)
+    })
+}
+
+/// The tasks out of shape that resync on their own (`"schema_changes"` other than `"report"`):
+/// a streaming task (not a replica's or shard's row: its resync rebuilds every server) whose
+/// source changed shape, or one of whose rows shows it, and that no resync rebuilds yet.
+pub fn tasks_to_resync_for_their_shape() -> CatalogResult<Vec<i64>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            &format!(
+                "SELECT t.id FROM meili_sync.tasks t
+                  WHERE t.replica_of IS NULL AND t.resync_of IS NULL
+                    AND t.state OPERATOR(pg_catalog.=) 'streaming'
+                    AND (t.options OPERATOR(pg_catalog.->>) 'schema_changes') IS DISTINCT FROM 'report'
+                    AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid)
+                    AND (t.shape OPERATOR(pg_catalog.<>) {SOURCE_SHAPE_SQL}
+                         OR EXISTS (SELECT 1 FROM meili_sync.tasks m
+                                     WHERE m.replica_of OPERATOR(pg_catalog.=) t.id
+                                       AND pg_catalog.starts_with(m.last_error, '{OUT_OF_SHAPE}')))
+                    AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks h JOIN meili_sync.tasks m ON h.resync_of OPERATOR(pg_catalog.=) m.id
+                                     WHERE m.id OPERATOR(pg_catalog.=) t.id OR m.replica_of OPERATOR(pg_catalog.=) t.id)
+                  ORDER BY t.id"
+            ),
+            None,
+            &[],
+        )?;
+        Ok(ids_of(rows)?)
+    })
 }
 
 pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {

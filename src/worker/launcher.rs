@@ -19,7 +19,7 @@ use crate::pacing::Throttle;
 use crate::pg_catalog::SlotStatus;
 use crate::shmem::WorkerId;
 use crate::worker::control::{database_of_worker, reload_config_if_asked};
-use crate::{gucs, shmem};
+use crate::{gucs, resync_request, shmem};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(60);
 /// A worker that ran this long before exiting is not counted as a crash loop.
@@ -317,6 +317,10 @@ impl Launcher {
         // The WAL guard reads the catalog, which exists only with the extension.
         if installed {
             guard.check();
+        }
+        // Not while the catalog is another version's or a copy's (no task of it runs then).
+        if installed && !waits_for_update && !tasks.is_empty() {
+            resync_tasks_out_of_shape();
         }
         if idle {
             Round::Idle
@@ -662,6 +666,16 @@ fn read_catalog() -> Option<CatalogRead> {
         for task_id in failed.unwrap_or_default() {
             warning!("pg_meili_sync task {task_id} stopped: its table or view was dropped");
         }
+        let out_of_shape = read(
+            "the shape of the tasks' sources",
+            catalog::show_tasks_out_of_shape(),
+        );
+        for task_id in out_of_shape.unwrap_or_default() {
+            warn_with_hint(
+                format!("pg_meili_sync task {task_id}: the columns of its table or view changed since its documents were copied; documents of rows that have not changed since keep their old fields"),
+                "meili_sync_status.last_error says which call rebuilds the index in the new shape (meili_sync_resync).",
+            );
+        }
         Some(CatalogRead {
             tasks: read("the tasks", catalog::list_tasks())?,
             orphans: read("the slots of dropped tasks", catalog::orphans())?,
@@ -670,6 +684,43 @@ fn read_catalog() -> Option<CatalogRead> {
             waits_for_update: false,
         })
     })
+}
+
+/// Resyncs each task that a DDL put out of shape (`catalog::show_tasks_out_of_shape`), unless its
+/// option `"schema_changes"` is `"report"`, each in a transaction of its own: a task that cannot
+/// be resynced now (a shard being added, no room for its helpers) is told once a minute and asked
+/// again next round, and never holds up another.
+fn resync_tasks_out_of_shape() {
+    let Some(tasks) = read(
+        "the tasks to resync for their shape",
+        BackgroundWorker::transaction(catalog::tasks_to_resync_for_their_shape),
+    ) else {
+        return;
+    };
+    for task_id in tasks {
+        survive(
+            move || BackgroundWorker::transaction(|| resync_for_shape(task_id)),
+            (),
+        );
+    }
+}
+
+fn resync_for_shape(task_id: i64) {
+    let helpers = catalog::load_task(task_id).and_then(|record| match record {
+        Some(record) => resync_request::begin_resync(&record),
+        None => Ok(Vec::new()),
+    });
+    match helpers {
+        Ok(helpers) => {
+            if let Some(helper) = helpers.first() {
+                log!("pg_meili_sync task {task_id}: a DDL changed what its documents look like; helper task {helper} resyncs it into a new index, in the new shape, while it streams on");
+            }
+        }
+        Err(error) => warn_once_a_minute(format!(
+            "task {task_id} is out of shape and cannot be resynced now: {}",
+            error.message
+        )),
+    }
 }
 
 /// How often the launcher logs the same failure of a round (reading the catalog, dropping an

@@ -29,11 +29,6 @@ use crate::worker::control::{
 };
 use crate::worker::drive::{Reading, SwapGate};
 
-/// The uid of the index a resync builds for `index_uid`.
-pub fn helper_index_uid(index_uid: &str) -> String {
-    format!("{index_uid}__resync")
-}
-
 /// Before the copy: a new, empty index with the live index's key and settings. A leftover of an
 /// earlier resync is deleted first.
 pub fn prepare_fresh_index(

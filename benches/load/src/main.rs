@@ -11,6 +11,7 @@
 //!   cargo run --release -p pg_meili_sync_load -- fanout [parents] [children_per_parent] [rows_per_transaction]
 //!   cargo run --release -p pg_meili_sync_load -- hotrow [ids] [rounds]
 //!   cargo run --release -p pg_meili_sync_load -- attach [table_rows] [attached_rows]
+//!   cargo run --release -p pg_meili_sync_load -- schema [rows]
 //!   cargo run --release -p pg_meili_sync_load -- search [rows] [seconds per query] [clients] [split cores 0|1]
 //!   cargo run --release -p pg_meili_sync_load -- replicas [servers] [rows] [stream_rows]
 //!   cargo run --release -p pg_meili_sync_load -- shards [servers] [rows] [stream_rows] [search_seconds]
@@ -20,6 +21,7 @@
 mod decoders;
 mod partitions;
 mod replicas;
+mod schema;
 mod search;
 mod shards;
 mod views;
@@ -799,6 +801,7 @@ fn main() {
         "fanout" => views::fanout(arg(0, 1000), arg(1, 20), arg(2, 500)),
         "hotrow" => views::hot_rows(arg(0, 1000), arg(1, 100)),
         "attach" => partitions::attach(arg(0, 500_000), arg(1, 20_000)),
+        "schema" => schema::drop_column(arg(0, 200_000)),
         "replicas" => replicas::replicas(arg(0, 3) as usize, arg(1, 200_000), arg(2, 100_000)),
         "shards" => shards::shards(
             arg(0, 3) as usize,
@@ -814,7 +817,7 @@ fn main() {
         ),
         other => {
             eprintln!(
-                "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout, hotrow, attach, search, replicas or shards"
+                "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout, hotrow, attach, schema, search, replicas or shards"
             );
             std::process::exit(2);
         }

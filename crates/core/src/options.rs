@@ -32,6 +32,25 @@ impl WriteMode {
     }
 }
 
+/// What a task does once a DDL changed what its documents look like without changing rows (a
+/// column dropped, renamed or retyped, an enum value renamed, the view replaced): `Resync`
+/// rebuilds the index in the new shape on its own; `Report` only shows the task out of shape, for
+/// an operator to resync when it suits (a very large source, say).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SchemaChanges {
+    Resync,
+    Report,
+}
+
+impl SchemaChanges {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SchemaChanges::Resync => "resync",
+            SchemaChanges::Report => "report",
+        }
+    }
+}
+
 /// Whether a task's changes come from the database's one shared decoding pass, or from a slot
 /// of its own (isolation, at the cost of decoding every change of the database once more).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,6 +133,7 @@ pub struct TaskOptions {
     /// For a view: its owner declares that its rows are the same for every reader, in place of
     /// the check that follows every function it calls (see docs/security.md).
     pub reader_independent: bool,
+    pub schema_changes: SchemaChanges,
 }
 
 impl Default for TaskOptions {
@@ -142,6 +162,7 @@ impl Default for TaskOptions {
             mappings: Vec::new(),
             geo: None,
             vectors: Vec::new(),
+            schema_changes: SchemaChanges::Resync,
         }
     }
 }
@@ -179,6 +200,7 @@ const KNOWN_OPTIONS: &[&str] = &[
     "geo",
     "vectors",
     "reader_independent",
+    "schema_changes",
 ];
 
 fn invalid(message: String, hint: &str) -> InvalidOption {
@@ -682,6 +704,16 @@ impl TaskOptions {
                         )
                     })?
                 }
+                "schema_changes" => {
+                    parsed.schema_changes = match value.as_str() {
+                        Some("resync") => SchemaChanges::Resync,
+                        Some("report") => SchemaChanges::Report,
+                        _ => return Err(invalid(
+                            format!("option \"schema_changes\" must be \"resync\" or \"report\", not {value}"),
+                            "resync rebuilds the index in the new shape on its own after a DDL that changes the documents; report only shows the task out of shape, for you to run meili_sync_resync.",
+                        )),
+                    }
+                }
                 "geo" => {
                     parsed.geo = Some(value.as_str().filter(|name| !name.is_empty()).map(str::to_owned).ok_or_else(|| {
                         invalid(
@@ -793,6 +825,12 @@ impl TaskOptions {
         }
         if self.reader_independent {
             stored.insert("reader_independent".into(), Value::from(true));
+        }
+        if self.schema_changes != SchemaChanges::Resync {
+            stored.insert(
+                "schema_changes".into(),
+                Value::from(self.schema_changes.as_str()),
+            );
         }
         Value::Object(stored)
     }
@@ -1115,6 +1153,23 @@ mod tests {
         let error = TaskOptions::parse(&json!({"batch_bytes": 200_000_000}))
             .expect_err("above the default limit");
         assert!(error.message.contains("batch_bytes"), "{}", error.message);
+    }
+
+    #[test]
+    fn schema_changes_resync_unless_report_is_asked_and_kept_only_then() {
+        let default = TaskOptions::parse(&json!({})).expect("no options");
+        assert_eq!(default.schema_changes, SchemaChanges::Resync);
+        assert!(default.to_stored_json().get("schema_changes").is_none());
+        let report = TaskOptions::parse(&json!({"schema_changes": "report"})).expect("report");
+        assert_eq!(report.schema_changes, SchemaChanges::Report);
+        assert_eq!(report.to_stored_json()["schema_changes"], json!("report"));
+        let error =
+            TaskOptions::parse(&json!({"schema_changes": "ignore"})).expect_err("not a choice");
+        assert!(
+            error.message.contains("\"schema_changes\""),
+            "{}",
+            error.message
+        );
     }
 
     #[test]

@@ -402,14 +402,7 @@ fn streams_through_every_partition(decoding: &str) {
 /// when it resumes: the task keeps the partitions its index is in line with in its catalog row.
 #[test]
 fn partitions_attached_detached_or_dropped_while_the_task_is_paused_are_followed_on_resume() {
-    let cluster = Cluster::start(&[]);
-    let meili = Meili::from_env();
-    cluster.psql("CREATE EXTENSION pg_meili_sync");
-    cluster.psql(CREATE_EVENTS);
-    cluster.psql(&insert_events(1, 300));
-    let (index, task) = start_task(&cluster, &meili, None, "events", json!({}));
-    cluster.wait_snapshot_done(task, CONVERGE);
-    wait_index_matches_events(&cluster, &meili, &index);
+    let (cluster, meili, index, task) = synced_events();
     cluster.psql(&format!("SELECT meili_sync_pause({task})"));
     wait_for("the task to pause", CONVERGE, || {
         (cluster.status(task).get("state").map(String::as_str) == Some("paused")).then_some(())
@@ -435,6 +428,56 @@ fn partitions_attached_detached_or_dropped_while_the_task_is_paused_are_followed
     );
     assert!(documents.keys().all(|id| !id.contains("2027-")));
     wait_partitions_recorded(&cluster, task, "events_2026_03");
+}
+
+/// A column added on the parent (with a volatile default, each row's own value) and a column
+/// dropped reach every document of every partition: the task resyncs into the new shape, and
+/// then each document is its whole row, with no field of the dropped column left.
+#[test]
+fn a_column_added_and_one_dropped_on_the_parent_reach_every_document() {
+    let (cluster, meili, index, _) = synced_events();
+    cluster.psql_script(
+        "ALTER TABLE events ADD COLUMN stamp text DEFAULT md5(random()::text);
+         ALTER TABLE events DROP COLUMN body;",
+    );
+    cluster.psql(&insert_events(301, 320).replace(", 'event ' || i", ""));
+    let whole_rows = || {
+        cluster
+            .psql("SELECT (to_jsonb(e) || jsonb_build_object('_pk', id || '__' || at))::text FROM events e")
+            .lines()
+            .filter_map(|line| serde_json::from_str::<Value>(line).ok())
+            .map(|document| (document["_pk"].as_str().unwrap_or_default().to_owned(), document))
+            .collect::<BTreeMap<String, Value>>()
+    };
+    wait_until_equal(
+        &cluster,
+        "every document to be its whole row",
+        whole_rows,
+        || indexed(&meili, &index),
+    );
+    let stamps: std::collections::BTreeSet<String> = indexed(&meili, &index)
+        .values()
+        .filter_map(|document| document["stamp"].as_str().map(str::to_owned))
+        .collect();
+    assert!(
+        stamps.len() > 300,
+        "each row's own default: {}",
+        stamps.len()
+    );
+    assert_no_crash(&cluster);
+}
+
+/// `events` with 300 rows, synced by a task whose copy is in the index.
+fn synced_events() -> (Cluster, Meili, String, i64) {
+    let cluster = Cluster::start(&[]);
+    let meili = Meili::from_env();
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(CREATE_EVENTS);
+    cluster.psql(&insert_events(1, 300));
+    let (index, task) = start_task(&cluster, &meili, None, "events", json!({}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    wait_index_matches_events(&cluster, &meili, &index);
+    (cluster, meili, index, task)
 }
 
 /// Every path that encodes rows reads a partitioned table through its partitions: the preview

@@ -396,3 +396,35 @@ fn a_replica_is_added_mid_stream_and_removed_by_alter() {
     assert!(meilis[0].index(&index).is_none());
     assert_no_crash(&cluster);
 }
+
+/// A column dropped from the table reaches every document on every server: the task resyncs
+/// each replica into the new shape on its own, while rows are written.
+#[test]
+fn a_dropped_column_leaves_every_document_on_every_replica() {
+    let Some(meilis) = servers(2) else {
+        return;
+    };
+    let cluster = cluster_with_products(500);
+    let index = meilis[0].unique_index("replicas_shape");
+    let all: Vec<&Meili> = meilis.iter().collect();
+    let task = start_with_options(&cluster, None, "products", &index, &replicas_options(&all));
+    let rows = std::iter::once(task).chain(replica_rows(&cluster, task));
+    for row in rows {
+        cluster.wait_snapshot_done(row, CONVERGE);
+    }
+    for meili in &meilis {
+        wait_index_matches_table(&cluster, meili, &index, "products", CONVERGE);
+    }
+    cluster.psql("ALTER TABLE products DROP COLUMN category");
+    cluster.psql("UPDATE products SET version = version + 1 WHERE id <= 20");
+    cluster.psql("DELETE FROM products WHERE id BETWEEN 21 AND 30");
+    for meili in &meilis {
+        wait_index_matches_table(&cluster, meili, &index, "products", CONVERGE);
+    }
+    wait_for("every resync helper to swap and go", CONVERGE, || {
+        let left =
+            cluster.psql("SELECT count(*) FROM meili_sync.tasks WHERE resync_of IS NOT NULL");
+        (left == "0").then_some(())
+    });
+    assert_no_crash(&cluster);
+}

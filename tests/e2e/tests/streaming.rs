@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::{assert_no_crash, products, wait_for, wait_index_matches_table};
+use pg_meili_sync_e2e::{
+    assert_no_crash, products, start_task, wait_for, wait_index_matches_table,
+};
 use serde_json::json;
 
 const CONVERGE: Duration = Duration::from_secs(300);
@@ -818,4 +820,130 @@ fn stopping_a_busy_worker_never_takes_the_server_down() {
         cluster.tail_log()
     );
     converge(&cluster, &meili, &index);
+}
+
+/// A DDL that changes what the documents look like without changing rows (a column dropped,
+/// added with a default, renamed or retyped, an enum value renamed) shows the task out of shape,
+/// and a resync of its own brings every document in line while writes go on: then every document
+/// equals its row, with no field of a dropped or renamed column left. With `"schema_changes":
+/// "report"` the task only shows it, with the call to make; a column outside `columns` is no
+/// part of the documents and changes nothing.
+#[test]
+fn a_ddl_that_changes_the_documents_resyncs_the_task_into_the_new_shape() {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql_script(
+        "CREATE TYPE public.mood AS ENUM ('sad', 'glad');
+         CREATE TABLE public.t (id int PRIMARY KEY, a text, b int, c int, m public.mood);
+         INSERT INTO public.t SELECT g, 'a' || g, g, g, 'sad' FROM generate_series(1, 100) g;
+         CREATE TABLE public.reported (id int PRIMARY KEY, a text, b int);
+         INSERT INTO public.reported SELECT g, 'r' || g, g FROM generate_series(1, 10) g;
+         CREATE TABLE public.narrow (id int PRIMARY KEY, a text);
+         INSERT INTO public.narrow SELECT g, 'n' || g FROM generate_series(1, 10) g;",
+    );
+    let meili = Meili::from_env();
+    let (index, task) = start_task(&cluster, &meili, None, "public.t", json!({}));
+    let (reported_index, reported) = start_task(
+        &cluster,
+        &meili,
+        None,
+        "public.reported",
+        json!({"schema_changes": "report"}),
+    );
+    let (_, narrow) = start_task(
+        &cluster,
+        &meili,
+        None,
+        "public.narrow",
+        json!({"columns": ["id", "a"]}),
+    );
+    for each in [task, reported, narrow] {
+        cluster.wait_snapshot_done(each, CONVERGE);
+    }
+    wait_index_matches_table(&cluster, &meili, &index, "public.t", CONVERGE);
+    let reported_in_line = || {
+        wait_index_matches_table(
+            &cluster,
+            &meili,
+            &reported_index,
+            "public.reported",
+            CONVERGE,
+        )
+    };
+    reported_in_line();
+    let helpers = |task: i64| {
+        cluster.psql(&format!(
+            "SELECT count(*) FROM meili_sync.tasks WHERE resync_of = {task}"
+        ))
+    };
+    let last_error = |task: i64| {
+        cluster
+            .status(task)
+            .get("last_error")
+            .cloned()
+            .unwrap_or_default()
+    };
+    cluster.psql("ALTER TABLE public.narrow ADD COLUMN z text DEFAULT 'z'");
+    cluster.psql("ALTER TABLE public.reported DROP COLUMN b");
+    cluster.psql_script(
+        "ALTER TABLE public.t DROP COLUMN b;
+         ALTER TABLE public.t ADD COLUMN d text DEFAULT 'dflt';
+         ALTER TABLE public.t RENAME COLUMN a TO a2;
+         ALTER TABLE public.t ALTER COLUMN c TYPE text USING 'c' || c;
+         ALTER TYPE public.mood RENAME VALUE 'sad' TO 'blue';
+         UPDATE public.t SET a2 = a2 || '!' WHERE id = 1;",
+    );
+    // Writes go on while the resync copies.
+    for round in 0..5 {
+        cluster.psql(&format!(
+            "UPDATE public.t SET a2 = a2 || '{round}' WHERE id BETWEEN 10 AND 20;
+             INSERT INTO public.t (id, a2, c, m) VALUES ({}, 'new', 'c', 'glad');",
+            200 + round
+        ));
+    }
+    cluster.psql("DELETE FROM public.t WHERE id = 2");
+    wait_index_matches_table(&cluster, &meili, &index, "public.t", CONVERGE);
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT missing || ' ' || extra || ' ' || different FROM meili_sync_verify({task})"
+        )),
+        "0 0 0"
+    );
+    wait_for("the task back in shape", CONVERGE, || {
+        (!last_error(task).starts_with("out of shape") && helpers(task) == "0").then_some(())
+    });
+    assert!(
+        cluster.server_log().contains(&format!(
+            "pg_meili_sync task {task}: a DDL changed what its documents look like"
+        )),
+        "{}",
+        cluster.tail_log()
+    );
+    // The task that only reports shows it, with the call; it was not resynced.
+    let shown = wait_for("the reporting task shown out of shape", CONVERGE, || {
+        Some(last_error(reported)).filter(|error| error.starts_with("out of shape"))
+    });
+    assert!(
+        shown.contains(&format!("SELECT meili_sync_resync({reported})")),
+        "{shown}"
+    );
+    assert_eq!(helpers(reported), "0");
+    let stale = meili
+        .all_documents(&reported_index)
+        .into_iter()
+        .find(|document| document["id"] == json!(5))
+        .unwrap_or_default();
+    assert_eq!(stale["b"], json!(5), "{stale}");
+    assert!(
+        !last_error(narrow).starts_with("out of shape"),
+        "{}",
+        last_error(narrow)
+    );
+    assert_eq!(helpers(narrow), "0");
+    cluster.psql(&format!("SELECT meili_sync_resync({reported})"));
+    reported_in_line();
+    wait_for("the reporting task back in shape", CONVERGE, || {
+        (!last_error(reported).starts_with("out of shape")).then_some(())
+    });
+    assert_no_crash(&cluster);
 }

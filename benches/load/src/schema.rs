@@ -1,0 +1,81 @@
+//! Load mode `schema`: a column dropped from a synced table of `rows` rows. Prints the copy's
+//! time and rate, then the time from the `DROP COLUMN` until every document is in the new shape
+//! (the resync the launcher starts has swapped in the new index), and the ratio of the two rates.
+
+use std::time::{Duration, Instant};
+
+use pg_meili_sync_e2e::cluster::Cluster;
+use pg_meili_sync_e2e::meili::Meili;
+use pg_meili_sync_e2e::wait_for;
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+pub fn drop_column(rows: i64) {
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql_script(&format!(
+        "CREATE TABLE items (id bigint PRIMARY KEY, name text, note text, price numeric, qty int);
+         INSERT INTO items SELECT i, 'item number ' || i, 'a note to drop ' || i, i % 1000, i % 50
+           FROM generate_series(1, {rows}) i;
+         VACUUM ANALYZE items;"
+    ));
+    let index = meili.unique_index("schema_load");
+    let options = meili.options(serde_json::json!({}));
+    let started = Instant::now();
+    let task: i64 = cluster
+        .psql(&format!(
+            "SELECT meili_sync_start('items', '{index}', '{options}')"
+        ))
+        .parse()
+        .expect("task id");
+    cluster.wait_snapshot_done(task, HOUR);
+    wait_for("the copy in the index", HOUR, || {
+        (meili.document_count(&index) == Some(rows as u64)).then_some(())
+    });
+    let copy = started.elapsed().as_secs_f64();
+
+    // The shape the documents were copied in; a swap records the new one.
+    let copied_in = cluster.psql(&format!(
+        "SELECT shape FROM meili_sync.tasks WHERE id = {task}"
+    ));
+    let started = Instant::now();
+    cluster.psql("ALTER TABLE items DROP COLUMN note");
+    wait_for("every document in the new shape", HOUR, || {
+        (cluster.psql(&format!(
+            "SELECT shape IS DISTINCT FROM '{copied_in}'
+                    AND coalesce(last_error, '') NOT LIKE 'out of shape%'
+                    AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks h WHERE h.resync_of = {task})
+               FROM meili_sync.tasks WHERE id = {task}"
+        )) == "t")
+            .then_some(())
+    });
+    let reshape = started.elapsed().as_secs_f64();
+    println!(
+        "schema change into {}",
+        meili
+            .test_server()
+            .map_or_else(|| meili.url.clone(), |_| "test server".to_owned())
+    );
+    println!("rows              {rows}");
+    println!(
+        "copy              {copy:.2} s ({:.0} rows/s)",
+        rows as f64 / copy
+    );
+    println!(
+        "DROP COLUMN       {reshape:.2} s until every document is in the new shape ({:.0} rows/s)",
+        rows as f64 / reshape
+    );
+    println!("reshape/copy      {:.2}", copy / reshape);
+    if std::env::var("LOAD_VERIFY").is_ok() {
+        println!(
+            "verify            {}",
+            cluster.psql(&format!(
+                "SELECT missing || ' missing, ' || extra || ' extra, ' || different || ' different' FROM meili_sync_verify({task})"
+            ))
+        );
+    }
+    if meili.test_server().is_none() {
+        meili.delete_index(&index);
+    }
+}
