@@ -297,8 +297,8 @@ fn around(query: &AroundQuery) -> CatalogResult<Around> {
              SELECT t.oid FROM pg_catalog.pg_type t
               WHERE t.typtype OPERATOR(pg_catalog.=) 'd'
                 AND (t.oid OPERATOR(pg_catalog.=) ANY ($3) OR t.typname OPERATOR(pg_catalog.=) ANY ($4::pg_catalog.name[])
-                     OR ($5 AND t.oid IN (SELECT a.atttypid FROM pg_catalog.pg_attribute a JOIN rel ON a.attrelid OPERATOR(pg_catalog.=) rel.oid
-                                           WHERE a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped)))
+                     OR ($5 AND t.oid OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT a.atttypid FROM pg_catalog.pg_attribute a JOIN rel ON a.attrelid OPERATOR(pg_catalog.=) rel.oid
+                                           WHERE a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped))))
              UNION
              SELECT b.oid FROM domains d
                JOIN pg_catalog.pg_type t ON t.oid OPERATOR(pg_catalog.=) d.oid

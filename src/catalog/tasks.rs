@@ -670,8 +670,8 @@ pub fn lock_task_rows(task_id: i64) -> CatalogResult<()> {
         Spi::run_with_args(
             "SELECT t.id FROM meili_sync.tasks t
               WHERE t.id OPERATOR(pg_catalog.=) $1 OR t.replica_of OPERATOR(pg_catalog.=) $1
-                 OR t.resync_of IN (SELECT f.id FROM meili_sync.tasks f
-                                     WHERE f.id OPERATOR(pg_catalog.=) $1 OR f.replica_of OPERATOR(pg_catalog.=) $1)
+                 OR t.resync_of OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT f.id FROM meili_sync.tasks f
+                                     WHERE f.id OPERATOR(pg_catalog.=) $1 OR f.replica_of OPERATOR(pg_catalog.=) $1))
               ORDER BY t.id FOR UPDATE OF t",
             &[task_id.into()],
         )?;
@@ -1009,7 +1009,7 @@ pub fn show_tasks_out_of_shape() -> CatalogResult<Vec<i64>> {
              AND t.state OPERATOR(pg_catalog.=) ANY ('{{snapshot,streaming,swapping}}'::pg_catalog.text[])
              AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid)
              AND t.shape OPERATOR(pg_catalog.<>) {SOURCE_SHAPE_SQL}
-             AND t.last_error IS DISTINCT FROM {shown}"
+             AND (t.last_error IS NULL OR t.last_error OPERATOR(pg_catalog.<>) {shown})"
         ),
         &format!("last_error = {shown}, last_error_at = pg_catalog.now()"),
     )
@@ -1038,7 +1038,7 @@ pub fn tasks_to_resync_for_their_shape() -> CatalogResult<Vec<i64>> {
                 "SELECT t.id FROM meili_sync.tasks t
                   WHERE t.replica_of IS NULL AND t.resync_of IS NULL
                     AND t.state OPERATOR(pg_catalog.=) 'streaming'
-                    AND (t.options OPERATOR(pg_catalog.->>) 'schema_changes') IS DISTINCT FROM 'report'
+                    AND coalesce(t.options OPERATOR(pg_catalog.->>) 'schema_changes', '') OPERATOR(pg_catalog.<>) 'report'
                     AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid)
                     AND (t.shape OPERATOR(pg_catalog.<>) {SOURCE_SHAPE_SQL}
                          OR EXISTS (SELECT 1 FROM meili_sync.tasks m
