@@ -95,12 +95,13 @@ unsafe extern "C-unwind" fn leave_database_first(
         }
     }
     // SAFETY: as above.
-    if wakes || (unsafe { may_change_shape(node) } && extension_is_here()) {
+    let changes_shape = unsafe { may_change_shape(node) } && extension_is_here();
+    if wakes || changes_shape {
         shmem::wake_launcher_at_commit();
     }
     // SAFETY: as above.
-    if unsafe { may_change_partitions(node) } {
-        shmem::note_partitions_changed_at_commit();
+    if changes_shape || unsafe { may_change_partitions(node) } {
+        shmem::note_sources_changed_at_commit();
     }
 }
 

@@ -343,38 +343,16 @@ impl ViewPlan {
             .collect()
     }
 
-    /// Refuses to go on when the view reads a table this plan does not follow (a `CREATE OR
-    /// REPLACE VIEW` since the plan was made): its changes never reached the task, so the index
-    /// may be stale, and only a new copy (which publishes the table first) brings it back.
-    pub fn check_follows_every_table(
-        &self,
-        view: pg_sys::Oid,
-        task_id: i64,
-    ) -> Result<(), SyncError> {
-        let unfollowed: Vec<String> = catalog::base_tables(view)?
+    /// The tables the view reads now that this plan does not follow (a `CREATE OR REPLACE VIEW`
+    /// since the plan was made), schema-qualified: their changes do not reach the task until a
+    /// new plan follows them (`catalog::follow_new_tables`).
+    pub fn unfollowed_tables(&self, view: pg_sys::Oid) -> Result<Vec<String>, SyncError> {
+        Ok(catalog::base_tables(view)?
             .into_iter()
             .filter(|table| !self.tables.iter().any(|(relid, _)| *relid == table.relid))
             .map(|table| table.qualified_name)
-            .collect();
-        if unfollowed.is_empty() {
-            return Ok(());
-        }
-        Err(unfollowed_tables(&self.view, &unfollowed, task_id))
+            .collect())
     }
-}
-
-/// The error of a view task whose view now reads tables its publication does not hold.
-pub fn unfollowed_tables(view: &str, tables: &[String], task_id: i64) -> SyncError {
-    SyncError::new(
-        ErrorKind::Prerequisite,
-        format!(
-            "view {view} now reads {}, which this task did not follow (the view was replaced), so the index may miss their changes",
-            tables.join(", ")
-        ),
-    )
-    .hint(format!(
-        "Run SELECT meili_sync_snapshot({task_id}): the task then follows every table the view reads and copies the view again."
-    ))
 }
 
 const MAPPING_SHAPE: &str = "{\"mappings\": {\"<table>\": \"SELECT <document key> FROM ... WHERE <column> = ANY($1::<key type>[])\"}}";

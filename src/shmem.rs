@@ -341,8 +341,9 @@ impl DatabaseLauncher {
 pub struct SharedState {
     /// The cluster launcher's latch: it starts the databases' launchers.
     cluster_latch: usize,
-    /// Commits that attached, detached or dropped a table (`note_partitions_changed_at_commit`).
-    partitions_changed: u64,
+    /// Commits that may have changed a task's source without changing rows: attached, detached
+    /// or dropped a table, altered one, or replaced a view (`note_sources_changed_at_commit`).
+    sources_changed: u64,
     /// One entry per database that runs tasks (or cleans up after them), or is paused by a DDL
     /// command: a database with nothing for us holds none, so that empty databases cannot use the
     /// table up. The first `meili_sync.max_databases` are used.
@@ -355,7 +356,7 @@ impl Default for SharedState {
     fn default() -> Self {
         SharedState {
             cluster_latch: 0,
-            partitions_changed: 0,
+            sources_changed: 0,
             databases: [DatabaseLauncher::FREE; crate::gucs::DATABASE_ENTRIES],
             entries: [LiveEntry::EMPTY; crate::gucs::TASK_ENTRIES],
             waiters: [Waiter::FREE; WAITERS],
@@ -745,33 +746,34 @@ pub fn wake_launcher_at_commit() {
     }
 }
 
-static PARTITIONS_PENDING: std::sync::atomic::AtomicBool =
-    std::sync::atomic::AtomicBool::new(false);
+static SOURCES_PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// When the transaction commits, counts a change that may have attached, detached or dropped a
-/// partition (`partitions_changed`) and wakes this database's workers: a task on a partitioned
-/// table then looks at its partitions at once rather than at its next look.
-pub fn note_partitions_changed_at_commit() {
+/// When the transaction commits, counts a change that may have changed a task's source without
+/// changing rows (`sources_changed`: a partition attached, detached or dropped, a view replaced)
+/// and wakes this database's workers: a task on a partitioned table then looks at its partitions,
+/// and a view task at the tables its view reads, at once rather than at its next look.
+pub fn note_sources_changed_at_commit() {
     use pgrx::{register_xact_callback, PgXactCallbackEvent};
     use std::sync::atomic::Ordering;
-    if !PARTITIONS_PENDING.swap(true, Ordering::Relaxed) {
+    if !SOURCES_PENDING.swap(true, Ordering::Relaxed) {
         register_xact_callback(PgXactCallbackEvent::Commit, || {
-            PARTITIONS_PENDING.store(false, Ordering::Relaxed);
+            SOURCES_PENDING.store(false, Ordering::Relaxed);
             {
                 let mut state = STATE.exclusive();
-                state.partitions_changed = state.partitions_changed.wrapping_add(1);
+                state.sources_changed = state.sources_changed.wrapping_add(1);
             }
             wake_task_workers();
         });
         register_xact_callback(PgXactCallbackEvent::Abort, || {
-            PARTITIONS_PENDING.store(false, Ordering::Relaxed);
+            SOURCES_PENDING.store(false, Ordering::Relaxed);
         });
     }
 }
 
-/// How many commits may have attached, detached or dropped a partition since the server started.
-pub fn partitions_changed() -> u64 {
-    STATE.share().partitions_changed
+/// How many commits may have changed a task's source without changing rows since the server
+/// started.
+pub fn sources_changed() -> u64 {
+    STATE.share().sources_changed
 }
 
 /// Publishes the cluster launcher's latch.

@@ -529,6 +529,47 @@ fn announce_state_change(task_id: i64) -> CatalogResult<()> {
     announce_generation(task_id, i64::from(generation))
 }
 
+/// The shape recorded for a view task whose stream did not follow some tables its view reads for
+/// a while (the view was replaced to read them): it equals no source's shape, so the launcher
+/// brings the index in line as after any change of shape (`show_tasks_out_of_shape`).
+const SHAPE_OF_UNFOLLOWED_CHANGES: &str = "changes of tables the view reads were not followed";
+
+/// A view task's stream found its view reading tables its plan does not follow: at this
+/// transaction's commit its stream stops and starts again with a plan that follows them (a new
+/// generation, announced in the WAL), and the task is out of shape, since their changes before
+/// were not followed. False when the task has another generation already.
+pub fn follow_new_tables(task_id: i64, generation: i32) -> CatalogResult<bool> {
+    let bumped = Spi::connect_mut(|client| {
+        let rows = client.update(
+            "UPDATE meili_sync.tasks SET generation = generation + 1, shape = $3
+              WHERE id OPERATOR(pg_catalog.=) $1 AND generation OPERATOR(pg_catalog.=) $2
+             RETURNING id",
+            None,
+            &[
+                task_id.into(),
+                generation.into(),
+                SHAPE_OF_UNFOLLOWED_CHANGES.into(),
+            ],
+        )?;
+        ids_of(rows)
+    })?;
+    if bumped.is_empty() {
+        return Ok(false);
+    }
+    announce_state_change(task_id)?;
+    Ok(true)
+}
+
+/// A view task's worker published tables its view reads that the task did not follow: the task
+/// is out of shape (see `follow_new_tables`).
+pub fn note_unfollowed_changes(task_id: i64) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET shape = $2 WHERE id OPERATOR(pg_catalog.=) $1",
+        &[task_id.into(), SHAPE_OF_UNFOLLOWED_CHANGES.into()],
+    )?;
+    Ok(())
+}
+
 fn announce_generation(task_id: i64, generation: i64) -> CatalogResult<()> {
     Spi::run_with_args(
         "SELECT pg_catalog.pg_logical_emit_message(true, $1::pg_catalog.text, $2::pg_catalog.text)",

@@ -20,7 +20,7 @@ use crate::worker::control::{
 };
 
 /// How often a task looks for partitions detached, dropped or attached, besides at once after a
-/// commit that may have changed some (`shmem::note_partitions_changed_at_commit`).
+/// commit that may have changed some (`shmem::note_sources_changed_at_commit`).
 const LOOK_INTERVAL: Duration = Duration::from_secs(2);
 
 pub struct PartitionWatch {
@@ -48,7 +48,7 @@ pub struct PartitionWatch {
     /// The leaf partitions the catalog says the index is in line with (`catalog::save_partitions`).
     stored: Option<Vec<u32>>,
     next_look: Instant,
-    /// `shmem::partitions_changed` at the last look: when it moves, the next look is now.
+    /// `shmem::sources_changed` at the last look: when it moves, the next look is now.
     changes_seen: u64,
 }
 
@@ -82,7 +82,7 @@ impl PartitionWatch {
                 .unwrap_or_else(|| plan.partitions.clone()),
             stored: task.partitions.clone(),
             next_look: Instant::now(),
-            changes_seen: shmem::partitions_changed(),
+            changes_seen: shmem::sources_changed(),
         })
     }
 
@@ -119,7 +119,7 @@ impl PartitionWatch {
     /// key), then its rows are brought in by a repair, which sends what the index lacks. A new
     /// partition without pages (created ahead) streams like the others.
     pub fn look(&mut self, live: LiveStatus) -> Result<(), Stop> {
-        let changes = shmem::partitions_changed();
+        let changes = shmem::sources_changed();
         if Instant::now() < self.next_look && changes == self.changes_seen {
             return Ok(());
         }
@@ -242,7 +242,7 @@ impl PartitionWatch {
     pub fn pending(&self) -> bool {
         self.due_at.is_some()
             || Instant::now() >= self.next_look
-            || shmem::partitions_changed() != self.changes_seen
+            || shmem::sources_changed() != self.changes_seen
     }
 }
 

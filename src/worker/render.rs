@@ -25,7 +25,7 @@ use crate::failure::Advice;
 use crate::options::TaskOptions;
 use crate::plan::{self, SnapshotPlan, ViewPlan};
 use crate::security;
-use crate::shmem::LiveStatus;
+use crate::shmem::{self, LiveStatus};
 use crate::state_change;
 use crate::worker::control::{in_transaction, in_user_transaction, should_stop, Stop};
 use crate::worker::drive::{PassStream, Settlement, TaskStream};
@@ -59,6 +59,29 @@ fn collector(view: &ViewPlan) -> AffectedKeys {
         .with_partition_ancestors(Box::new(catalog::partition_ancestors))
 }
 
+/// The view reads tables the task's plan does not follow (it was replaced to read them): asks for
+/// a new plan, which stops the task's stream at this transaction's commit and starts it again
+/// following them (`catalog::follow_new_tables`). Their changes until then were not followed, so
+/// the task is out of shape until its documents are brought in line.
+pub fn follow_new_tables(
+    task: &catalog::TaskRecord,
+    view: &str,
+    missing: &[String],
+    live: LiveStatus,
+) -> Result<(), Stop> {
+    let asked = in_transaction(live, "following the tables the view reads now", || {
+        catalog::follow_new_tables(task.id, task.generation)
+    })?;
+    if asked {
+        log!(
+            "pg_meili_sync task {}: view {view} now reads {}, which the task follows from here on; its documents are brought in line as after any change of shape",
+            task.id,
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
 /// One view task's stream: collects affected keys while decoding and renders them between reads.
 /// Its dispatcher is borrowed in a task worker (which used it for the copy first) and owned in the
 /// shared decoder.
@@ -77,6 +100,10 @@ pub struct ViewStream<D: BorrowMut<Dispatcher>> {
     ended: bool,
     /// The partitions of the partitioned tables the view reads.
     partitioned: Option<PartitionWatch>,
+    /// `shmem::sources_changed` when the tables the view reads were last compared with the plan's.
+    sources_seen: Option<u64>,
+    /// A new plan was asked for (`follow_new_tables`): this stream ends at its commit.
+    replanned: bool,
 }
 
 impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
@@ -101,7 +128,35 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
             settlement: Settlement::default(),
             ended: false,
             partitioned: None,
+            sources_seen: None,
+            replanned: false,
         }
+    }
+
+    /// Once, and after each commit that may have replaced a view: compares the tables the view
+    /// reads with those this stream follows, so that a new table is followed without waiting for
+    /// a render.
+    fn look_at_tables(&mut self) -> Result<(), Stop> {
+        let changes = shmem::sources_changed();
+        if self.replanned || self.sources_seen == Some(changes) {
+            return Ok(());
+        }
+        self.sources_seen = Some(changes);
+        let (view, relid) = (&self.view, self.task.relid);
+        let missing = in_transaction(self.live, "looking at the tables the view reads", || {
+            view.unfollowed_tables(relid)
+        })?;
+        self.follow(&missing)
+    }
+
+    /// Asks once for a plan that follows `missing` (see `follow_new_tables`); renders go on
+    /// meanwhile, reading the view as it is now.
+    fn follow(&mut self, missing: &[String]) -> Result<(), Stop> {
+        if missing.is_empty() || self.replanned {
+            return Ok(());
+        }
+        self.replanned = true;
+        follow_new_tables(&self.task, &self.view.view, missing, self.live)
     }
 
     /// Follows the partitions of the partitioned tables the view reads (see `PartitionWatch`).
@@ -177,7 +232,7 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
                 // Planned again for each render, so that the view's columns follow CREATE OR
                 // REPLACE VIEW; a view that lost its key column stops the task.
                 let plan = plan::source_plan(task.relid, &task.primary_key, options)?;
-                view.check_follows_every_table(task.relid, task.id)?;
+                let unfollowed = view.unfollowed_tables(task.relid)?;
                 catalog::refuse_rows_by_who_asks(
                     task.relid,
                     &view.view,
@@ -193,13 +248,14 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
                             &view.view, &columns, &view.key, chunk,
                         )?);
                     }
-                    Ok(Some((plan, keys, rows)))
+                    Ok(Some((plan, keys, rows, unfollowed)))
                 })
             },
         )?;
-        let Some((plan, keys, rows)) = rendered else {
+        let Some((plan, keys, rows, unfollowed)) = rendered else {
             return Err(Stop::Terminated);
         };
+        self.follow(&unfollowed)?;
         let found: std::collections::HashSet<Vec<String>> =
             rows.iter().map(|row| plan.shape.key_of_row(row)).collect();
         self.push_rows(&plan, &rows);
@@ -377,6 +433,7 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for ViewStream<D> {
         if let Some(failure) = self.settlement.take_failure() {
             return Err(Stop::Failed(failure));
         }
+        self.look_at_tables()?;
         match self.partitioned.as_mut() {
             Some(partitioned) => partitioned.look(self.live),
             None => Ok(()),

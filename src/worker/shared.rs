@@ -23,7 +23,7 @@ use crate::failure::{Advice, Failure, FailureKind};
 use crate::meili::client::Client;
 use crate::options::TaskOptions;
 use crate::pg_catalog::SlotStatus;
-use crate::plan::{build_plan, recheck_source, unfollowed_tables, ColumnRules, ViewPlan};
+use crate::plan::{build_plan, recheck_source, ColumnRules, ViewPlan};
 use crate::route::Router;
 use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 use crate::worker::control::{
@@ -33,7 +33,7 @@ use crate::worker::drive::{
     drive_pass, log_rewind, log_state_change, IndexWatch, Nap, Pass, PassStream, Turn,
 };
 use crate::worker::partitions::PartitionWatch;
-use crate::worker::render::ViewStream;
+use crate::worker::render::{follow_new_tables, ViewStream};
 use crate::worker::stream::Streamer;
 
 /// How often the decoder looks at the catalog for tasks that join or leave.
@@ -320,7 +320,12 @@ impl SharedDecoder {
         let live = LiveStatus::new(index);
         live.set_served_by_shared_decoder();
         match self.prepare(&task, live) {
-            Ok(pipeline) => Ok(Some(pipeline)),
+            Ok(Some(pipeline)) => Ok(Some(pipeline)),
+            // It joins again with its next generation, once its new tables are published.
+            Ok(None) => {
+                live.detach(Phase::Exited);
+                Ok(None)
+            }
             Err(Stop::Terminated) => Err(Stop::Terminated),
             Err(Stop::Failed(failure)) => {
                 fail_task(&task, live, &failure);
@@ -329,7 +334,10 @@ impl SharedDecoder {
         }
     }
 
-    fn prepare(&mut self, task: &TaskRecord, live: LiveStatus) -> Result<Pipeline, Stop> {
+    /// The pipeline of a task that joins, or None when its view reads tables the shared
+    /// publication did not hold when the task's position was given (the view was replaced since
+    /// the task's tables were planned): the task is then planned again (`follow_new_tables`).
+    fn prepare(&mut self, task: &TaskRecord, live: LiveStatus) -> Result<Option<Pipeline>, Stop> {
         let options = TaskOptions::parse(&task.options).map_err(SyncError::from)?;
         // What meili_sync_start checked may have changed since: the table or view, what the view
         // reads, or the owner's grants.
@@ -344,7 +352,8 @@ impl SharedDecoder {
                 .map(|(_, routes)| routes.table.clone())
                 .collect();
             if !missing.is_empty() {
-                return Err(unfollowed_tables(&view.view, &missing, task.id).into());
+                follow_new_tables(task, &view.view, &missing, live)?;
+                return Ok(None);
             }
         }
         let plan = in_transaction(live, "planning the documents", || {
@@ -383,7 +392,7 @@ impl SharedDecoder {
         };
         live.set_phase(Phase::Streaming);
         let position = task.stream_position.unwrap_or(0);
-        Ok(Pipeline {
+        Ok(Some(Pipeline {
             task: task.clone(),
             live,
             stream,
@@ -395,7 +404,7 @@ impl SharedDecoder {
             published: Instant::now(),
             published_position: position,
             attached: false,
-        })
+        }))
     }
 
     /// Holds every task to one request at a time while all of them together hold more

@@ -13,9 +13,7 @@ use crate::failure::{Failure, FailureKind};
 use crate::meili::client::Client;
 use crate::options::TaskOptions;
 use crate::pg_catalog::SlotStatus;
-use crate::plan::{
-    build_plan, recheck_source, unfollowed_tables, ColumnRules, SnapshotPlan, ViewPlan,
-};
+use crate::plan::{build_plan, recheck_source, ColumnRules, SnapshotPlan, ViewPlan};
 use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 use crate::worker::control::{
     await_meili_task, fail, in_transaction, open_dispatcher, with_retry, worker_main, Stop,
@@ -205,8 +203,9 @@ fn ensure_slot(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
 }
 
 /// A view task's publication must hold every table its view reads now. One that lacks a table
-/// (the view was replaced) is brought up to date before a copy, which then holds what the
-/// publication missed; a task past its copy stops instead, asking for one.
+/// (the view was replaced) is brought up to date. Before a copy, the copy then holds what the
+/// publication missed; a task past its copy is out of shape from then on, so that its documents
+/// are brought in line as after any change of shape (`catalog::note_unfollowed_changes`).
 fn follow_every_table(task: &TaskRecord, view: &ViewPlan, live: LiveStatus) -> Result<(), Stop> {
     let published = in_transaction(live, "reading the task's publication", || {
         catalog::published_tables(&task.publication_name)
@@ -220,11 +219,13 @@ fn follow_every_table(task: &TaskRecord, view: &ViewPlan, live: LiveStatus) -> R
     if missing.is_empty() {
         return Ok(());
     }
-    if task.state != TaskState::Snapshot {
-        return Err(unfollowed_tables(&view.view, &missing, task.id).into());
-    }
+    let copied = task.state != TaskState::Snapshot;
     in_transaction(live, "publishing the tables of the view", || {
-        catalog::set_published_tables(&task.publication_name, &view.published_tables())
+        catalog::set_published_tables(&task.publication_name, &view.published_tables())?;
+        if copied {
+            catalog::note_unfollowed_changes(task.id)?;
+        }
+        Ok(())
     })?;
     log!(
         "pg_meili_sync task {}: its publication now holds {}, which view {} reads",

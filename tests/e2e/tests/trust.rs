@@ -631,8 +631,12 @@ fn a_database_that_is_not_utf8_is_refused_at_create_extension() {
     assert_eq!(String::from_utf8_lossy(&leftovers.stdout).trim(), "0");
 }
 
+/// A view replaced to read a table it did not read is followed from then on, by a task of the
+/// shared pass and by one with a slot of its own, without a stop: changes of the new table alone
+/// reach the documents, and the documents of rows that did not change get the new field (the
+/// task resyncs, since the changes of the new table before it was followed were not).
 #[test]
-fn a_replaced_view_that_reads_a_new_table_stops_until_a_new_copy_follows_it() {
+fn a_replaced_view_that_reads_a_new_table_follows_it_and_brings_every_document_in_line() {
     let (meili, cluster) = with_schema(
         r#"CREATE TABLE public.products (id int PRIMARY KEY, name text);
         CREATE TABLE public.reviews (id int PRIMARY KEY, product_id int NOT NULL REFERENCES public.products, stars int);
@@ -640,36 +644,74 @@ fn a_replaced_view_that_reads_a_new_table_stops_until_a_new_copy_follows_it() {
         CREATE VIEW public.product_docs AS SELECT p.id, p.name FROM public.products p;
         INSERT INTO public.products SELECT g, 'product ' || g FROM generate_series(1, 100) g;"#,
     );
-    let index = meili.unique_index("replaced");
-    let options = meili.options(json!({"primary_key": "id"}));
-    let task = start_with_options(&cluster, None, "product_docs", &index, &options);
-    cluster.wait_snapshot_done(task, CONVERGE);
+    let mut tasks = Vec::new();
+    for decoding in ["shared", "own"] {
+        let index = meili.unique_index(&format!("replaced_{decoding}"));
+        let options = meili.options(json!({"primary_key": "id", "decoding": decoding}));
+        let task = start_with_options(&cluster, None, "product_docs", &index, &options);
+        cluster.wait_snapshot_done(task, CONVERGE);
+        tasks.push((task, index));
+    }
+    cluster.psql("INSERT INTO public.reviews VALUES (1, 1, 5)");
     cluster.psql(
         "CREATE OR REPLACE VIEW public.product_docs AS
          SELECT p.id, p.name, (SELECT count(*) FROM public.reviews r WHERE r.product_id = p.id) AS reviews
            FROM public.products p",
     );
-    cluster.psql("INSERT INTO public.reviews VALUES (1, 1, 5)");
+    // Writes to the new table alone, and to the old one, while the tasks catch up.
+    for round in 0..5 {
+        cluster.psql(&format!(
+            "INSERT INTO public.reviews VALUES ({}, {}, 4)",
+            10 + round,
+            40 + round
+        ));
+    }
     cluster.psql("UPDATE public.products SET name = 'renamed' WHERE id = 2");
-    let status = cluster.wait_error(task, CONVERGE);
-    let error = status.get("last_error").cloned().unwrap_or_default();
-    assert!(
-        error.contains("now reads public.reviews")
-            && error.contains(&format!("meili_sync_snapshot({task})")),
-        "{error}"
-    );
-    // The copy it asks for publishes the new table, and its changes are followed from then on.
-    cluster.psql(&format!("SELECT meili_sync_snapshot({task})"));
-    cluster.wait_snapshot_done(task, CONVERGE);
-    wait_index_matches_table(&cluster, &meili, &index, "public.product_docs", CONVERGE);
+    // No error, and no resync left to do.
+    let settled = |task: i64| {
+        cluster.psql(&format!(
+            "SELECT coalesce(last_error, '') || (SELECT count(*) FROM meili_sync.tasks WHERE resync_of = {task})
+               FROM meili_sync_status WHERE task = {task}"
+        ))
+    };
+    for (task, index) in &tasks {
+        wait_index_matches_table(&cluster, &meili, index, "public.product_docs", CONVERGE);
+        wait_for("the task in shape, its resync done", CONVERGE, || {
+            (settled(*task) == "0").then_some(())
+        });
+    }
+    // The new table alone changes: its changes are followed.
     cluster.psql("INSERT INTO public.reviews VALUES (2, 1, 4), (3, 50, 3)");
-    wait_index_matches_table(&cluster, &meili, &index, "public.product_docs", CONVERGE);
-    let document = meili.all_documents(&index);
-    let one = document
-        .iter()
-        .find(|document| document["id"] == json!(1))
-        .expect("document 1");
-    assert_eq!(one["reviews"], json!(2), "{one}");
+    cluster.psql("DELETE FROM public.reviews WHERE id = 10");
+    for (task, index) in &tasks {
+        wait_index_matches_table(&cluster, &meili, index, "public.product_docs", CONVERGE);
+        let documents = meili.all_documents(index);
+        let reviews_of = |id: i64| {
+            documents
+                .iter()
+                .find(|document| document["id"] == json!(id))
+                .map(|document| document["reviews"].clone())
+        };
+        assert_eq!(
+            (reviews_of(1), reviews_of(40), reviews_of(50), reviews_of(99)),
+            (Some(json!(2)), Some(json!(0)), Some(json!(1)), Some(json!(0))),
+            "task {task}"
+        );
+        assert_eq!(
+            cluster.psql(&format!(
+                "SELECT state || ' ' || (missing + extra + different) FROM meili_sync_status, meili_sync_verify({task}) WHERE task = {task}"
+            )),
+            "streaming 0",
+            "task {task}"
+        );
+    }
+    assert!(
+        cluster
+            .server_log()
+            .contains("now reads public.reviews, which the task follows from here on"),
+        "{}",
+        cluster.tail_log()
+    );
     assert_no_crash(&cluster);
 }
 
