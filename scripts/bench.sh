@@ -53,7 +53,7 @@ echo "== fan-out: 1,000 parents x 20 children, children updated in 500-row trans
 run_load fanout 1000 20 500
 echo "== hot rows: 1,000 rows updated 100 times each in a burst"
 run_load hotrow 1000 100
-echo "== a column dropped from a synced table of 200,000 rows: until every document is in the new shape"
+echo "== a column dropped from a synced table of 200,000 rows, then one added: until every document is in the new shape"
 run_load schema 200000
 echo "== search: through SQL (pgbench -c 10) against straight HTTP (wrk -c 10), 5,000 and 200,000 products, 5 s per query"
 run_load search 5000 5 10

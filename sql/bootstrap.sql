@@ -112,7 +112,10 @@ CREATE TABLE meili_sync.tasks (
     -- The shape the task's documents were copied in (columns, their names and types, a view's
     -- definition; `catalog::fragments::SOURCE_SHAPE_SQL`): a DDL that changes the source's makes
     -- the launcher show the task out of shape until a resync copies it again.
-    shape text
+    shape text,
+    -- The source's highest column number when `shape` was recorded: a change that only added
+    -- columns (numbered after it) is brought in by partial updates instead of a resync.
+    shape_through smallint
 );
 COMMENT ON TABLE meili_sync.tasks IS 'One row per sync task; state is what the task should be doing.';
 -- Task workers update this table while they hold a decoding context; as a user catalog table its

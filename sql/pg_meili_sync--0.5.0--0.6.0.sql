@@ -10,7 +10,7 @@ SET LOCAL search_path = pg_catalog, pg_temp;
 
 -- The shape each task's documents were copied in (sql/bootstrap.sql says why). Those of 0.5.0
 -- are recorded as their sources are when the launcher first looks.
-ALTER TABLE meili_sync.tasks ADD COLUMN shape text;
+ALTER TABLE meili_sync.tasks ADD COLUMN shape text, ADD COLUMN shape_through smallint;
 
 -- The publications this install made (sql/bootstrap.sql says why). Those of 0.5.0 are recorded as
 -- the workers next find them, if they are as 0.6.0 makes them.

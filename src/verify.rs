@@ -140,10 +140,15 @@ fn meili_error(what: &str) -> impl Fn(MeiliError) -> SyncError + '_ {
 /// Called with the key values of each page's missing or different rows.
 type OnDamagedRows<'a> = dyn FnMut(&Context, Vec<Vec<String>>) -> Result<(), SyncError> + 'a;
 
+/// (id, document, key values) of each row of a page that becomes a document.
+type PageDocuments = Vec<(String, Value, Vec<String>)>;
+
+/// What to send for a page's documents, and with which operation.
+type PageSend<'a> = dyn Fn(PageDocuments) -> (Operation, Vec<Value>) + 'a;
+
 /// Rows as the worker encodes them.
 struct EncodedRows {
-    /// (id, document, key values) of each row that becomes a document.
-    documents: Vec<(String, Value, Vec<String>)>,
+    documents: PageDocuments,
     /// Key values of each row the worker dead-letters instead, and why.
     dead_letters: Vec<(Vec<String>, EncodeError)>,
 }
@@ -460,19 +465,63 @@ impl Context {
 
     /// Enqueues documents of locked rows in Meilisearch; returns its task's uid.
     fn enqueue(&self, documents: &[(String, Value, Vec<String>)]) -> Result<u64, SyncError> {
-        let mut body = Vec::new();
-        for (_, document, _) in documents {
-            body.extend_from_slice(document.to_string().as_bytes());
-            body.push(b'\n');
-        }
         let op = if self.upsert {
             Operation::Update
         } else {
             Operation::Replace
         };
+        self.enqueue_as(op, documents.iter().map(|(_, document, _)| document))
+    }
+
+    /// Enqueues `documents` with `op` in Meilisearch; returns its task's uid.
+    fn enqueue_as<'a>(
+        &self,
+        op: Operation,
+        documents: impl Iterator<Item = &'a Value>,
+    ) -> Result<u64, SyncError> {
+        let mut body = Vec::new();
+        for document in documents {
+            body.extend_from_slice(document.to_string().as_bytes());
+            body.push(b'\n');
+        }
         self.client
             .send_batch(&self.task.index_uid, self.primary_key(), op, &body, false)
             .map_err(meili_error("re-sending documents"))
+    }
+
+    /// Reads every row of `query`, page by page, and enqueues what `send` makes of each page's
+    /// documents (with the operation it gives). Rows that are dead letters are left to the
+    /// stream's dead letters, as in `repair`. Returns how many documents were enqueued and
+    /// Meilisearch's task uids, to wait for together (which lets Meilisearch batch them).
+    fn enqueue_pages(
+        &self,
+        query: &catalog::PageQueries,
+        send: &PageSend<'_>,
+    ) -> Result<(i64, Vec<u64>), SyncError> {
+        let width = self.plan.shape.columns().len();
+        let (mut sent, mut enqueued) = (0, Vec::new());
+        let mut after: Option<Vec<String>> = None;
+        let mut pages = PageSizer::new(self.plan.page_rows);
+        loop {
+            let (page_query, key) = match &after {
+                Some(key) => (&query.next_page, Some(key.as_slice())),
+                None => (&query.first_page, None),
+            };
+            let limit = pages.rows();
+            let rows = self.as_owner(|| catalog::read_page(page_query, key, limit, width))?;
+            pages.read(&rows);
+            let last = rows.last().map(|last| self.plan.shape.key_of_row(last));
+            let full = rows.len() >= limit;
+            let (op, documents) = send(self.encode(&self.own_rows(rows)).documents);
+            if !documents.is_empty() {
+                enqueued.push(self.enqueue_as(op, documents.iter())?);
+                sent += documents.len() as i64;
+            }
+            match last {
+                Some(last) if full => after = Some(last),
+                _ => return Ok((sent, enqueued)),
+            }
+        }
     }
 
     /// Deletes documents whose row does not exist, checked again while writes are blocked.
@@ -620,43 +669,76 @@ pub fn wait_for_partition_writers(
 /// the index is not browsed. Returns how many rows were sent.
 pub fn repair_partitions(task: TaskRecord, partitions: &[u32]) -> Result<i64, SyncError> {
     let context = Context::new(task)?;
-    let mut queries = Vec::new();
-    for &partition in partitions {
-        let info = catalog::relation_info(pg_sys::Oid::from(partition))?;
-        queries.push(catalog::page_queries(
-            &info.query_name(),
-            &context.column_names,
-            &context.key,
-        ));
-    }
-    let width = context.plan.shape.columns().len();
+    let op = if context.upsert {
+        Operation::Update
+    } else {
+        Operation::Replace
+    };
+    let whole = |documents: PageDocuments| {
+        let documents = documents.into_iter().map(|(_, document, _)| document);
+        (op, documents.collect())
+    };
     let mut sent = 0;
     let mut enqueued = Vec::new();
-    for query in &queries {
-        let mut after: Option<Vec<String>> = None;
-        let mut pages = PageSizer::new(context.plan.page_rows);
-        loop {
-            let (page_query, key) = match &after {
-                Some(key) => (&query.next_page, Some(key.as_slice())),
-                None => (&query.first_page, None),
-            };
-            let limit = pages.rows();
-            let rows = context.as_owner(|| catalog::read_page(page_query, key, limit, width))?;
-            pages.read(&rows);
-            // Rows that are dead letters are left to the stream's dead letters, as in `repair`.
-            let documents = context.encode(&rows).documents;
-            if !documents.is_empty() {
-                enqueued.push(context.enqueue(&documents)?);
-                sent += documents.len() as i64;
-            }
-            if rows.len() < limit {
-                break;
-            }
-            after = rows.last().map(|last| context.plan.shape.key_of_row(last));
-        }
+    for &partition in partitions {
+        let info = catalog::relation_info(pg_sys::Oid::from(partition))?;
+        let query = catalog::page_queries(&info.query_name(), &context.column_names, &context.key);
+        let (pages_sent, uids) = context.enqueue_pages(&query, &whole)?;
+        sent += pages_sent;
+        enqueued.extend(uids);
     }
     for uid in enqueued {
         context.wait_succeeded(uid, "sending the rows of partitions attached")?;
+    }
+    Ok(sent)
+}
+
+/// Before `send_added_columns`, in a transaction of its own that the caller ends at once: locks
+/// the task's table (with its partitions) against writes for that moment, as its owner, which
+/// waits for the writers whose commits the stream has read but which may not be visible yet.
+pub fn wait_for_writers(task: &TaskRecord) -> Result<(), SyncError> {
+    let info = catalog::relation_info(task.relid)?;
+    security::as_table_owner(info.owner, || {
+        catalog::lock_table_against_writes(&info.qualified_name)
+    })?;
+    Ok(())
+}
+
+/// After `ALTER TABLE … ADD COLUMN` on a table task's table, from the task's stream, once
+/// Meilisearch has everything the stream read before it and `wait_for_writers` returned: sends
+/// the added `columns` of every row as partial updates (`PUT` with the key and the new fields),
+/// so every document gets them without being sent whole or the index rebuilt. The rows are read
+/// as they are now, unlocked: the stream reads no change while this runs, and a change committed
+/// after a page was read is streamed after that page (whole, in the new shape), so no newer
+/// version is overtaken. Rows that are dead letters, and the documents of dead letters, get
+/// nothing: a partial update would make a document of the fields it names. Returns how many
+/// documents were updated.
+pub fn send_added_columns(task: TaskRecord, columns: &[String]) -> Result<i64, SyncError> {
+    let unsent: std::collections::HashSet<String> = catalog::dead_letter_ids(task.id, None)?
+        .into_iter()
+        .collect();
+    let context = Context::new(task)?;
+    let primary_key = context.primary_key().to_owned();
+    let partial = |documents: PageDocuments| {
+        let documents = documents
+            .into_iter()
+            .filter(|(id, _, _)| !unsent.contains(id))
+            .filter_map(|(_, document, _)| {
+                let mut fields = serde_json::Map::new();
+                fields.insert(primary_key.clone(), document.get(&primary_key)?.clone());
+                for column in columns {
+                    if let Some(value) = document.get(column) {
+                        fields.insert(column.clone(), value.clone());
+                    }
+                }
+                (fields.len() > 1).then_some(Value::Object(fields))
+            });
+        (Operation::Update, documents.collect())
+    };
+    let query = catalog::page_queries(&context.relation, &context.column_names, &context.key);
+    let (sent, enqueued) = context.enqueue_pages(&query, &partial)?;
+    for uid in enqueued {
+        context.wait_succeeded(uid, "sending the columns added")?;
     }
     Ok(sent)
 }

@@ -32,7 +32,7 @@ pub(super) fn copy_again_sql(message: &str) -> String {
     format!(
         "state = CASE WHEN t.state OPERATOR(pg_catalog.=) ANY ('{{snapshot,streaming}}'::pg_catalog.text[]) THEN 'snapshot' ELSE t.state END,
          generation = t.generation OPERATOR(pg_catalog.+) 1, snapshot_key = NULL, rows_copied = 0, stream_position = NULL,
-         partitions = NULL, snapshot_started_at = NULL, snapshot_finished_at = NULL, shape = NULL,
+         partitions = NULL, snapshot_started_at = NULL, snapshot_finished_at = NULL, shape = NULL, shape_through = NULL,
          last_error = {message}, last_error_at = pg_catalog.now()"
     )
 }
@@ -70,13 +70,30 @@ pub(super) fn update_in_id_order_sql(
     )
 }
 
+/// The SQL condition that column `a` (of `pg_attribute`) of task `t`'s source is sent: a key
+/// column, or one that `columns` names (every one without it) and `exclude_columns` does not.
+pub(super) const SENT_COLUMN_SQL: &str = "(a.attname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (t.primary_key)
+             OR ((NOT t.options OPERATOR(pg_catalog.?) 'columns'
+                  OR a.attname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.jsonb_array_elements_text(t.options OPERATOR(pg_catalog.->) 'columns'))))
+                 AND NOT a.attname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.jsonb_array_elements_text(coalesce(t.options OPERATOR(pg_catalog.->) 'exclude_columns', '[]'::pg_catalog.jsonb))))))";
+
+/// The SQL expression of the highest column number task `t`'s source has used: the columns added
+/// since are numbered after it (`tasks.shape_through`).
+pub(super) const LAST_COLUMN_SQL: &str = "(SELECT pg_catalog.max(a.attnum) FROM pg_catalog.pg_attribute a
+       WHERE a.attrelid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid AND a.attnum OPERATOR(pg_catalog.>) 0)";
+
 /// The SQL expression of the shape of task `t`'s documents as its source gives them now: each
 /// column it sends (after `columns` or `exclude_columns`), with its name, its type, the labels of
 /// an enum it is of and the attributes of a composite it is of (through a domain or an array);
 /// and for a view, the rewrite rules of the view and of every view it reads. The catalog keeps
 /// the shape each task's documents were copied in (`tasks.shape`); a DDL that changes what
-/// documents look like without changing rows makes the two differ.
-pub(super) const SOURCE_SHAPE_SQL: &str = "(SELECT pg_catalog.md5(
+/// documents look like without changing rows makes the two differ. With `through` (an SQL
+/// expression of a column number), only the columns numbered up to it count: the shape of the
+/// columns the source had then, which tells a change that only added columns.
+pub(super) fn source_shape_sql(through: Option<&str>) -> String {
+    let through = through.unwrap_or("32767");
+    format!(
+        "(SELECT pg_catalog.md5(
         coalesce(pg_catalog.string_agg(pg_catalog.format('%s %s [%s] [%s]', a.attname,
                      pg_catalog.format_type(a.atttypid, a.atttypmod),
                      (SELECT pg_catalog.string_agg(e.enumlabel::pg_catalog.text, ',' ORDER BY e.enumsortorder)
@@ -108,7 +125,23 @@ pub(super) const SOURCE_SHAPE_SQL: &str = "(SELECT pg_catalog.md5(
                                        ELSE ty.oid END) b(base)
       WHERE a.attrelid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid
         AND a.attnum OPERATOR(pg_catalog.>) 0 AND NOT a.attisdropped
-        AND (a.attname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (t.primary_key)
-             OR ((NOT t.options OPERATOR(pg_catalog.?) 'columns'
-                  OR a.attname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.jsonb_array_elements_text(t.options OPERATOR(pg_catalog.->) 'columns'))))
-                 AND NOT a.attname::pg_catalog.text OPERATOR(pg_catalog.=) ANY (ARRAY(SELECT pg_catalog.jsonb_array_elements_text(coalesce(t.options OPERATOR(pg_catalog.->) 'exclude_columns', '[]'::pg_catalog.jsonb)))))))";
+        AND a.attnum OPERATOR(pg_catalog.<=) {through}
+        AND {SENT_COLUMN_SQL})"
+    )
+}
+
+/// The SQL condition that task `t`'s source, a table, changed shape only by columns added (its
+/// stream then sends each row's values of them as partial updates, `worker::columns_added`,
+/// rather than the index being rebuilt), unless its option `"schema_changes"` is `"report"`.
+pub(super) fn columns_added_sql() -> String {
+    format!(
+        "(t.shape_through IS NOT NULL
+          AND coalesce(t.options OPERATOR(pg_catalog.->>) 'schema_changes', '') OPERATOR(pg_catalog.<>) 'report'
+          AND (SELECT c.relkind FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid)
+              OPERATOR(pg_catalog.=) ANY ('{{r,p}}'::pg_catalog.\"char\"[])
+          AND t.shape OPERATOR(pg_catalog.<>) {}
+          AND t.shape OPERATOR(pg_catalog.=) {})",
+        source_shape_sql(None),
+        source_shape_sql(Some("t.shape_through"))
+    )
+}

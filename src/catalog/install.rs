@@ -146,7 +146,7 @@ pub fn stop_restored_tasks() -> CatalogResult<Vec<i64>> {
                     SET state = 'error', generation = t.generation OPERATOR(pg_catalog.+) 1,
                         install_token = i.token, stream_position = NULL, partitions = NULL,
                         snapshot_key = NULL, rows_copied = 0,
-                        snapshot_started_at = NULL, snapshot_finished_at = NULL, shape = NULL,
+                        snapshot_started_at = NULL, snapshot_finished_at = NULL, shape = NULL, shape_through = NULL,
                         resync_phase = NULL, swap_lsn = NULL, swap_created_at = NULL,
                         last_error = pg_catalog.format(
                             'restored from a dump: this task''s stream positions belong to the database it was dumped from, so it does not stream here. Check that its index (%s at %s) is the one this database should write to (meili_sync_alter changes it), then run SELECT meili_sync_resume(%s) to copy the table into the index again; or drop the task with SELECT meili_sync_drop(%s)',

@@ -6,7 +6,8 @@ use pgrx::spi::quote_identifier;
 use pgrx::JsonB;
 
 use super::fragments::{
-    copy_again_sql, update_in_id_order_sql, OWN_SLOT_SQL, SHARED_TASK_SQL, SOURCE_SHAPE_SQL,
+    columns_added_sql, copy_again_sql, source_shape_sql, update_in_id_order_sql, LAST_COLUMN_SQL,
+    OWN_SLOT_SQL, SENT_COLUMN_SQL, SHARED_TASK_SQL,
 };
 use super::install::INSTALL_TOKEN_SQL;
 use super::shared::shared_object_name;
@@ -541,7 +542,7 @@ const SHAPE_OF_UNFOLLOWED_CHANGES: &str = "changes of tables the view reads were
 pub fn follow_new_tables(task_id: i64, generation: i32) -> CatalogResult<bool> {
     let bumped = Spi::connect_mut(|client| {
         let rows = client.update(
-            "UPDATE meili_sync.tasks SET generation = generation + 1, shape = $3
+            "UPDATE meili_sync.tasks SET generation = generation + 1, shape = $3, shape_through = NULL
               WHERE id OPERATOR(pg_catalog.=) $1 AND generation OPERATOR(pg_catalog.=) $2
              RETURNING id",
             None,
@@ -564,7 +565,7 @@ pub fn follow_new_tables(task_id: i64, generation: i32) -> CatalogResult<bool> {
 /// is out of shape (see `follow_new_tables`).
 pub fn note_unfollowed_changes(task_id: i64) -> CatalogResult<()> {
     Spi::run_with_args(
-        "UPDATE meili_sync.tasks SET shape = $2 WHERE id OPERATOR(pg_catalog.=) $1",
+        "UPDATE meili_sync.tasks SET shape = $2, shape_through = NULL WHERE id OPERATOR(pg_catalog.=) $1",
         &[task_id.into(), SHAPE_OF_UNFOLLOWED_CHANGES.into()],
     )?;
     Ok(())
@@ -678,7 +679,7 @@ pub fn reset_snapshot(task_id: i64) -> CatalogResult<()> {
             task_id,
             "state = 'snapshot', generation = generation + 1, snapshot_key = NULL, rows_copied = 0,
              stream_position = NULL, partitions = NULL,
-             snapshot_started_at = NULL, snapshot_finished_at = NULL, shape = NULL,
+             snapshot_started_at = NULL, snapshot_finished_at = NULL, shape = NULL, shape_through = NULL,
              last_error = NULL, last_error_at = NULL",
             Vec::new(),
         )?;
@@ -771,8 +772,10 @@ pub fn mark_snapshot_started(task_id: i64, partitions: Option<&[u32]>) -> Catalo
             "UPDATE meili_sync.tasks t
                 SET snapshot_started_at = coalesce(t.snapshot_started_at, pg_catalog.now()),
                     partitions = coalesce(t.partitions, $2),
-                    shape = coalesce(t.shape, {SOURCE_SHAPE_SQL})
-              WHERE t.id OPERATOR(pg_catalog.=) $1"
+                    shape = coalesce(t.shape, {}),
+                    shape_through = CASE WHEN t.shape IS NULL THEN {LAST_COLUMN_SQL} ELSE t.shape_through END
+              WHERE t.id OPERATOR(pg_catalog.=) $1",
+            source_shape_sql(None)
         ),
         &[task_id.into(), partitions.into()],
     )?;
@@ -963,7 +966,7 @@ pub fn finish_swap(helper_id: i64, task: &TaskRecord, lsn: u64) -> CatalogResult
     // The index now holds the helper's documents, in the shape the helper copied them in.
     Spi::run_with_args(
         "UPDATE meili_sync.tasks SET state = 'streaming', generation = generation + 1,
-                shape = (SELECT h.shape FROM meili_sync.tasks h WHERE h.id OPERATOR(pg_catalog.=) $2)
+                (shape, shape_through) = (SELECT h.shape, h.shape_through FROM meili_sync.tasks h WHERE h.id OPERATOR(pg_catalog.=) $2)
           WHERE id OPERATOR(pg_catalog.=) $1 AND state OPERATOR(pg_catalog.=) 'swapping'",
         &[task_id.into(), helper_id.into()],
     )?;
@@ -1024,24 +1027,36 @@ pub fn fail_tasks_of_dropped_sources() -> CatalogResult<Vec<i64>> {
 /// How a task's `last_error` begins while its documents are not all in its source's shape.
 const OUT_OF_SHAPE: &str = "out of shape";
 
+/// How it begins while its stream sends the columns added to its table (`columns_added_sql`).
+const ADDING_COLUMNS: &str = "adding columns";
+
 /// Compares each task's source with the shape its documents were copied in (`tasks.shape`):
 /// a task whose source changed shape since (a column added, dropped, renamed or retyped, an enum
 /// value renamed, a view replaced) shows it in its `last_error`, with the call that brings every
-/// document in line; the ids of the tasks newly shown are returned. A task back in shape (after a
-/// resync, or the DDL undone) no longer shows it. A task of an earlier version that has no shape
-/// recorded gets its source's shape of now. The launcher asks every round.
+/// document in line, or that its stream sends the columns added; the ids of the tasks newly
+/// shown out of shape are returned. A task back in shape (after a resync, the columns added sent, or the DDL
+/// undone) no longer shows it. A task of an earlier version that has no shape recorded gets its
+/// source's shape of now. The launcher asks every round.
 pub fn show_tasks_out_of_shape() -> CatalogResult<Vec<i64>> {
+    let shape = source_shape_sql(None);
     update_tasks_where(
         "t",
         "t.shape IS NULL AND t.snapshot_started_at IS NOT NULL",
-        &format!("shape = {SOURCE_SHAPE_SQL}"),
+        &format!("shape = {shape}, shape_through = {LAST_COLUMN_SQL}"),
     )?;
     let shown = format!(
-        "pg_catalog.format('{OUT_OF_SHAPE}: the columns of %s changed since its documents were copied (a column added, dropped, renamed or retyped, an enum value renamed, or the view replaced); documents of rows that have not changed since keep their old fields, a dropped column''s values included. %s',
+        "CASE WHEN {columns_added}
+              THEN pg_catalog.format('{ADDING_COLUMNS}: %s were added to %s since its documents were copied; the task sends their values to every document as partial updates once Meilisearch has what it read before, and the server log says when it is done',
+                       (SELECT pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' ORDER BY a.attnum) FROM pg_catalog.pg_attribute a
+                         WHERE a.attrelid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid AND a.attnum OPERATOR(pg_catalog.>) t.shape_through
+                           AND NOT a.attisdropped AND {SENT_COLUMN_SQL}),
+                       t.source)
+              ELSE pg_catalog.format('{OUT_OF_SHAPE}: the columns of %s changed since its documents were copied (a column added, dropped, renamed or retyped, an enum value renamed, or the view replaced); documents of rows that have not changed since keep their old fields, a dropped column''s values included. %s',
              t.source,
              CASE WHEN t.options OPERATOR(pg_catalog.->>) 'schema_changes' OPERATOR(pg_catalog.=) 'report'
                   THEN pg_catalog.format('Run SELECT meili_sync_resync(%s) to rebuild the index in the new shape while the task streams on (its option \"schema_changes\" is \"report\")', coalesce(t.replica_of, t.id))
-                  ELSE pg_catalog.format('A resync rebuilds the index in the new shape while the task streams on (meili_sync_status shows its helper); if none starts, the server log says why, and SELECT meili_sync_resync(%s) asks again', coalesce(t.replica_of, t.id)) END)"
+                  ELSE pg_catalog.format('A resync rebuilds the index in the new shape while the task streams on (meili_sync_status shows its helper); if none starts, the server log says why, and SELECT meili_sync_resync(%s) asks again', coalesce(t.replica_of, t.id)) END) END",
+        columns_added = columns_added_sql()
     );
     update_tasks_where(
         "t",
@@ -1049,7 +1064,7 @@ pub fn show_tasks_out_of_shape() -> CatalogResult<Vec<i64>> {
             "t.resync_of IS NULL AND t.shape IS NOT NULL
              AND t.state OPERATOR(pg_catalog.=) ANY ('{{snapshot,streaming,swapping}}'::pg_catalog.text[])
              AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid)
-             AND t.shape OPERATOR(pg_catalog.<>) {SOURCE_SHAPE_SQL}
+             AND t.shape OPERATOR(pg_catalog.<>) {shape}
              AND (t.last_error IS NULL OR t.last_error OPERATOR(pg_catalog.<>) {shown})"
         ),
         &format!("last_error = {shown}, last_error_at = pg_catalog.now()"),
@@ -1058,20 +1073,34 @@ pub fn show_tasks_out_of_shape() -> CatalogResult<Vec<i64>> {
         update_tasks_where(
             "t",
             &format!(
-                "pg_catalog.starts_with(t.last_error, '{OUT_OF_SHAPE}')
+                "(pg_catalog.starts_with(t.last_error, '{OUT_OF_SHAPE}') OR pg_catalog.starts_with(t.last_error, '{ADDING_COLUMNS}'))
                  AND (t.state OPERATOR(pg_catalog.<>) ALL ('{{snapshot,streaming,swapping}}'::pg_catalog.text[])
                       OR NOT EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid)
-                      OR t.shape OPERATOR(pg_catalog.=) {SOURCE_SHAPE_SQL})"
+                      OR t.shape OPERATOR(pg_catalog.=) {shape})"
             ),
             "last_error = NULL, last_error_at = NULL",
         )?;
-        Ok(shown_now)
+        // Columns added are the stream's to send, and it logs them.
+        Spi::connect(|client| {
+            let rows = client.select(
+                &format!(
+                    "SELECT t.id FROM meili_sync.tasks t
+                      WHERE t.id OPERATOR(pg_catalog.=) ANY ($1)
+                        AND pg_catalog.starts_with(t.last_error, '{OUT_OF_SHAPE}')
+                      ORDER BY t.id"
+                ),
+                None,
+                &[shown_now.into()],
+            )?;
+            Ok(ids_of(rows)?)
+        })
     })
 }
 
 /// The tasks out of shape that resync on their own (`"schema_changes"` other than `"report"`):
 /// a streaming task (not a replica's or shard's row: its resync rebuilds every server) whose
-/// source changed shape, or one of whose rows shows it, and that no resync rebuilds yet.
+/// source changed shape other than by columns added (which its stream sends), or one of whose
+/// rows shows it, and that no resync rebuilds yet.
 pub fn tasks_to_resync_for_their_shape() -> CatalogResult<Vec<i64>> {
     Spi::connect(|client| {
         let rows = client.select(
@@ -1081,19 +1110,87 @@ pub fn tasks_to_resync_for_their_shape() -> CatalogResult<Vec<i64>> {
                     AND t.state OPERATOR(pg_catalog.=) 'streaming'
                     AND coalesce(t.options OPERATOR(pg_catalog.->>) 'schema_changes', '') OPERATOR(pg_catalog.<>) 'report'
                     AND EXISTS (SELECT 1 FROM pg_catalog.pg_class c WHERE c.oid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid)
-                    AND (t.shape OPERATOR(pg_catalog.<>) {SOURCE_SHAPE_SQL}
+                    AND ((t.shape OPERATOR(pg_catalog.<>) {shape} AND NOT {columns_added})
                          OR EXISTS (SELECT 1 FROM meili_sync.tasks m
                                      WHERE m.replica_of OPERATOR(pg_catalog.=) t.id
                                        AND pg_catalog.starts_with(m.last_error, '{OUT_OF_SHAPE}')))
                     AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks h JOIN meili_sync.tasks m ON h.resync_of OPERATOR(pg_catalog.=) m.id
                                      WHERE m.id OPERATOR(pg_catalog.=) t.id OR m.replica_of OPERATOR(pg_catalog.=) t.id)
-                  ORDER BY t.id"
+                  ORDER BY t.id",
+                shape = source_shape_sql(None),
+                columns_added = columns_added_sql()
             ),
             None,
             &[],
         )?;
         Ok(ids_of(rows)?)
     })
+}
+
+/// The columns added to a table task's table since its documents were copied, when that is the
+/// only change of its shape (`columns_added_sql`), for its stream to send.
+pub struct ColumnsAdded {
+    /// The shape recorded, and the source's now, with its highest column number.
+    pub from_shape: String,
+    pub shape: String,
+    pub through: i16,
+    /// The columns added that the task sends, in column order.
+    pub columns: Vec<String>,
+}
+
+pub fn columns_added(task_id: i64) -> CatalogResult<Option<ColumnsAdded>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            &format!(
+                "SELECT t.shape, {shape}, {LAST_COLUMN_SQL},
+                        ARRAY(SELECT a.attname::pg_catalog.text FROM pg_catalog.pg_attribute a
+                               WHERE a.attrelid OPERATOR(pg_catalog.=) t.source::pg_catalog.oid
+                                 AND a.attnum OPERATOR(pg_catalog.>) t.shape_through
+                                 AND NOT a.attisdropped AND {SENT_COLUMN_SQL}
+                               ORDER BY a.attnum)
+                   FROM meili_sync.tasks t
+                  WHERE t.id OPERATOR(pg_catalog.=) $1 AND {columns_added}",
+                shape = source_shape_sql(None),
+                columns_added = columns_added_sql()
+            ),
+            Some(1),
+            &[task_id.into()],
+        )?;
+        let Some(row) = rows.into_iter().next() else {
+            return Ok(None);
+        };
+        let (Some(from_shape), Some(shape), Some(through)) = (
+            row.get::<String>(1)?,
+            row.get::<String>(2)?,
+            row.get::<i16>(3)?,
+        ) else {
+            return Ok(None);
+        };
+        let columns: Vec<String> =
+            names_from(row.get::<Vec<Option<String>>>(4)?).unwrap_or_default();
+        Ok(Some(ColumnsAdded {
+            from_shape,
+            shape,
+            through,
+            columns,
+        }))
+    })
+}
+
+/// Records that the task's documents have the columns added (`columns_added`): its shape is the
+/// source's of then, unless something else recorded another meanwhile (a resync's swap).
+pub fn record_columns_added(task_id: i64, added: &ColumnsAdded) -> CatalogResult<()> {
+    Spi::run_with_args(
+        "UPDATE meili_sync.tasks SET shape = $3, shape_through = $4
+          WHERE id OPERATOR(pg_catalog.=) $1 AND shape OPERATOR(pg_catalog.=) $2",
+        &[
+            task_id.into(),
+            added.from_shape.clone().into(),
+            added.shape.clone().into(),
+            added.through.into(),
+        ],
+    )?;
+    Ok(())
 }
 
 pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {

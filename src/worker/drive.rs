@@ -19,6 +19,7 @@ use crate::batch::ChangeBatcher;
 use crate::catalog::{self, TaskRecord};
 use crate::decode::session::{DecodingSession, MessageSink};
 use crate::dispatch::{Dispatcher, Progress};
+use crate::due::Due;
 use crate::failure::{Failure, FailureKind};
 use crate::gucs;
 use crate::meili::client::Client;
@@ -50,6 +51,28 @@ const DRAIN_NAP: Duration = Duration::from_millis(5);
 /// decoder's alike).
 pub fn busy_nap() -> BusyNap {
     BusyNap::new(Duration::from_millis(5), Duration::from_millis(40))
+}
+
+/// A watch of a task's stream (`PartitionWatch`, `ColumnsAddedWatch`) whose work on the index
+/// waits until Meilisearch has everything the stream read up to a position (`Due`); the stream
+/// holds the slot's confirmation before it meanwhile (`Due::holds`).
+pub trait DueWork {
+    fn due(&mut self) -> &mut Due;
+
+    /// The work, once everything up to what is due is confirmed; what is due is then cleared.
+    fn work(&mut self, live: LiveStatus) -> Result<(), Stop>;
+
+    /// Does the work once everything up to what is due is confirmed (`settled`: the position the
+    /// slot may be confirmed to), before the slot is confirmed past it. Returns the position the
+    /// slot may then be confirmed to.
+    fn when_due(&mut self, live: LiveStatus, settled: Option<u64>) -> Result<Option<u64>, Stop> {
+        let Some(position) = self.due().reached(settled) else {
+            return Ok(settled);
+        };
+        self.work(live)?;
+        self.due().clear();
+        Ok(Some(position))
+    }
 }
 
 /// What the drive loop asks of a task's stream. It is also the decoding callback's sink: reading

@@ -3,6 +3,7 @@
 //! database for the tasks that share its decoding.
 
 pub mod cluster;
+pub mod columns_added;
 pub mod control;
 pub mod drive;
 pub mod handover;

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use pgrx::prelude::*;
 
 use crate::catalog::{self, TaskRecord};
+use crate::due::Due;
 use crate::error::ErrorKind;
 use crate::failure::{Advice, Failure, FailureKind};
 use crate::options::TaskOptions;
@@ -18,6 +19,7 @@ use crate::shmem::{self, LiveStatus};
 use crate::worker::control::{
     in_transaction, in_user_transaction, in_user_transaction_retrying, Stop,
 };
+use crate::worker::drive::DueWork;
 
 /// How often a task looks for partitions detached, dropped or attached, besides at once after a
 /// commit that may have changed some (`shmem::note_sources_changed_at_commit`).
@@ -35,14 +37,12 @@ pub struct PartitionWatch {
     is_view: bool,
     /// The commit of the last partial TRUNCATE read, or where partitions were found changed:
     /// once Meilisearch has confirmed everything up to it, the index is brought in line.
-    due_at: Option<u64>,
+    due: Due,
     /// Partitions attached with rows: theirs are sent (`verify::repair_partitions`).
     attached: Vec<u32>,
     /// Rows are gone without row changes (a partial TRUNCATE, a partition detached or
     /// dropped): the documents whose rows no longer exist are deleted (`verify::prune`).
     prune: bool,
-    /// Everything up to `due_at` is confirmed, at this read position.
-    confirmed_at: Option<u64>,
     /// The leaf partitions when last looked at, in OID order.
     leaves: Vec<u32>,
     /// The leaf partitions the catalog says the index is in line with (`catalog::save_partitions`).
@@ -72,10 +72,9 @@ impl PartitionWatch {
             source: task.relation.clone(),
             roots: plan.partitioned_roots.clone(),
             is_view,
-            due_at: None,
+            due: Due::default(),
             attached: Vec::new(),
             prune: false,
-            confirmed_at: None,
             leaves: task
                 .partitions
                 .clone()
@@ -110,7 +109,7 @@ impl PartitionWatch {
             self.source
         );
         self.prune = true;
-        self.due_at = Some(self.due_at.map_or(commit, |at| at.max(commit)));
+        self.due.set(commit);
     }
 
     /// Every few seconds: the leaf partitions now, against those the index is in line with. A
@@ -168,7 +167,7 @@ impl PartitionWatch {
         if !attached.is_empty() || gone {
             self.attached.extend(attached);
             self.prune |= gone;
-            self.due_at = Some(self.due_at.map_or(now, |at| at.max(now)));
+            self.due.set(now);
         }
         self.leaves = current;
         self.store(live)
@@ -177,7 +176,7 @@ impl PartitionWatch {
     /// Records the leaf partitions in the catalog once the index is in line with them: nothing
     /// is due.
     fn store(&mut self, live: LiveStatus) -> Result<(), Stop> {
-        if self.due_at.is_some() || self.stored.as_ref() == Some(&self.leaves) {
+        if self.due.is_set() || self.stored.as_ref() == Some(&self.leaves) {
             return Ok(());
         }
         let (task_id, leaves) = (self.task.id, &self.leaves);
@@ -188,23 +187,21 @@ impl PartitionWatch {
         Ok(())
     }
 
-    /// Brings the index in line once everything up to what is due is confirmed (`settled`: the
-    /// position the slot may be confirmed to), before the slot is confirmed past it. Returns the
-    /// position the slot may then be confirmed to.
-    pub fn when_due(
-        &mut self,
-        live: LiveStatus,
-        settled: Option<u64>,
-    ) -> Result<Option<u64>, Stop> {
-        let Some(due_at) = self.due_at else {
-            return Ok(settled);
-        };
-        let due = settled
-            .filter(|&position| position >= due_at)
-            .or(self.confirmed_at.take());
-        let Some(position) = due else {
-            return Ok(settled);
-        };
+    /// Something is due, or a look: the stream is not quiet.
+    pub fn pending(&self) -> bool {
+        self.due.is_set()
+            || Instant::now() >= self.next_look
+            || shmem::sources_changed() != self.changes_seen
+    }
+}
+
+impl DueWork for PartitionWatch {
+    fn due(&mut self) -> &mut Due {
+        &mut self.due
+    }
+
+    /// Brings the index in line with the partitions.
+    fn work(&mut self, live: LiveStatus) -> Result<(), Stop> {
         // A view's documents may be made of rows of several partitions and tables: repaired
         // whole, bodies compared.
         let whole =
@@ -214,35 +211,10 @@ impl PartitionWatch {
         } else if self.prune {
             prune_index(&self.task, live)?;
         }
-        self.due_at = None;
+        self.due.clear();
         self.attached.clear();
         self.prune = false;
-        self.store(live)?;
-        Ok(Some(position))
-    }
-
-    /// Whether an idle stream must not be confirmed to `read_position` yet: something is due
-    /// before it. An idle stream past it has it done at the next settle.
-    pub fn holds(&mut self, idle: bool, read_position: u64) -> bool {
-        let Some(due_at) = self.due_at else {
-            return false;
-        };
-        if idle && read_position >= due_at {
-            self.confirmed_at = Some(read_position);
-        }
-        true
-    }
-
-    /// What was read is read again; what is due stays due.
-    pub fn forget_read(&mut self) {
-        self.confirmed_at = None;
-    }
-
-    /// Something is due, or a look: the stream is not quiet.
-    pub fn pending(&self) -> bool {
-        self.due_at.is_some()
-            || Instant::now() >= self.next_look
-            || shmem::sources_changed() != self.changes_seen
+        self.store(live)
     }
 }
 

@@ -28,7 +28,7 @@ use crate::security;
 use crate::shmem::{self, LiveStatus};
 use crate::state_change;
 use crate::worker::control::{in_transaction, in_user_transaction, should_stop, Stop};
-use crate::worker::drive::{PassStream, Settlement, TaskStream};
+use crate::worker::drive::{DueWork, PassStream, Settlement, TaskStream};
 use crate::worker::partitions::PartitionWatch;
 use crate::worker::stream::parse_noting_commits;
 
@@ -396,7 +396,7 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for ViewStream<D> {
         let idle = self.is_idle();
         if let Some(partitioned) = self.partitioned.as_mut() {
             // Not past a change of partitions before the view's documents are in line.
-            if partitioned.holds(idle, read_position) {
+            if partitioned.due().holds(idle, read_position) {
                 return None;
             }
         }
@@ -482,7 +482,7 @@ impl PassStream for ViewStream<Dispatcher> {
         self.keys = collector(&self.view);
         self.batcher = ChangeBatcher::new(self.limits).with_shard(self.task.shard_filter());
         if let Some(partitioned) = self.partitioned.as_mut() {
-            partitioned.forget_read();
+            partitioned.due().forget_read();
         }
     }
 

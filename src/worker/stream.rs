@@ -21,8 +21,9 @@ use crate::plan::ColumnRules;
 use crate::shard::ShardFilter;
 use crate::shmem::LiveStatus;
 use crate::state_change;
+use crate::worker::columns_added::ColumnsAddedWatch;
 use crate::worker::control::{rewind_dispatcher, should_stop, Stop};
-use crate::worker::drive::{PassStream, Settlement, TaskStream};
+use crate::worker::drive::{DueWork, PassStream, Settlement, TaskStream};
 use crate::worker::partitions::PartitionWatch;
 
 /// One task's stream: maps its decoded changes to batches and hands them to its dispatcher
@@ -55,6 +56,8 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
     finished_seen: u64,
     /// The partitions of the task's table when it is partitioned.
     partitioned: Option<PartitionWatch>,
+    /// Columns added to the table, sent to every document.
+    columns_added: ColumnsAddedWatch,
     /// The commit position of the transaction being read (from its Begin).
     transaction_commit: u64,
 }
@@ -93,6 +96,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             stalled: false,
             finished_seen: 0,
             partitioned: None,
+            columns_added: ColumnsAddedWatch::new(task),
             transaction_commit: 0,
         }
     }
@@ -190,15 +194,17 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         self.mapper = ChangeMapper::new(self.limits, self.upsert).with_shard(self.shard.clone());
         self.stalled = false;
         if let Some(partitioned) = self.partitioned.as_mut() {
-            partitioned.forget_read();
+            partitioned.due().forget_read();
         }
+        self.columns_added.due().forget_read();
     }
 
-    /// A prune or repair waits, or a look at the partitions is due: the stream is not quiet.
-    fn partitions_pending(&self) -> bool {
+    /// A prune, a repair or columns added wait, or a look is due: the stream is not quiet.
+    fn watches_pending(&self) -> bool {
         self.partitioned
             .as_ref()
             .is_some_and(PartitionWatch::pending)
+            || self.columns_added.pending()
     }
 
     /// Rows that could not become documents go to the dead letters (stored by the main loop
@@ -227,19 +233,24 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for Streamer<D> {
         let settled =
             self.settlement
                 .settle(self.task_id, self.live, self.dispatcher.borrow_mut())?;
-        match self.partitioned.as_mut() {
-            Some(partitioned) => partitioned.when_due(self.live, settled),
-            None => Ok(settled),
-        }
+        let settled = match self.partitioned.as_mut() {
+            Some(partitioned) => partitioned.when_due(self.live, settled)?,
+            None => settled,
+        };
+        self.columns_added.when_due(self.live, settled)
     }
 
     fn confirm_idle(&mut self, read_position: u64) -> Option<u64> {
         let idle = self.is_idle() && !self.ended;
         if let Some(partitioned) = self.partitioned.as_mut() {
             // Not past a partial TRUNCATE or a change of partitions before the index is in line.
-            if partitioned.holds(idle, read_position) {
+            if partitioned.due().holds(idle, read_position) {
                 return None;
             }
+        }
+        // Nor past columns added before every document has them.
+        if self.columns_added.due().holds(idle, read_position) {
+            return None;
         }
         self.settlement.confirm_idle(idle, read_position)
     }
@@ -254,10 +265,10 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for Streamer<D> {
 
     fn after_read(&mut self, nothing_coming: bool) -> Result<(), Stop> {
         self.end_read(nothing_coming);
-        match self.partitioned.as_mut() {
-            Some(partitioned) => partitioned.look(self.live),
-            None => Ok(()),
+        if let Some(partitioned) = self.partitioned.as_mut() {
+            partitioned.look(self.live)?;
         }
+        self.columns_added.look(self.live)
     }
 
     fn publish(&mut self, read_position: u64, confirmed: u64) {
@@ -299,7 +310,7 @@ impl PassStream for Streamer<Dispatcher> {
         self.mapper.is_idle()
             && self.dispatcher.is_quiet()
             && self.settlement.is_empty()
-            && !self.partitions_pending()
+            && !self.watches_pending()
     }
 
     fn is_stalled(&self) -> bool {

@@ -1,6 +1,8 @@
-//! Load mode `schema`: a column dropped from a synced table of `rows` rows. Prints the copy's
-//! time and rate, then the time from the `DROP COLUMN` until every document is in the new shape
-//! (the resync the launcher starts has swapped in the new index), and the ratio of the two rates.
+//! Load mode `schema`: a column dropped from a synced table of `rows` rows, then one added. Prints
+//! the copy's time and rate, then the time from the `DROP COLUMN` until every document is in the
+//! new shape (the resync the launcher starts has swapped in the new index), the time from the
+//! `ADD COLUMN … DEFAULT` until every document has the new field (the stream's partial updates),
+//! and the ratio of each rate to the copy's.
 
 use std::time::{Duration, Instant};
 
@@ -35,22 +37,12 @@ pub fn drop_column(rows: i64) {
     });
     let copy = started.elapsed().as_secs_f64();
 
-    // The shape the documents were copied in; a swap records the new one.
-    let copied_in = cluster.psql(&format!(
-        "SELECT shape FROM meili_sync.tasks WHERE id = {task}"
-    ));
-    let started = Instant::now();
-    cluster.psql("ALTER TABLE items DROP COLUMN note");
-    wait_for("every document in the new shape", HOUR, || {
-        (cluster.psql(&format!(
-            "SELECT shape IS DISTINCT FROM '{copied_in}'
-                    AND coalesce(last_error, '') NOT LIKE 'out of shape%'
-                    AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks h WHERE h.resync_of = {task})
-               FROM meili_sync.tasks WHERE id = {task}"
-        )) == "t")
-            .then_some(())
-    });
-    let reshape = started.elapsed().as_secs_f64();
+    let reshape = until_in_shape(&cluster, task, "ALTER TABLE items DROP COLUMN note");
+    let added = until_in_shape(
+        &cluster,
+        task,
+        "ALTER TABLE items ADD COLUMN label text DEFAULT 'a label'",
+    );
     println!(
         "schema change into {}",
         meili
@@ -67,6 +59,11 @@ pub fn drop_column(rows: i64) {
         rows as f64 / reshape
     );
     println!("reshape/copy      {:.2}", copy / reshape);
+    println!(
+        "ADD COLUMN        {added:.2} s until every document has the new field ({:.0} rows/s)",
+        rows as f64 / added
+    );
+    println!("add/copy          {:.2}", copy / added);
     if std::env::var("LOAD_VERIFY").is_ok() {
         println!(
             "verify            {}",
@@ -78,4 +75,26 @@ pub fn drop_column(rows: i64) {
     if meili.test_server().is_none() {
         meili.delete_index(&index);
     }
+}
+
+/// Runs `ddl` and waits until the task's documents are in the source's new shape: the shape
+/// recorded for the task changed (by a resync's swap, or the columns added sent) and nothing
+/// says otherwise. Returns the seconds it took.
+fn until_in_shape(cluster: &Cluster, task: i64, ddl: &str) -> f64 {
+    let before = cluster.psql(&format!(
+        "SELECT shape FROM meili_sync.tasks WHERE id = {task}"
+    ));
+    let started = Instant::now();
+    cluster.psql(ddl);
+    wait_for("every document in the new shape", HOUR, || {
+        (cluster.psql(&format!(
+            "SELECT shape IS DISTINCT FROM '{before}'
+                    AND coalesce(last_error, '') NOT LIKE 'out of shape%'
+                    AND coalesce(last_error, '') NOT LIKE 'adding columns%'
+                    AND NOT EXISTS (SELECT 1 FROM meili_sync.tasks h WHERE h.resync_of = {task})
+               FROM meili_sync.tasks WHERE id = {task}"
+        )) == "t")
+            .then_some(())
+    });
+    started.elapsed().as_secs_f64()
 }

@@ -9,6 +9,7 @@ pub mod batch;
 pub mod changes;
 mod dead_letter;
 pub mod dispatch;
+pub mod due;
 pub mod encode;
 pub mod failure;
 pub mod function_body;

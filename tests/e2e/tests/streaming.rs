@@ -947,3 +947,156 @@ fn a_ddl_that_changes_the_documents_resyncs_the_task_into_the_new_shape() {
     });
     assert_no_crash(&cluster);
 }
+
+/// Columns added, and nothing else changed: each row's values of them go to every document as
+/// partial updates from the task's stream, after what it read before, while writes go on. No
+/// resync: no helper task, no second index. With a constant default, a volatile one (each row's
+/// own value), and no default (null), on a plain table and on a partitioned one.
+#[test]
+fn columns_added_reach_every_document_as_partial_updates_without_a_resync() {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql_script(
+        "CREATE TABLE public.t (id int PRIMARY KEY, a text);
+         INSERT INTO public.t SELECT g, 'a' || g FROM generate_series(1, 3000) g;
+         CREATE TABLE public.p (id int PRIMARY KEY, a text) PARTITION BY RANGE (id);
+         CREATE TABLE public.p_low PARTITION OF public.p FOR VALUES FROM (1) TO (200);
+         CREATE TABLE public.p_high PARTITION OF public.p FOR VALUES FROM (200) TO (1000);
+         INSERT INTO public.p SELECT g, 'p' || g FROM generate_series(1, 400) g;",
+    );
+    let meili = Meili::from_env();
+    let (index, task) = start_task(&cluster, &meili, None, "public.t", json!({}));
+    let (parted_index, parted) = start_task(&cluster, &meili, None, "public.p", json!({}));
+    for each in [task, parted] {
+        cluster.wait_snapshot_done(each, CONVERGE);
+    }
+    wait_index_matches_table(&cluster, &meili, &index, "public.t", CONVERGE);
+    cluster.psql_script(
+        "ALTER TABLE public.t ADD COLUMN d text DEFAULT 'dflt';
+         ALTER TABLE public.t ADD COLUMN r double precision DEFAULT random();
+         ALTER TABLE public.t ADD COLUMN n int;
+         ALTER TABLE public.p ADD COLUMN d text DEFAULT 'pd';",
+    );
+    // Writes go on while the columns are sent.
+    for round in 0..5 {
+        cluster.psql(&format!(
+            "UPDATE public.t SET a = a || '{round}', d = 'set {round}' WHERE id BETWEEN 10 AND 20;
+             INSERT INTO public.t (id, a, n) VALUES ({}, 'new', {round});
+             UPDATE public.p SET d = 'set {round}' WHERE id = 7;",
+            5000 + round
+        ));
+    }
+    cluster.psql("DELETE FROM public.t WHERE id = 2");
+    wait_index_matches_table(&cluster, &meili, &index, "public.t", CONVERGE);
+    wait_index_matches_table(&cluster, &meili, &parted_index, "public.p", CONVERGE);
+    let document = |id: i64| {
+        meili
+            .all_documents(&index)
+            .into_iter()
+            .find(|document| document["id"] == json!(id))
+            .unwrap_or_default()
+    };
+    assert_eq!(
+        (document(100)["d"].clone(), document(100)["n"].clone()),
+        (json!("dflt"), json!(null))
+    );
+    assert!(document(100)["r"].is_f64(), "{}", document(100));
+    let settled = |task: i64| {
+        cluster.psql(&format!(
+            "SELECT coalesce(last_error, '') || (SELECT count(*) FROM meili_sync.tasks WHERE resync_of = {task})
+                    || ' ' || (missing + extra + different)
+               FROM meili_sync_status, meili_sync_verify({task}) WHERE task = {task}"
+        ))
+    };
+    for each in [task, parted] {
+        wait_for("the task in shape", CONVERGE, || {
+            (settled(each) == "0 0").then_some(())
+        });
+    }
+    let log = cluster.server_log();
+    for each in [task, parted] {
+        assert!(
+            log.contains(&format!(
+                "pg_meili_sync task {each}: sent the columns added"
+            )),
+            "{}",
+            cluster.tail_log()
+        );
+        assert!(
+            !log.contains(&format!("pg_meili_sync task {each}: a DDL changed what")),
+            "no resync: {}",
+            cluster.tail_log()
+        );
+    }
+    assert_no_crash(&cluster);
+}
+
+/// A composite type that a sent column uses gains an attribute, or has one renamed: every
+/// document's value of that column is its row's (the text of the composite, which now has one
+/// more field), through the resync the change starts, not only those of rows that change.
+#[test]
+fn an_attribute_added_to_a_composite_type_reaches_every_document() {
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql_script(
+        "CREATE TYPE public.pair AS (x int, y text);
+         CREATE TABLE public.ct (id int PRIMARY KEY, c public.pair);
+         INSERT INTO public.ct SELECT g, ROW(g, 'y' || g)::public.pair FROM generate_series(1, 200) g;",
+    );
+    let meili = Meili::from_env();
+    let (index, task) = start_task(&cluster, &meili, None, "public.ct", json!({}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    let values = || {
+        let mut values: Vec<(i64, String)> = meili
+            .all_documents(&index)
+            .into_iter()
+            .filter_map(|document| {
+                Some((document["id"].as_i64()?, document["c"].as_str()?.to_owned()))
+            })
+            .collect();
+        values.sort();
+        values
+    };
+    let rows = || {
+        let mut rows: Vec<(i64, String)> = cluster
+            .psql("SELECT id || ' ' || c::text FROM public.ct")
+            .lines()
+            .filter_map(|line| {
+                let (id, value) = line.split_once(' ')?;
+                Some((id.parse().ok()?, value.to_owned()))
+            })
+            .collect();
+        rows.sort();
+        rows
+    };
+    wait_for("the copy in the index", CONVERGE, || {
+        (values() == rows()).then_some(())
+    });
+    cluster.psql_script(
+        "ALTER TYPE public.pair ADD ATTRIBUTE z int;
+         ALTER TYPE public.pair RENAME ATTRIBUTE y TO label;
+         UPDATE public.ct SET c = ROW(1, 'one', 1)::public.pair WHERE id = 1;",
+    );
+    let expected = rows();
+    assert_eq!(
+        expected.get(4).map(|(_, value)| value.as_str()),
+        Some("(5,y5,)")
+    );
+    wait_for("every document with the new attribute", CONVERGE, || {
+        (values() == expected).then_some(())
+    });
+    wait_for("the task back in shape", CONVERGE, || {
+        (cluster.psql(&format!(
+            "SELECT coalesce(last_error, '') || (SELECT count(*) FROM meili_sync.tasks WHERE resync_of = {task})
+               FROM meili_sync_status WHERE task = {task}"
+        )) == "0")
+            .then_some(())
+    });
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT missing + extra + different FROM meili_sync_verify({task})"
+        )),
+        "0"
+    );
+    assert_no_crash(&cluster);
+}

@@ -693,8 +693,18 @@ fn a_replaced_view_that_reads_a_new_table_follows_it_and_brings_every_document_i
                 .map(|document| document["reviews"].clone())
         };
         assert_eq!(
-            (reviews_of(1), reviews_of(40), reviews_of(50), reviews_of(99)),
-            (Some(json!(2)), Some(json!(0)), Some(json!(1)), Some(json!(0))),
+            (
+                reviews_of(1),
+                reviews_of(40),
+                reviews_of(50),
+                reviews_of(99)
+            ),
+            (
+                Some(json!(2)),
+                Some(json!(0)),
+                Some(json!(1)),
+                Some(json!(0))
+            ),
             "task {task}"
         );
         assert_eq!(
