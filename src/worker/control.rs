@@ -330,9 +330,11 @@ pub fn report_progress(
     }
     if progress.checkpoint.is_some() {
         live.confirmed_now();
-        if progress.retries.is_empty() {
-            live.set_phase(phase);
-        }
+    }
+    // `retrying` only while requests fail: once Meilisearch answers again, the task is back in
+    // its phase (the error stays shown, with its time).
+    if (progress.checkpoint.is_some() || progress.answered) && progress.retries.is_empty() {
+        live.set_phase(phase);
     }
     let dead_letters = dispatcher.take_dead_letters();
     if !dead_letters.is_empty() {
@@ -370,7 +372,7 @@ pub fn open_dispatcher(
             .max_inflight
             .max(options.snapshot_depth)
             .max(options.stream_depth),
-        poll_interval: Duration::from_millis(20),
+        poll_interval: Duration::from_millis(10),
         retry_base: RETRY_BASE,
         retry_cap: RETRY_CAP,
         vanished_after: VANISHED_TASK_GRACE,

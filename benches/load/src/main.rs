@@ -708,6 +708,21 @@ fn latency(transactions: usize, per_second: u64) {
         samples.push(took);
         std::thread::sleep(interval.saturating_sub(took));
     }
+    // From the COMMIT to meili_sync_wait returning (confirmation noticed and published), each in
+    // its own psql: an INSERT, then the wait.
+    let mut waited = Vec::with_capacity(transactions);
+    let offset = 2_000_000;
+    for n in offset..offset + transactions as i64 {
+        let started = Instant::now();
+        setup.cluster.psql_script(&format!(
+            "{};\nSELECT meili_sync_wait({});\n",
+            products::insert_sql(n, n),
+            setup.task
+        ));
+        let took = started.elapsed();
+        waited.push(took);
+        std::thread::sleep(interval.saturating_sub(took));
+    }
     // The server's own time from a one-document POST to the document being readable, for the
     // same documents: what no sync tool can go below.
     let mut direct = Vec::with_capacity(transactions);
@@ -725,15 +740,16 @@ fn latency(transactions: usize, per_second: u64) {
         std::thread::sleep(interval.saturating_sub(took));
     }
     let ours = percentiles(samples);
+    let waits = percentiles(waited);
     let server = percentiles(direct);
     println!(
         "commit → searchable latency over {transactions} one-row transactions at {per_second}/s"
     );
-    println!("                  pg_meili_sync   server alone (POST → readable)");
+    println!("                  pg_meili_sync   meili_sync_wait returned   server alone (POST → readable)");
     for (label, index) in [("p50 ms", 0), ("p99 ms", 1), ("max ms", 2)] {
         println!(
-            "{label:<17} {:>13.1}   {:>13.1}",
-            ours[index], server[index]
+            "{label:<17} {:>13.1}   {:>24.1}   {:>13.1}",
+            ours[index], waits[index], server[index]
         );
     }
     println!(

@@ -64,6 +64,9 @@ pub struct Progress {
     pub checkpoint: Option<u64>,
     /// Errors of requests the writer is retrying.
     pub retries: Vec<String>,
+    /// Meilisearch answered a request of the task (took a batch, or finished one): its requests
+    /// go through again after retries, even before a checkpoint is safe.
+    pub answered: bool,
     /// Things the task learned that belong in the server log once (a server's payload limit).
     pub notices: Vec<String>,
 }
@@ -71,7 +74,10 @@ pub struct Progress {
 impl Progress {
     /// Nothing to store or report.
     pub fn is_empty(&self) -> bool {
-        self.checkpoint.is_none() && self.retries.is_empty() && self.notices.is_empty()
+        self.checkpoint.is_none()
+            && self.retries.is_empty()
+            && self.notices.is_empty()
+            && !self.answered
     }
 
     /// Adds what a later `pump` reported: its checkpoint is the newer one.
@@ -81,6 +87,7 @@ impl Progress {
         }
         self.retries.extend(later.retries);
         self.notices.extend(later.notices);
+        self.answered |= later.answered;
     }
 }
 
@@ -522,9 +529,13 @@ impl Dispatcher {
 
     fn handle(&mut self, event: WriterEvent, progress: &mut Progress) {
         match event {
-            WriterEvent::Confirmed { seq, .. } => self.resolve(seq, progress),
+            WriterEvent::Confirmed { seq, .. } => {
+                progress.answered = true;
+                self.resolve(seq, progress);
+            }
             WriterEvent::Retrying { error, .. } => progress.retries.push(error),
             WriterEvent::Enqueued { seq, .. } => {
+                progress.answered = true;
                 let releasable = self.rereadable.contains(&seq)
                     || (self.rewindable.contains(&seq) && !self.holds_older_than(seq));
                 if releasable {
@@ -1065,7 +1076,7 @@ mod tests {
     const KEY: &str = "masterKey";
 
     #[test]
-    fn progress_is_empty_until_it_has_a_checkpoint_a_retry_or_a_notice() {
+    fn progress_is_empty_until_it_has_a_checkpoint_a_retry_a_notice_or_an_answer() {
         assert!(Progress::default().is_empty());
         for progress in [
             Progress {
@@ -1078,6 +1089,10 @@ mod tests {
             },
             Progress {
                 notices: vec!["limit".into()],
+                ..Progress::default()
+            },
+            Progress {
+                answered: true,
                 ..Progress::default()
             },
         ] {
@@ -1138,6 +1153,26 @@ mod tests {
             .iter()
             .map(|d| d["id"].clone())
             .collect()
+    }
+
+    /// A task whose requests go through again shows it even before a checkpoint is safe (a
+    /// view's window may span many batches): `answered` is what ends its `retrying`.
+    #[test]
+    fn an_answer_is_reported_without_a_checkpoint() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        let mut dispatcher = dispatcher(&server);
+        let mut without_checkpoint = batch(1, &[json!({"id": 1, "title": "a"})]);
+        without_checkpoint.checkpoint = None;
+        dispatcher.push(without_checkpoint);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut progress = Progress::default();
+        while !dispatcher.is_idle() {
+            assert!(Instant::now() < deadline, "dispatcher did not settle");
+            progress.absorb(dispatcher.pump(Some(Duration::from_millis(20))));
+        }
+        assert!(progress.answered);
+        assert_eq!(progress.checkpoint, None);
+        assert!(!progress.is_empty());
     }
 
     #[test]

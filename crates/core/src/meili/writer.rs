@@ -41,8 +41,14 @@ use crate::batch::{Batch, Operation};
 /// Task uids asked about in one `GET /tasks` request, to keep URLs short.
 const MAX_UIDS_PER_POLL: usize = 500;
 /// The pause between task polls doubles after each poll that finished no task, at most this many
-/// times (20 ms becomes 320 ms at most), and is back to `poll_interval` at the next that does.
-const MAX_QUIET_POLL_DOUBLINGS: u32 = 4;
+/// times (10 ms becomes 320 ms at most), and is back to `poll_interval` at the next that does.
+const MAX_QUIET_POLL_DOUBLINGS: u32 = 5;
+
+/// While the oldest task waited for is younger than this, polls come every `poll_interval`
+/// however many finished nothing: a lone change is confirmed within a poll of Meilisearch
+/// finishing it (its own latency is hundreds of milliseconds), while a long indexing run is
+/// asked less and less often.
+const EAGER_POLLING: Duration = Duration::from_secs(2);
 
 /// Meilisearch answers a body over its payload limit with 413 and closes the connection without
 /// reading the rest, so a client still uploading sees a broken pipe or a reset instead. A large
@@ -214,6 +220,8 @@ struct Enqueued {
     task_uid: u64,
     docs: usize,
     op: Operation,
+    /// When Meilisearch took it.
+    enqueued_at: Instant,
     /// Since when Meilisearch's task list has not had this task.
     missing_since: Option<Instant>,
 }
@@ -488,6 +496,7 @@ impl SenderThread {
                         task_uid,
                         docs: batch.docs,
                         op: batch.op,
+                        enqueued_at: Instant::now(),
                         missing_since: None,
                     });
                     return true;
@@ -574,8 +583,15 @@ impl PollerThread {
             }
             // Give Meilisearch time to process, taking in tasks enqueued
             // meanwhile so that one request confirms them all.
-            let next_poll =
-                after(self.poll_interval * 2u32.pow(quiet_polls.min(MAX_QUIET_POLL_DOUBLINGS)));
+            let eager = pending
+                .front()
+                .is_some_and(|oldest| oldest.enqueued_at.elapsed() < EAGER_POLLING);
+            let doublings = if eager {
+                0
+            } else {
+                quiet_polls.min(MAX_QUIET_POLL_DOUBLINGS)
+            };
+            let next_poll = after(self.poll_interval * 2u32.pow(doublings));
             loop {
                 select! {
                     recv(self.enqueued) -> task => match task {
