@@ -4,9 +4,8 @@
 use std::time::{Duration, Instant};
 
 /// Short right after a round that moved something, doubling up to a cap while rounds move
-/// nothing: a long indexing run is not polled hundreds of times a second (the writer's threads
-/// learn of finished tasks every 20 to 320 ms anyway), and a worker with many tasks does not pay
-/// for all of them on every idle round.
+/// nothing: a long indexing run is not polled hundreds of times a second, and a worker with many
+/// tasks does not pay for all of them on every idle round.
 pub struct BusyNap {
     shortest: Duration,
     longest: Duration,

@@ -44,11 +44,14 @@ const MAX_UIDS_PER_POLL: usize = 500;
 /// times (10 ms becomes 320 ms at most), and is back to `poll_interval` at the next that does.
 const MAX_QUIET_POLL_DOUBLINGS: u32 = 5;
 
-/// While the oldest task waited for is younger than this, polls come every `poll_interval`
-/// however many finished nothing: a lone change is confirmed within a poll of Meilisearch
-/// finishing it (its own latency is hundreds of milliseconds), while a long indexing run is
-/// asked less and less often.
+/// While the tasks waited for are few documents and the oldest is younger than this, polls come
+/// every `poll_interval` however many finished nothing: a lone change is confirmed within a poll
+/// of Meilisearch finishing it (its own latency is hundreds of milliseconds). A burst and a long
+/// indexing run are asked less and less often, leaving Meilisearch its cores.
 const EAGER_POLLING: Duration = Duration::from_secs(2);
+
+/// At most this many documents waited for, for polls to be eager (see `EAGER_POLLING`).
+const EAGER_POLLING_DOCS: usize = 1_000;
 
 /// Meilisearch answers a body over its payload limit with 413 and closes the connection without
 /// reading the rest, so a client still uploading sees a broken pipe or a reset instead. A large
@@ -585,7 +588,8 @@ impl PollerThread {
             // meanwhile so that one request confirms them all.
             let eager = pending
                 .front()
-                .is_some_and(|oldest| oldest.enqueued_at.elapsed() < EAGER_POLLING);
+                .is_some_and(|oldest| oldest.enqueued_at.elapsed() < EAGER_POLLING)
+                && pending.iter().map(|task| task.docs).sum::<usize>() <= EAGER_POLLING_DOCS;
             let doublings = if eager {
                 0
             } else {
@@ -1027,21 +1031,35 @@ mod tests {
             writer.shutdown();
         }
 
-        #[test]
-        fn a_long_indexing_run_is_polled_less_and_less_often() {
+        /// The task polls of a writer that sent one batch of `docs` documents, which the server
+        /// takes `delay` to finish.
+        fn polls_for_one_batch(docs: u64, delay: Duration) -> usize {
             let (server, writer) = start(|c| c.poll_interval = Duration::from_millis(20));
-            server.faults().set_task_delay(Duration::from_millis(1500));
-            writer.try_send(replace(1, 0..2)).expect("room");
+            server.faults().set_task_delay(delay);
+            writer.try_send(replace(1, 0..docs)).expect("room");
             let events = events_until(&writer, |events| finished(events) == 1);
             assert_eq!(confirmed_seqs(&events), [1]);
-            let task_polls = server
+            writer.shutdown();
+            server
                 .request_log()
                 .into_iter()
                 .filter(|r| r.path.starts_with("/tasks?uids="))
-                .count();
+                .count()
+        }
+
+        #[test]
+        fn a_long_indexing_run_is_polled_less_and_less_often() {
             // Every 20 ms would be about 75 polls; doubling to 320 ms makes about 8.
-            assert!(task_polls <= 15, "{task_polls} polls for one task");
-            writer.shutdown();
+            let polls =
+                polls_for_one_batch(EAGER_POLLING_DOCS as u64 + 1, Duration::from_millis(1500));
+            assert!(polls <= 15, "{polls} polls for one large batch");
+        }
+
+        #[test]
+        fn a_lone_small_change_is_polled_every_interval() {
+            // Every 20 ms makes about 25 polls in 500 ms; doubling would make about 5.
+            let polls = polls_for_one_batch(2, Duration::from_millis(500));
+            assert!(polls >= 15, "{polls} polls for one small batch");
         }
 
         #[test]
