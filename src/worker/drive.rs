@@ -535,14 +535,35 @@ pub struct IndexWatch {
     last_check: Instant,
 }
 
+/// How long a look at the task's index may wait for Meilisearch: it runs on the worker's own
+/// thread, which a server that stopped answering must not hold up (the writer's threads wait for
+/// it instead).
+const LOOK_TIMEOUT: Duration = Duration::from_secs(1);
+
 impl IndexWatch {
-    pub fn new(client: Client, uid: &str, created_at: Option<String>) -> Self {
-        IndexWatch {
+    /// A watch of the task's index, whose `createdAt` (None: not known) the task started with.
+    pub fn new(task: &TaskRecord, created_at: Option<String>) -> Result<Self, Stop> {
+        let client = Client::new(&task.url, task.api_key.as_deref(), LOOK_TIMEOUT)
+            .map_err(|error| fail(FailureKind::Source, error.to_string()))?;
+        Ok(IndexWatch {
             client,
-            uid: uid.to_owned(),
+            uid: task.index_uid.clone(),
             created_at,
             last_check: Instant::now(),
-        }
+        })
+    }
+
+    /// A watch of the task's index as Meilisearch gives it now (unknown while it does not
+    /// answer within `LOOK_TIMEOUT`).
+    pub fn looking_now(task: &TaskRecord) -> Result<Self, Stop> {
+        let mut watch = IndexWatch::new(task, None)?;
+        watch.created_at = watch
+            .client
+            .get_index(&watch.uid)
+            .ok()
+            .flatten()
+            .and_then(|index| index.created_at);
+        Ok(watch)
     }
 
     /// Checks at most once per `meili_sync.index_check_interval`; unreachable servers are the

@@ -34,7 +34,7 @@ use crate::worker::drive::{
 };
 use crate::worker::partitions::PartitionWatch;
 use crate::worker::render::{follow_new_tables, ViewStream};
-use crate::worker::stream::Streamer;
+use crate::worker::stream::{Streamer, UNANSWERED_LIMIT};
 
 /// How often the decoder looks at the catalog for tasks that join or leave.
 const REFRESH_INTERVAL: Duration = Duration::from_millis(500);
@@ -362,13 +362,9 @@ impl SharedDecoder {
         let client = Client::new(&task.url, task.api_key.as_deref(), HTTP_TIMEOUT)
             .map_err(|error| fail(FailureKind::Source, error.to_string()))?;
         // The index's createdAt, to notice when someone deletes it; unknown while Meilisearch is
-        // unreachable (the writer retries the task's batches meanwhile).
-        let created_at = client
-            .get_index(&task.index_uid)
-            .ok()
-            .flatten()
-            .and_then(|index| index.created_at);
-        let watch = IndexWatch::new(client.clone(), &task.index_uid, created_at);
+        // unreachable (the writer retries the task's batches meanwhile). Asked on the decoder's
+        // own thread, so briefly: a server that does not answer must not hold up the pass.
+        let watch = IndexWatch::looking_now(task)?;
         let key_attribute = plan.shape.primary_key_attribute().to_owned();
         let dispatcher = open_dispatcher(&client, task, &options, &key_attribute);
         let (stream, relations): (Box<dyn PassStream>, Vec<u32>) = match view {
@@ -609,7 +605,8 @@ impl SharedDecoder {
                 self.router.detach(*task_id);
                 pipeline.stream.restart();
                 log!(
-                    "pg_meili_sync task {task_id}: Meilisearch confirmed none of its batches for {} s; it leaves the shared decoding pass and reads again from {} once they are done, so that the other tasks go on",
+                    "pg_meili_sync task {task_id}: Meilisearch answered none of its requests for {} s, or confirmed none of its batches for {} s; it leaves the shared decoding pass and reads again from {} once they are done, so that the other tasks go on",
+                    UNANSWERED_LIMIT.as_secs_f64(),
                     STALL_LIMIT.as_secs(),
                     catalog::format_lsn(pipeline.position)
                 );

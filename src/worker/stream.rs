@@ -26,6 +26,12 @@ use crate::worker::control::{rewind_dispatcher, should_stop, Stop};
 use crate::worker::drive::{DueWork, PassStream, Settlement, TaskStream};
 use crate::worker::partitions::PartitionWatch;
 
+/// How long a task of the shared pass may hold up the shared reader while its Meilisearch
+/// answers none of its requests, before it leaves the pass (see `Streamer::send_ready`): the
+/// other tasks, and its healthy replicas and shards, wait at most this long for a server that
+/// stopped or died.
+pub const UNANSWERED_LIMIT: Duration = Duration::from_millis(1500);
+
 /// One task's stream: maps its decoded changes to batches and hands them to its dispatcher
 /// (borrowed in a task worker, which used it for the copy first; owned in the shared decoder).
 pub struct Streamer<D: BorrowMut<Dispatcher>> {
@@ -114,6 +120,16 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         self
     }
 
+    /// Requests Meilisearch answered: a server that answers nothing has stopped or died.
+    fn answers(&self) -> u64 {
+        self.dispatcher
+            .borrow()
+            .writer()
+            .stats()
+            .answers
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Batches Meilisearch finished (confirmed or failed): progress, for the stall limit.
     fn batches_finished(&self) -> u64 {
         let stats = self.dispatcher.borrow().writer().stats();
@@ -155,6 +171,8 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     fn send_ready(&mut self, block: bool) {
         let mut finished = None;
         let mut progress_at = Instant::now();
+        let mut answers = None;
+        let mut answered_at = Instant::now();
         loop {
             self.pump(None);
             if self
@@ -179,7 +197,16 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
                 if finished != Some(now_finished) {
                     finished = Some(now_finished);
                     progress_at = Instant::now();
-                } else if progress_at.elapsed() >= limit {
+                }
+                let now_answers = self.answers();
+                if answers != Some(now_answers) {
+                    answers = Some(now_answers);
+                    answered_at = Instant::now();
+                }
+                // A server that answers is slow at worst: the other tasks wait for it up to the
+                // limit. One that answers nothing (stopped, dead, unreachable) holds them up
+                // for a moment only.
+                if progress_at.elapsed() >= limit || answered_at.elapsed() >= UNANSWERED_LIMIT {
                     self.stalled = true;
                     return;
                 }

@@ -395,7 +395,7 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
         })?;
         rebalance::set_network(live, &client, &task, &shards)?;
     }
-    let watch = IndexWatch::new(client.clone(), &task.index_uid, index.created_at);
+    let watch = IndexWatch::new(&task, index.created_at)?;
 
     let mut dispatcher = open_dispatcher(&client, &task, &options, &key_attribute);
     // A stream ends at a position for a resync's swap, or for the hand-over of a moving task.

@@ -305,6 +305,28 @@ impl Meili {
         }
     }
 
+    /// Meilisearch stops answering and stops working, taking connections all the same: a real
+    /// server gets SIGSTOP, the test server reads requests and answers none until
+    /// [`Meili::unhang`] (as the kernel does for a stopped process).
+    pub fn hang(&self) {
+        if let Some(server) = &self.server {
+            server.faults().set_hung(true);
+        }
+        if let Some(real) = self.real() {
+            real.signal("-STOP");
+        }
+    }
+
+    /// After [`Meili::hang`].
+    pub fn unhang(&self) {
+        if let Some(server) = &self.server {
+            server.faults().set_hung(false);
+        }
+        if let Some(real) = self.real() {
+            real.signal("-CONT");
+        }
+    }
+
     /// After [`Meili::freeze`].
     pub fn thaw(&self) {
         if let Some(server) = &self.server {

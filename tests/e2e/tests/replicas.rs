@@ -428,3 +428,112 @@ fn a_dropped_column_leaves_every_document_on_every_replica() {
     });
     assert_no_crash(&cluster);
 }
+
+/// The longest a change may take to reach a healthy server while another server of the same
+/// database hangs: the 2 s the issue allows a hung server to hold others up, plus the change's
+/// normal latency (a real Meilisearch takes up to a second or so for a small batch here).
+const HELD_UP_AT_MOST: Duration = Duration::from_secs(6);
+
+/// One server stops answering (SIGSTOP, or the test server reading requests and answering none)
+/// while a task with replicas streams to it and to a healthy one, and an unrelated task streams
+/// to a third server, all in the shared pass. Writes in rounds throughout the outage, enough to
+/// fill the hung replica's queue: each round reaches the healthy replica and the other task
+/// within `HELD_UP_AT_MOST`, the hung replica holds its position (and the shared slot), and it
+/// catches up once it answers again. Index checks come every second, so a look at the hung
+/// server's index on the decoder's own thread would hold everything up too.
+#[test]
+fn a_server_that_stops_answering_holds_up_the_others_for_a_moment_only() {
+    let Some(meilis) = servers(3) else {
+        return;
+    };
+    let cluster = Cluster::start(&["meili_sync.index_check_interval=1s"]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql(products::CREATE_TABLE);
+    cluster.psql(&products::insert_sql(1, 200));
+    cluster.psql_script(
+        "CREATE TABLE public.notes (id int PRIMARY KEY, body text);
+         INSERT INTO public.notes SELECT g, 'note ' || g FROM generate_series(1, 100) g;",
+    );
+    let index = meilis[0].unique_index("held_up");
+    let replicas: Vec<Value> = meilis[..2].iter().map(Meili::replica).collect();
+    // Small batches fill the hung replica's queue (its stream_depth) within a round or two.
+    let options = json!({"replicas": replicas, "batch_size": 10}).to_string();
+    let task = start_with_options(&cluster, None, "products", &index, &options);
+    let others = replica_rows(&cluster, task);
+    let notes_index = meilis[2].unique_index("unrelated");
+    let notes = start_with_options(
+        &cluster,
+        None,
+        "public.notes",
+        &notes_index,
+        &meilis[2].options(json!({})),
+    );
+    for row in [task, notes].into_iter().chain(others.iter().copied()) {
+        cluster.wait_snapshot_done(row, CONVERGE);
+    }
+    wait_index_matches_table(&cluster, &meilis[1], &index, "products", CONVERGE);
+    wait_index_matches_table(&cluster, &meilis[2], &notes_index, "public.notes", CONVERGE);
+
+    meilis[0].hang();
+    let has = |meili: &Meili, index: &str, id: i64| {
+        let (status, _) = meili.request(
+            ureq::http::Method::GET,
+            &format!("/indexes/{index}/documents/{id}"),
+            None,
+        );
+        status == 200
+    };
+    for round in 0..4_i64 {
+        let first = 1_000 + round * 100;
+        for part in 0..4 {
+            cluster.psql(&products::insert_sql(
+                first + part * 25,
+                first + part * 25 + 24,
+            ));
+        }
+        cluster.psql(&format!(
+            "INSERT INTO public.notes VALUES ({}, 'round {round}')",
+            1_000 + round
+        ));
+        let written = std::time::Instant::now();
+        let last = first + 99;
+        while !(has(&meilis[1], &index, last) && has(&meilis[2], &notes_index, 1_000 + round)) {
+            assert!(
+                written.elapsed() < HELD_UP_AT_MOST,
+                "round {round}: the healthy replica or the other task is held up by the hung server ({:?})\n{}",
+                written.elapsed(),
+                cluster.tail_log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+    let written = current_lsn(&cluster);
+    assert!(
+        holds(
+            &cluster,
+            &format!(
+                "(SELECT confirmed_lsn FROM meili_sync_status WHERE task = {task}) < '{written}'
+                 AND (SELECT s.confirmed_flush_lsn FROM pg_replication_slots s WHERE s.slot_name LIKE 'meili_sync_%_shared')
+                     <= (SELECT confirmed_lsn FROM meili_sync_status WHERE task = {task})"
+            )
+        ),
+        "the hung replica and the shared slot keep its position: {:?}",
+        cluster.status(task)
+    );
+    meilis[0].unhang();
+    for meili in &meilis[..2] {
+        wait_index_matches_table(&cluster, meili, &index, "products", CONVERGE);
+    }
+    wait_index_matches_table(&cluster, &meilis[2], &notes_index, "public.notes", CONVERGE);
+    for row in [task, notes].into_iter().chain(others.iter().copied()) {
+        assert_eq!(
+            cluster.psql(&format!(
+                "SELECT missing + extra + different FROM meili_sync_verify({row})"
+            )),
+            "0",
+            "task {row}"
+        );
+    }
+    assert_no_crash(&cluster);
+}

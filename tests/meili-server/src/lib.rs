@@ -85,6 +85,7 @@ pub struct Faults {
     task_delay: Mutex<Duration>,
     fail_tasks: Mutex<(usize, String, Option<&'static str>)>,
     unavailable: AtomicBool,
+    hung: AtomicBool,
     disk_full: AtomicBool,
 }
 
@@ -110,6 +111,7 @@ impl Faults {
             task_delay: Mutex::new(task_delay),
             fail_tasks: Mutex::new((0, String::new(), None)),
             unavailable: AtomicBool::new(false),
+            hung: AtomicBool::new(false),
             disk_full: AtomicBool::new(false),
         }
     }
@@ -181,6 +183,20 @@ impl Faults {
         self.unavailable.store(on, Ordering::SeqCst);
     }
 
+    /// While on, the server answers nothing, as a real one stopped with SIGSTOP: connections are
+    /// accepted (the kernel's backlog) and requests read, but their answers, and the processing
+    /// of tasks, wait until it is off again.
+    pub fn set_hung(&self, on: bool) {
+        self.hung.store(on, Ordering::SeqCst);
+    }
+
+    /// Waits while the server is hung (see [`Faults::set_hung`]), or until it stops.
+    pub(crate) fn wait_while_hung(&self, stopping: impl Fn() -> bool) {
+        while self.hung.load(Ordering::SeqCst) && !stopping() {
+            thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     /// Turns every fault off and the task delay back to zero.
     pub fn clear(&self) {
         self.fail_next_requests(0, 500);
@@ -188,6 +204,7 @@ impl Faults {
         self.set_task_delay(Duration::ZERO);
         self.fail_next_tasks(0, "");
         self.set_unavailable(false);
+        self.set_hung(false);
         self.set_disk_full(false);
     }
 
@@ -476,6 +493,7 @@ fn serve(shared: &Shared, stream: TcpStream) {
                 break;
             }
         };
+        shared.faults.wait_while_hung(|| shared.stopping());
         if shared.stopping() || shared.faults.unavailable() {
             break;
         }

@@ -731,6 +731,7 @@ pub(crate) fn run(shared: Arc<Shared>) {
                 queue = shared.cond.wait(queue).unwrap_or_else(|e| e.into_inner());
             }
         };
+        shared.faults.wait_while_hung(|| shared.stopping());
         // Simulated indexing time; re-read so that lowering the delay ends the wait early.
         let started = Instant::now();
         while started.elapsed() < shared.faults.task_delay() {

@@ -215,6 +215,14 @@ pub struct WriterStats {
     pub batches_failed: AtomicU64,
     /// Requests retried, by the sender or the poller.
     pub retries: AtomicU64,
+    /// Requests Meilisearch answered, with any status: while it does, it is alive, however slow
+    /// its indexing (a server that stopped or died answers nothing).
+    pub answers: AtomicU64,
+}
+
+/// Whether Meilisearch answered the request (with any status), rather than not at all.
+fn answered<T>(result: &Result<T, MeiliError>) -> bool {
+    matches!(result, Ok(_) | Err(MeiliError::Http { .. }))
 }
 
 /// A batch Meilisearch accepted, waiting for its task to finish.
@@ -453,29 +461,29 @@ impl SenderThread {
             if self.shared.is_stopping() {
                 return false;
             }
-            let sent = self
-                .shared
-                .client
-                .send_batch(
-                    &self.index_uid,
-                    &self.primary_key,
-                    batch.op,
-                    body,
-                    compressed.is_some(),
-                )
-                .map_err(|error| {
-                    broken_uploads = if upload_broke_off(&error) {
-                        broken_uploads + 1
-                    } else {
-                        0
-                    };
-                    let large = batch.docs > 1 && body.len() >= LARGE_BODY_BYTES;
-                    if large && broken_uploads >= BROKEN_UPLOADS_BEFORE_SPLIT {
-                        taken_for_too_large(&error, broken_uploads, body.len())
-                    } else {
-                        refused_for_size(&error).unwrap_or(error)
-                    }
-                });
+            let sent = self.shared.client.send_batch(
+                &self.index_uid,
+                &self.primary_key,
+                batch.op,
+                body,
+                compressed.is_some(),
+            );
+            if answered(&sent) {
+                self.shared.stats.answers.fetch_add(1, Ordering::Relaxed);
+            }
+            let sent = sent.map_err(|error| {
+                broken_uploads = if upload_broke_off(&error) {
+                    broken_uploads + 1
+                } else {
+                    0
+                };
+                let large = batch.docs > 1 && body.len() >= LARGE_BODY_BYTES;
+                if large && broken_uploads >= BROKEN_UPLOADS_BEFORE_SPLIT {
+                    taken_for_too_large(&error, broken_uploads, body.len())
+                } else {
+                    refused_for_size(&error).unwrap_or(error)
+                }
+            });
             match sent {
                 Ok(task_uid) => {
                     let stats = &self.shared.stats;
@@ -640,10 +648,11 @@ impl PollerThread {
             .take(MAX_UIDS_PER_POLL)
             .map(|task| task.task_uid)
             .collect();
-        let states: HashMap<u64, _> = self
-            .shared
-            .client
-            .get_tasks(&uids)?
+        let listed = self.shared.client.get_tasks(&uids);
+        if answered(&listed) {
+            self.shared.stats.answers.fetch_add(1, Ordering::Relaxed);
+        }
+        let states: HashMap<u64, _> = listed?
             .into_iter()
             .map(|state| (state.uid, state))
             .collect();
