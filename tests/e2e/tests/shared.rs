@@ -321,7 +321,7 @@ fn a_task_whose_meilisearch_is_down_leaves_the_stream_and_the_others_go_on() {
         cluster
             .server_log()
             .contains(&format!(
-                "pg_meili_sync task {notes_task}: Meilisearch confirmed none of its batches"
+                "pg_meili_sync task {notes_task}: Meilisearch answered none of its requests"
             ))
             .then_some(())
     });
