@@ -31,8 +31,41 @@ ALTER FUNCTION @extschema@.meili_sync_readable_error(pg_catalog.oid, text) SET s
 REVOKE ALL ON FUNCTION @extschema@.meili_sync_readable_error(pg_catalog.oid, text) FROM PUBLIC;
 GRANT EXECUTE ON FUNCTION @extschema@.meili_sync_readable_error(pg_catalog.oid, text) TO meili_sync_admin, pg_monitor;
 
--- meili_sync_status shows last_error through that rule.
-CREATE OR REPLACE VIEW @extschema@.meili_sync_status AS
+-- The workers' state tells when each task last progressed (meili_sync_status's progressing).
+DROP VIEW @extschema@.meili_sync_status;
+DROP FUNCTION @extschema@.meili_sync_worker_state();
+CREATE FUNCTION @extschema@.meili_sync_worker_state() RETURNS TABLE (
+	"task" bigint,
+	"pid" INT,
+	"phase" TEXT,
+	"rows_copied" bigint,
+	"documents_confirmed" bigint,
+	"documents_deleted" bigint,
+	"batches_in_flight" INT,
+	"retries" bigint,
+	"bytes_before_gzip" bigint,
+	"bytes_sent" bigint,
+	"documents_sent" bigint,
+	"failed_tasks" bigint,
+	"documents_per_second" double precision,
+	"received_lsn" TEXT,
+	"confirmed_lsn" TEXT,
+	"oldest_unconfirmed_commit" timestamp with time zone,
+	"last_sent_at" timestamp with time zone,
+	"last_confirmed_at" timestamp with time zone,
+	"last_error" TEXT,
+	"last_error_at" timestamp with time zone,
+	"progressed_at" timestamp with time zone
+)
+STRICT VOLATILE PARALLEL SAFE
+LANGUAGE c
+AS 'MODULE_PATHNAME', 'meili_sync_worker_state_wrapper';
+ALTER FUNCTION @extschema@.meili_sync_worker_state() SET search_path = pg_catalog, pg_temp;
+REVOKE ALL ON FUNCTION @extschema@.meili_sync_worker_state() FROM PUBLIC;
+GRANT EXECUTE ON FUNCTION @extschema@.meili_sync_worker_state() TO meili_sync_admin, pg_monitor;
+
+-- meili_sync_status shows last_error through that rule, and whether each task progresses.
+CREATE VIEW @extschema@.meili_sync_status AS
 SELECT t.id AS task,
        t.source AS source_table,
        t.index_uid,
@@ -106,7 +139,18 @@ SELECT t.id AS task,
        t.replica_of,
        -- On a shard (option shards): its name. Each shard's row holds the documents whose id
        -- hashes to it; the task's own row is its first shard.
-       t.shard
+       t.shard,
+       -- When the task's position last moved, or it last had everything it had read confirmed.
+       w.progressed_at AS last_progress_at,
+       -- Streaming (or retrying), and its position moved within meili_sync.stuck_after or it had
+       -- nothing left to read: false is a task that is stuck, not one that is slow but moving.
+       -- NULL while it does not stream.
+       CASE WHEN t.state NOT IN ('paused', 'stopped', 'error', 'swapping') AND w.pid IS NOT NULL
+                 AND w.phase IN ('streaming', 'retrying')
+            THEN coalesce(w.progressed_at > pg_catalog.clock_timestamp()
+                              - coalesce(pg_catalog.current_setting('meili_sync.stuck_after', true), '2min')::interval,
+                          false)
+       END AS progressing
   FROM meili_sync.tasks t
   LEFT JOIN pg_catalog.pg_class c ON c.oid = t.source
   LEFT JOIN @extschema@.meili_sync_worker_state() w ON w.task = t.id
@@ -117,3 +161,5 @@ SELECT t.id AS task,
                                THEN pg_catalog.format('meili_sync_%s_shared', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid)
                                ELSE pg_catalog.format('meili_sync_%s_%s', 'meili_sync.tasks'::pg_catalog.regclass::pg_catalog.oid, t.id)
                           END;
+REVOKE ALL ON @extschema@.meili_sync_status FROM PUBLIC;
+GRANT SELECT ON @extschema@.meili_sync_status TO pg_monitor, meili_sync_admin;

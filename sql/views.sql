@@ -79,7 +79,18 @@ SELECT t.id AS task,
        t.replica_of,
        -- On a shard (option shards): its name. Each shard's row holds the documents whose id
        -- hashes to it; the task's own row is its first shard.
-       t.shard
+       t.shard,
+       -- When the task's position last moved, or it last had everything it had read confirmed.
+       w.progressed_at AS last_progress_at,
+       -- Streaming (or retrying), and its position moved within meili_sync.stuck_after or it had
+       -- nothing left to read: false is a task that is stuck, not one that is slow but moving.
+       -- NULL while it does not stream.
+       CASE WHEN t.state NOT IN ('paused', 'stopped', 'error', 'swapping') AND w.pid IS NOT NULL
+                 AND w.phase IN ('streaming', 'retrying')
+            THEN coalesce(w.progressed_at > pg_catalog.clock_timestamp()
+                              - coalesce(pg_catalog.current_setting('meili_sync.stuck_after', true), '2min')::interval,
+                          false)
+       END AS progressing
   FROM meili_sync.tasks t
   LEFT JOIN pg_catalog.pg_class c ON c.oid = t.source
   LEFT JOIN @extschema@.meili_sync_worker_state() w ON w.task = t.id

@@ -19,6 +19,8 @@ static NAPTIME_MS: GucSetting<i32> = GucSetting::<i32>::new(1000);
 static INDEX_CHECK_INTERVAL_MS: GucSetting<i32> = GucSetting::<i32>::new(30_000);
 static MAX_RETAINED_WAL_MB: GucSetting<i32> = GucSetting::<i32>::new(1024);
 static LAG_WARNING_MS: GucSetting<i32> = GucSetting::<i32>::new(300_000);
+/// Read by `meili_sync_status` only (its `progressing`).
+static STUCK_AFTER_MS: GucSetting<i32> = GucSetting::<i32>::new(120_000);
 static MAX_TASKS: GucSetting<i32> = GucSetting::<i32>::new(64);
 static MAX_DATABASES: GucSetting<i32> = GucSetting::<i32>::new(64);
 static DECODER_MEMORY_MB: GucSetting<i32> = GucSetting::<i32>::new(256);
@@ -124,6 +126,16 @@ pub fn init() {
         c"",
         &LAG_WARNING_MS,
         0,
+        i32::MAX,
+        GucContext::Sighup,
+        GucFlags::UNIT_MS,
+    );
+    GucRegistry::define_int_guc(
+        c"meili_sync.stuck_after",
+        c"How long a streaming task's position may stand still, while it has changes to read, before meili_sync_status.progressing turns false.",
+        c"",
+        &STUCK_AFTER_MS,
+        1000,
         i32::MAX,
         GucContext::Sighup,
         GucFlags::UNIT_MS,

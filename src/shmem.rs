@@ -191,6 +191,9 @@ pub struct LiveEntry {
     last_confirmed_at: pg_sys::TimestampTz,
     /// When the worker last handed Meilisearch a batch (0: never).
     last_sent_at: pg_sys::TimestampTz,
+    /// When the task's position last moved, or it last had everything it read confirmed (0:
+    /// never): a task that is behind and whose position stands still is stuck, not slow.
+    progressed_at: pg_sys::TimestampTz,
     docs_sent: i64,
     failed_tasks: i64,
     /// Documents confirmed per second over the last minute.
@@ -246,6 +249,7 @@ impl LiveEntry {
         dead_letters: 0,
         last_confirmed_at: 0,
         last_sent_at: 0,
+        progressed_at: 0,
         docs_sent: 0,
         failed_tasks: 0,
         docs_per_second: 0.0,
@@ -440,6 +444,7 @@ pub struct TaskLive {
     pub oldest_unconfirmed_at: Option<pg_sys::TimestampTz>,
     pub last_sent_at: Option<pg_sys::TimestampTz>,
     pub last_confirmed_at: Option<pg_sys::TimestampTz>,
+    pub progressed_at: Option<pg_sys::TimestampTz>,
     pub last_error: Option<String>,
     pub last_error_at: Option<pg_sys::TimestampTz>,
 }
@@ -920,18 +925,20 @@ pub fn attach(worker: WorkerId, pid: i32) -> Result<usize, NoEntry> {
     let entry = &mut state.entries[index];
     let keep_error = entry.task_id == task_id && entry.database == database;
     let (error_len, error, error_at) = (entry.error_len, entry.error, entry.error_at);
-    let (base, stats_reset, last_confirmed_at, last_sent_at) = if keep_error {
+    let (base, stats_reset, last_confirmed_at, last_sent_at, progressed_at) = if keep_error {
         (
             entry.base.plus(entry.worker_counters()),
             entry.stats_reset,
             entry.last_confirmed_at,
             entry.last_sent_at,
+            entry.progressed_at,
         )
     } else {
         // SAFETY: reads the transaction-independent wall clock.
         (
             Counters::ZERO,
             unsafe { pg_sys::GetCurrentTimestamp() },
+            0,
             0,
             0,
         )
@@ -942,6 +949,7 @@ pub fn attach(worker: WorkerId, pid: i32) -> Result<usize, NoEntry> {
     entry.stats_reset = stats_reset;
     entry.last_confirmed_at = last_confirmed_at;
     entry.last_sent_at = last_sent_at;
+    entry.progressed_at = progressed_at;
     entry.task_id = task_id;
     entry.pid = pid;
     entry.latch = my_latch();
@@ -1057,6 +1065,10 @@ impl LiveStatus {
         let mut state = STATE.exclusive();
         let entry = &mut state.entries[self.index];
         let advanced = confirmed > entry.confirmed_lsn;
+        if advanced || (oldest_unconfirmed.is_none() && confirmed >= received) {
+            // SAFETY: reads the transaction-independent wall clock.
+            entry.progressed_at = unsafe { pg_sys::GetCurrentTimestamp() };
+        }
         entry.received_lsn = received;
         entry.confirmed_lsn = confirmed;
         entry.oldest_unconfirmed_at = oldest_unconfirmed.unwrap_or(0);
@@ -1225,6 +1237,7 @@ pub fn live_tasks() -> Vec<TaskLive> {
                 .then_some(entry.oldest_unconfirmed_at),
             last_sent_at: (entry.last_sent_at != 0).then_some(entry.last_sent_at),
             last_confirmed_at: (entry.last_confirmed_at != 0).then_some(entry.last_confirmed_at),
+            progressed_at: (entry.progressed_at != 0).then_some(entry.progressed_at),
             last_error: (entry.error_len > 0).then(|| {
                 String::from_utf8_lossy(&entry.error[..entry.error_len as usize]).into_owned()
             }),

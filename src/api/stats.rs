@@ -102,6 +102,7 @@ fn meili_sync_worker_state() -> TableIterator<
         name!(last_confirmed_at, Option<TimestampWithTimeZone>),
         name!(last_error, Option<String>),
         name!(last_error_at, Option<TimestampWithTimeZone>),
+        name!(progressed_at, Option<TimestampWithTimeZone>),
     ),
 > {
     let tasks = if crate::preloaded() {
@@ -147,6 +148,8 @@ fn meili_sync_worker_state() -> TableIterator<
                 .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),
             live.last_error,
             live.last_error_at
+                .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),
+            live.progressed_at
                 .and_then(|at| TimestampWithTimeZone::try_from(at).ok()),
         )
     }))

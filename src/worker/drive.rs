@@ -147,13 +147,21 @@ pub trait PassStream: TaskStream {
     /// would change nothing but the shown read position, so the decoder's round skips it.
     fn is_quiet(&self) -> bool;
 
-    /// The task could not take more changes for the stall limit: it must leave the pass, and
-    /// join again (reading from its confirmed position) once its dispatcher is idle.
+    /// The task cannot take more changes without holding up the others: it must leave the pass,
+    /// and join again (reading from its confirmed position) once it is idle.
     fn is_stalled(&self) -> bool;
 
-    /// Forgets everything read and not yet handed to the dispatcher (it is read again from the
-    /// slot when the task joins again) and takes changes again.
+    /// Why the task left the pass, for the log.
+    fn why_it_left(&self) -> String;
+
+    /// Forgets what was read and must be read again when the task joins again (its confirmed
+    /// position is where that starts), and takes changes again. What it keeps is sent while it
+    /// is out of the pass (`hand_over_held`), so that what Meilisearch confirms moves that
+    /// position on.
     fn restart(&mut self);
+
+    /// Out of the pass: hands what it kept to the dispatcher as room comes.
+    fn hand_over_held(&mut self) {}
 
     /// Bytes of documents read and not yet handed to the dispatcher (which counts its own).
     fn unsent_bytes(&self) -> usize;

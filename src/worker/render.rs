@@ -44,9 +44,10 @@ fn render_advice() -> Advice {
 /// Keys rendered by one query (and handed to one mapping query) at most.
 const RENDER_CHUNK: usize = 1000;
 
-/// Distinct keys collected before decoding waits for a render: keys are small, and a window that
-/// collects while Meilisearch is busy renders each hot document once.
-const MAX_COLLECTED_KEYS: usize = 200_000;
+/// Distinct keys collected, in batches' worth, before decoding waits for a render (200,000 for
+/// the default batch size): keys are small, and a window that collects while Meilisearch is busy
+/// renders each hot document once.
+const COLLECTED_BATCHES: usize = 20;
 
 /// A collector of the keys that changes of the view's tables affect.
 fn collector(view: &ViewPlan) -> AffectedKeys {
@@ -169,22 +170,37 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
         self.settlement.pump(self.dispatcher.borrow_mut(), None);
     }
 
-    /// Whether the collected window should be rendered now: at once when nothing else is coming
-    /// (caught up) and Meilisearch has nothing of ours to do; while it is busy, when the window
-    /// is due or full, so that hot documents are rendered once for many changes.
+    /// Distinct keys collected at most (see `COLLECTED_BATCHES`).
+    fn key_limit(&self) -> usize {
+        self.limits.max_docs.saturating_mul(COLLECTED_BATCHES)
+    }
+
+    /// Whether the collected window should be rendered now. Caught up: at once when Meilisearch
+    /// has nothing of ours to do, and while it is busy, when the window is due or full, so that
+    /// hot documents are rendered once for many changes. Behind (more to read): once the window
+    /// holds half of `key_limit`, or is due while Meilisearch has nothing of ours, so that a catch-up renders a document changed all the
+    /// time (say through a lookup table that maps to thousands) a few times, not once a window.
     fn render_due(&self, caught_up: bool) -> bool {
-        if self.keys.is_empty() || self.keys.in_transaction() || self.batcher.has_closed() {
+        if !self.can_render() {
             return false;
         }
-        if !self.dispatcher.borrow().has_room() {
-            return false;
-        }
-        let full = self.keys.len() >= self.limits.max_docs;
+        let idle = self.dispatcher.borrow().is_idle();
         let due = self
             .keys
             .opened_at()
             .is_none_or(|opened| opened.elapsed() >= self.limits.max_age);
-        (caught_up && self.dispatcher.borrow().is_idle()) || full || due
+        if !caught_up {
+            return self.keys.len() >= self.key_limit() / 2 || (idle && due);
+        }
+        idle || due || self.keys.len() >= self.limits.max_docs
+    }
+
+    /// A window was collected and may be rendered: nothing rendered waits for room.
+    fn can_render(&self) -> bool {
+        !self.keys.is_empty()
+            && !self.keys.in_transaction()
+            && !self.batcher.has_closed()
+            && self.dispatcher.borrow().has_room()
     }
 
     /// Renders the collected window into the batcher and closes it, with its checkpoint.
@@ -421,7 +437,7 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for ViewStream<D> {
 
     /// Decoding may go on: nothing rendered waits for room, and the window is not too large.
     fn may_read(&self) -> bool {
-        !self.batcher.has_closed() && self.keys.len() < MAX_COLLECTED_KEYS
+        !self.batcher.has_closed() && self.keys.len() < self.key_limit()
     }
 
     fn has_ended(&self) -> bool {
@@ -473,17 +489,30 @@ impl PassStream for ViewStream<Dispatcher> {
     }
 
     /// Decoding does not wait for a view's renders in the shared pass: a task that collected as
-    /// many keys as a task of its own would stop reading at has fallen behind.
+    /// many keys as a task of its own would stop reading at, and cannot render them now, has
+    /// fallen behind.
     fn is_stalled(&self) -> bool {
-        self.keys.len() >= MAX_COLLECTED_KEYS
+        self.keys.len() >= self.key_limit() && !self.can_render()
     }
 
+    fn why_it_left(&self) -> String {
+        format!(
+            "it collected changes to {} documents while Meilisearch was still busy with those it rendered before",
+            self.keys.len()
+        )
+    }
+
+    /// Forgets the keys collected since the last render; what was rendered is kept and sent,
+    /// with the commit its window ends at, so that the task reads on from there.
     fn restart(&mut self) {
         self.keys = collector(&self.view);
-        self.batcher = ChangeBatcher::new(self.limits).with_shard(self.task.shard_filter());
         if let Some(partitioned) = self.partitioned.as_mut() {
             partitioned.due().forget_read();
         }
+    }
+
+    fn hand_over_held(&mut self) {
+        self.send_ready();
     }
 
     fn unsent_bytes(&self) -> usize {

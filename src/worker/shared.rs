@@ -34,7 +34,7 @@ use crate::worker::drive::{
 };
 use crate::worker::partitions::PartitionWatch;
 use crate::worker::render::{follow_new_tables, ViewStream};
-use crate::worker::stream::{Streamer, UNANSWERED_LIMIT};
+use crate::worker::stream::Streamer;
 
 /// How often the decoder looks at the catalog for tasks that join or leave.
 const REFRESH_INTERVAL: Duration = Duration::from_millis(500);
@@ -47,11 +47,6 @@ const STORE_INTERVAL: Duration = Duration::from_secs(1);
 
 /// How often an idle task's status is published while other tasks keep the decoder busy.
 const QUIET_PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
-
-/// How long one task whose Meilisearch confirms nothing may hold up the shared reader before it
-/// leaves the stream. Long enough for a real Meilisearch's large auto-batch (all its tasks finish
-/// together, after seconds), short enough that an unreachable one does not stall the others long.
-const STALL_LIMIT: Duration = Duration::from_secs(15);
 
 /// One task's part of the shared stream.
 struct Pipeline {
@@ -381,7 +376,7 @@ impl SharedDecoder {
             None => {
                 let rules = ColumnRules::new(&task.relation, &task.primary_key, &options);
                 let stream = Streamer::new(task, live, dispatcher, rules, plan.limits, &options)
-                    .with_stall_limit(STALL_LIMIT)
+                    .leaving_when_held()
                     .with_partitions(PartitionWatch::of_plan(&plan, task, &options, false));
                 (Box::new(stream), vec![task.relid.to_u32()])
             }
@@ -588,9 +583,10 @@ impl SharedDecoder {
         Turn::ReadAgain
     }
 
-    /// Tasks whose Meilisearch stalled leave the stream, and so do tasks that must read again
-    /// from their position (`TaskStream::needs_rewind`, having read up to `read_position`);
-    /// those whose dispatcher is idle again are ready to join. True if any is.
+    /// Tasks that cannot take more without holding up the others leave the stream, and so do
+    /// tasks that must read again from their position (`TaskStream::needs_rewind`, having read
+    /// up to `read_position`); those out of it send what they kept, and are ready to join once
+    /// it is all confirmed. True if any is.
     fn check_stalls(&mut self, read_position: u64) -> bool {
         let mut ready = false;
         for (task_id, pipeline) in self.pipelines.iter_mut() {
@@ -603,15 +599,15 @@ impl SharedDecoder {
             } else if pipeline.attached && pipeline.stream.is_stalled() {
                 pipeline.attached = false;
                 self.router.detach(*task_id);
+                let why = pipeline.stream.why_it_left();
                 pipeline.stream.restart();
                 log!(
-                    "pg_meili_sync task {task_id}: Meilisearch answered none of its requests for {} s, or confirmed none of its batches for {} s; it leaves the shared decoding pass and reads again from {} once they are done, so that the other tasks go on",
-                    UNANSWERED_LIMIT.as_secs_f64(),
-                    STALL_LIMIT.as_secs(),
+                    "pg_meili_sync task {task_id}: {why}; it leaves the shared decoding pass so that the other tasks go on, and reads on from {} once what it sent is confirmed",
                     catalog::format_lsn(pipeline.position)
                 );
-            } else if !pipeline.attached && pipeline.stream.dispatcher().is_idle() {
-                ready = true;
+            } else if !pipeline.attached {
+                pipeline.stream.hand_over_held();
+                ready |= pipeline.stream.is_idle();
             }
         }
         ready

@@ -26,11 +26,12 @@ use crate::worker::control::{rewind_dispatcher, should_stop, Stop};
 use crate::worker::drive::{DueWork, PassStream, Settlement, TaskStream};
 use crate::worker::partitions::PartitionWatch;
 
-/// How long a task of the shared pass may hold up the shared reader while its Meilisearch
-/// answers none of its requests, before it leaves the pass (see `Streamer::send_ready`): the
-/// other tasks, and its healthy replicas and shards, wait at most this long for a server that
-/// stopped or died.
-pub const UNANSWERED_LIMIT: Duration = Duration::from_millis(1500);
+/// How long, in all, a task of the shared pass may hold up the shared reader while it waits for
+/// room in its Meilisearch's queue, before it leaves the pass (see `Streamer::send_ready`): the
+/// other tasks, and its healthy replicas and shards, wait at most this long for a server that is
+/// slow, stopped or dead. The time adds up over the rounds until the task keeps up again, so that
+/// short waits one after another hold nobody up for longer either.
+pub const HOLD_LIMIT: Duration = Duration::from_millis(1500);
 
 /// One task's stream: maps its decoded changes to batches and hands them to its dispatcher
 /// (borrowed in a task worker, which used it for the copy first; owned in the shared decoder).
@@ -53,11 +54,15 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
     upsert: bool,
     /// On a shard's row: the documents it keeps (every other change is another shard's).
     shard: Option<ShardFilter>,
-    /// In the shared decoder: how long the task may hold up the shared reader while Meilisearch
-    /// confirms none of its batches, before it leaves the stream. None: a task's own slot waits.
-    stall_limit: Option<Duration>,
-    /// Left the stream (stall_limit passed): later changes are ignored until mapping restarts.
-    stalled: bool,
+    /// In the shared decoder: the task leaves the stream rather than hold up the shared reader
+    /// for `HOLD_LIMIT` (a task's own slot waits instead).
+    leaves_when_held: bool,
+    /// How long the reader waited for room since the task last kept up (see `HOLD_LIMIT`).
+    held_for: Duration,
+    /// The reader waited for room during the current read.
+    waited_this_read: bool,
+    /// Left the stream: later changes are ignored until mapping restarts. Why, for the log.
+    left: Option<Leaving>,
     /// `batches_finished` when `finished_more` last looked.
     finished_seen: u64,
     /// The partitions of the task's table when it is partitioned.
@@ -98,8 +103,10 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             limits,
             upsert: options.write_mode == WriteMode::Upsert,
             shard,
-            stall_limit: None,
-            stalled: false,
+            leaves_when_held: false,
+            held_for: Duration::ZERO,
+            waited_this_read: false,
+            left: None,
             finished_seen: 0,
             partitioned: None,
             columns_added: ColumnsAddedWatch::new(task),
@@ -113,10 +120,10 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         self
     }
 
-    /// Gives up waiting for room after `limit` without any batch confirmed, instead of holding
-    /// up the decoding of other tasks' changes (see `is_stalled`).
-    pub fn with_stall_limit(mut self, limit: Duration) -> Self {
-        self.stall_limit = Some(limit);
+    /// Gives up waiting for room after `HOLD_LIMIT`, instead of holding up the decoding of other
+    /// tasks' changes (see `is_stalled`).
+    pub fn leaving_when_held(mut self) -> Self {
+        self.leaves_when_held = true;
         self
     }
 
@@ -130,7 +137,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Batches Meilisearch finished (confirmed or failed): progress, for the stall limit.
+    /// Batches Meilisearch finished (confirmed or failed): progress, for the nap.
     fn batches_finished(&self) -> u64 {
         let stats = self.dispatcher.borrow().writer().stats();
         stats
@@ -163,16 +170,19 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             }
         }
         self.send_ready(false);
+        if !std::mem::take(&mut self.waited_this_read) {
+            // Kept up: a read went by without waiting for room.
+            self.held_for = Duration::ZERO;
+        }
     }
 
     /// Moves closed batches to the dispatcher, in order. With `block`, waits (handling
     /// confirmations) until all are taken: that wait is the back pressure that stops reading the
     /// slot, and it keeps memory bounded inside one huge transaction.
     fn send_ready(&mut self, block: bool) {
-        let mut finished = None;
-        let mut progress_at = Instant::now();
         let mut answers = None;
-        let mut answered_at = Instant::now();
+        let mut answered = false;
+        let mut waited_at = Instant::now();
         loop {
             self.pump(None);
             if self
@@ -192,22 +202,23 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
                     self.task_id
                 );
             }
-            if let Some(limit) = self.stall_limit {
-                let now_finished = self.batches_finished();
-                if finished != Some(now_finished) {
-                    finished = Some(now_finished);
-                    progress_at = Instant::now();
-                }
+            self.waited_this_read = true;
+            if self.leaves_when_held {
+                let now = Instant::now();
+                self.held_for += now.saturating_duration_since(waited_at);
+                waited_at = now;
                 let now_answers = self.answers();
-                if answers != Some(now_answers) {
-                    answers = Some(now_answers);
-                    answered_at = Instant::now();
-                }
-                // A server that answers is slow at worst: the other tasks wait for it up to the
-                // limit. One that answers nothing (stopped, dead, unreachable) holds them up
-                // for a moment only.
-                if progress_at.elapsed() >= limit || answered_at.elapsed() >= UNANSWERED_LIMIT {
-                    self.stalled = true;
+                answered |= answers.is_some_and(|seen| seen != now_answers);
+                answers = Some(now_answers);
+                if self.held_for >= HOLD_LIMIT {
+                    // What it sent stays in Meilisearch's queue: the task reads on from its
+                    // position once that is confirmed, and never sends it again.
+                    self.left = Some(if answered {
+                        Leaving::Busy
+                    } else {
+                        Leaving::Unanswered
+                    });
+                    self.held_for = Duration::ZERO;
                     return;
                 }
             }
@@ -219,7 +230,9 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     /// slot), and takes changes again.
     fn forget_read(&mut self) {
         self.mapper = ChangeMapper::new(self.limits, self.upsert).with_shard(self.shard.clone());
-        self.stalled = false;
+        self.left = None;
+        self.held_for = Duration::ZERO;
+        self.waited_this_read = false;
         if let Some(partitioned) = self.partitioned.as_mut() {
             partitioned.due().forget_read();
         }
@@ -341,7 +354,17 @@ impl PassStream for Streamer<Dispatcher> {
     }
 
     fn is_stalled(&self) -> bool {
-        self.stalled
+        self.left.is_some()
+    }
+
+    fn why_it_left(&self) -> String {
+        match self.left {
+            Some(Leaving::Unanswered) => format!(
+                "Meilisearch answered none of its requests for {} s",
+                HOLD_LIMIT.as_secs_f64()
+            ),
+            _ => "Meilisearch is still working through the batches it queued".to_owned(),
+        }
     }
 
     fn restart(&mut self) {
@@ -351,6 +374,15 @@ impl PassStream for Streamer<Dispatcher> {
     fn unsent_bytes(&self) -> usize {
         self.mapper.held_bytes()
     }
+}
+
+/// Why a task left the shared pass.
+#[derive(Clone, Copy)]
+enum Leaving {
+    /// Its server answered none of its requests: stopped, dead or unreachable.
+    Unanswered,
+    /// Its server answers, and is busy with the task's own queued batches (or others' work).
+    Busy,
 }
 
 /// Parses a pgoutput message and notes a commit's time (for `lag_seconds`); a message that does
@@ -379,7 +411,7 @@ pub fn parse_noting_commits<'a>(
 impl<D: BorrowMut<Dispatcher>> MessageSink for Streamer<D> {
     fn message(&mut self, _lsn: u64, data: &[u8]) {
         if self.settlement.has_failed()
-            || self.stalled
+            || self.left.is_some()
             || self.ended
             || self.dispatcher.borrow().needs_rewind()
         {

@@ -221,3 +221,19 @@ pub fn cluster_with_extension(name: &str, installed_by: &str) -> Option<cluster:
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     Some(cluster)
 }
+
+/// The shard Meilisearch's own sharding gives a document id: the highest XXH3-64 (seed 0) of
+/// Rust's hash of the tuple (name, id), each string followed by 0xFF; ties to the greatest name.
+pub fn owner_of<'a>(id: &str, names: &[&'a str]) -> &'a str {
+    names
+        .iter()
+        .copied()
+        .max_by_key(|name| {
+            let mut bytes = name.as_bytes().to_vec();
+            bytes.push(0xFF);
+            bytes.extend_from_slice(id.as_bytes());
+            bytes.push(0xFF);
+            (twox_hash::XxHash3_64::oneshot(&bytes), *name)
+        })
+        .unwrap_or_default()
+}

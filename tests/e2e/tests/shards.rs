@@ -11,27 +11,13 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::{assert_no_crash, products, refusal, start_with_options, StopOnDrop};
+use pg_meili_sync_e2e::{
+    assert_no_crash, owner_of, products, refusal, start_with_options, StopOnDrop,
+};
 use serde_json::{json, Value};
 
 const CONVERGE: Duration = Duration::from_secs(300);
 const NAMES: [&str; 3] = ["shard-a", "shard-b", "shard-c"];
-
-/// The shard Meilisearch's own sharding gives a document id: the highest XXH3-64 (seed 0) of
-/// Rust's hash of the tuple (name, id), each string followed by 0xFF; ties to the greatest name.
-fn owner_of<'a>(id: &str, names: &[&'a str]) -> &'a str {
-    names
-        .iter()
-        .copied()
-        .max_by_key(|name| {
-            let mut bytes = name.as_bytes().to_vec();
-            bytes.push(0xFF);
-            bytes.extend_from_slice(id.as_bytes());
-            bytes.push(0xFF);
-            (twox_hash::XxHash3_64::oneshot(&bytes), *name)
-        })
-        .unwrap_or_default()
-}
 
 fn id_text(document: &Value) -> String {
     match &document["id"] {

@@ -1127,3 +1127,143 @@ fn view_tasks_stream_in_the_shared_pass_and_one_moves_there_from_its_own_slot() 
     );
     assert_no_crash(&cluster);
 }
+
+/// Items of a lookup-heavy view: `HOT_ITEMS` items over `HOT_CATEGORIES` categories, each renamed
+/// category mapping to every item of it.
+const HOT_ITEMS: i64 = 8_000;
+const HOT_CATEGORIES: i64 = 20;
+
+/// A writer that renames a category and retitles 40 random items in each transaction, one
+/// transaction every 50 ms, until `stop` is set; returns how many it committed.
+fn hot_lookup_writer(
+    cluster: &Cluster,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+) -> std::thread::JoinHandle<u64> {
+    use std::io::Write;
+    let mut child = cluster
+        .psql_command()
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("start the writer's psql");
+    std::thread::spawn(move || {
+        let mut stdin = child.stdin.take().expect("the writer's stdin");
+        let mut written = 0_u64;
+        while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+            let category = written as i64 % HOT_CATEGORIES + 1;
+            let sql = format!(
+                "BEGIN;
+                 UPDATE public.categories SET name = 'category {category} v{written}' WHERE id = {category};
+                 UPDATE public.items SET title = 'item v{written}'
+                  WHERE id = ANY (ARRAY(SELECT 1 + (random() * {})::int FROM generate_series(1, 40)));
+                 COMMIT;\n",
+                HOT_ITEMS - 1
+            );
+            if stdin.write_all(sql.as_bytes()).is_err() {
+                break;
+            }
+            written += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        drop(stdin);
+        let _ = child.wait();
+        written
+    })
+}
+
+/// Issue 48: a view over a lookup table that changes all the time, with Meilisearch stopped for
+/// 15 s, used to leave the shared pass and read again from the same position forever: each time
+/// it dropped the window it had rendered and not yet handed over, with the commit that window
+/// would have confirmed. Now its position moves on while the writer goes on, and it catches up.
+#[test]
+fn a_view_over_a_hot_lookup_table_moves_on_after_meilisearch_stops_and_catches_up() {
+    let meili = Meili::from_env();
+    if !meili.can_go_down() {
+        eprintln!("skipped: MEILI_URL's server cannot be stopped by the test");
+        return;
+    }
+    let cluster = Cluster::start(&["meili_sync.stuck_after=3s"]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql_script(&format!(
+        "CREATE TABLE public.categories (id int PRIMARY KEY, name text NOT NULL);
+         CREATE TABLE public.items (id int PRIMARY KEY, category_id int NOT NULL REFERENCES public.categories,
+                                    title text NOT NULL);
+         CREATE INDEX ON public.items (category_id);
+         CREATE VIEW public.item_documents AS
+         SELECT i.id, i.title, c.name AS category FROM public.items i JOIN public.categories c ON c.id = i.category_id;
+         INSERT INTO public.categories SELECT g, 'category ' || g FROM generate_series(1, {HOT_CATEGORIES}) g;
+         INSERT INTO public.items SELECT g, 1 + g % {HOT_CATEGORIES}, 'item ' || g FROM generate_series(1, {HOT_ITEMS}) g;"
+    ));
+    // Small batches: a window that renders every item is 32 batches, and the task holds keys for
+    // 20 batches (5,000) at most, as 200,000 for the default batch size.
+    let (index, task) = start_task(
+        &cluster,
+        &meili,
+        "public.item_documents",
+        json!({
+            "primary_key": "id",
+            "batch_size": 250,
+            "mappings": {"categories": "SELECT i.id FROM public.items i WHERE i.category_id = ANY($1::int[])"},
+        }),
+    );
+    let confirmed = || -> String {
+        cluster.psql(&format!(
+            "SELECT confirmed_lsn FROM meili_sync_status WHERE task = {task}"
+        ))
+    };
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let writer = hot_lookup_writer(&cluster, stop.clone());
+    std::thread::sleep(Duration::from_secs(3));
+    meili.go_down();
+    let down = Instant::now();
+    let progressing = || -> String {
+        cluster.psql(&format!(
+            "SELECT coalesce(progressing::text, 'null') FROM meili_sync_status WHERE task = {task}"
+        ))
+    };
+    // Its position stands still while changes wait: the status says it is stuck.
+    wait_for(
+        "the status to say the task is stuck",
+        Duration::from_secs(14),
+        || (progressing() == "false").then_some(()),
+    );
+    std::thread::sleep(Duration::from_secs(15).saturating_sub(down.elapsed()));
+    meili.come_back();
+    // While the writer goes on, the task's position moves on, again and again.
+    let mut positions = vec![confirmed()];
+    let mut moved = 0;
+    let watching = Instant::now();
+    while moved < 3 && watching.elapsed() < Duration::from_secs(90) {
+        std::thread::sleep(Duration::from_millis(500));
+        let now = confirmed();
+        let last = positions.last().cloned().unwrap_or_default();
+        if !now.is_empty()
+            && !last.is_empty()
+            && cluster.psql(&format!("SELECT '{now}'::pg_lsn > '{last}'::pg_lsn")) == "t"
+        {
+            moved += 1;
+            positions.push(now);
+        }
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let transactions = writer.join().expect("the writer");
+    assert_eq!(
+        moved,
+        3,
+        "the task's position moved only through {positions:?} in 90 s of writes after Meilisearch came back ({transactions} transactions written)\n{}",
+        cluster.tail_log()
+    );
+    wait_index_matches_table(&cluster, &meili, &index, "public.item_documents", CONVERGE);
+    wait_for("the status to say the task progresses", CONVERGE, || {
+        (progressing() == "true").then_some(())
+    });
+    // Streaming again; the outage's error stays visible, with its time.
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT state || ' ' || (last_error IS NULL OR last_error_at IS NOT NULL)
+               FROM meili_sync_status WHERE task = {task}"
+        )),
+        "streaming true"
+    );
+    assert_no_crash(&cluster);
+}
