@@ -12,10 +12,10 @@ export PG_MAJOR=$1
 source scripts/pg-config.sh
 
 bash scripts/install.sh
-echo "== PostgreSQL $PG_MAJOR: golden SQL files"
+echo "== $(date -u +%H:%M:%S) PostgreSQL $PG_MAJOR: golden SQL files"
 bash scripts/regress.sh
 
-echo "== PostgreSQL $PG_MAJOR: end to end (a set of each file)"
+echo "== $(date -u +%H:%M:%S) PostgreSQL $PG_MAJOR: end to end (a set of each file)"
 e2e() {
     local file=$1
     shift

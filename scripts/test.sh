@@ -7,23 +7,23 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 
-echo "== tier 0: no cycle among the modules of the extension and of the core crate"
+echo "== $(date -u +%H:%M:%S) tier 0: no cycle among the modules of the extension and of the core crate"
 python3 scripts/check-module-cycles.py
 
-echo "== tier 0: the docs name only what exists, and the README documents every function, option and GUC"
+echo "== $(date -u +%H:%M:%S) tier 0: the docs name only what exists, and the README documents every function, option and GUC"
 python3 scripts/check-docs.py
 
-echo "== tier 0: cargo fmt --check and cargo clippy -D warnings, every crate of the workspace"
+echo "== $(date -u +%H:%M:%S) tier 0: cargo fmt --check and cargo clippy -D warnings, every crate of the workspace"
 cargo fmt --all --check
 cargo clippy --workspace --release --all-targets -- -D warnings
 
-echo "== tier 0b: the pure core crate under plain cargo test (no Postgres)"
+echo "== $(date -u +%H:%M:%S) tier 0b: the pure core crate under plain cargo test (no Postgres)"
 cargo test --release -p pg_meili_sync_core
 
-echo "== tier 1a: Meilisearch test server and transcript replay"
+echo "== $(date -u +%H:%M:%S) tier 1a: Meilisearch test server and transcript replay"
 cargo test --release -p meili-test-server
 
-echo "== tier 1b+2: the extension's plain #[test]s and #[pg_test]s inside PostgreSQL"
+echo "== $(date -u +%H:%M:%S) tier 1b+2: the extension's plain #[test]s and #[pg_test]s inside PostgreSQL"
 pgdata=$(mktemp -d /tmp/pg_meili_sync_pgrx.XXXXXX)
 trap 'rm -rf "$pgdata"' EXIT
 rmdir "$pgdata"
@@ -37,16 +37,16 @@ fi
 # library back in target/release).
 bash scripts/build-0.1.0.sh
 bash scripts/install.sh
-echo "== tier 3: golden SQL files (tests/pg_regress)"
+echo "== $(date -u +%H:%M:%S) tier 3: golden SQL files (tests/pg_regress)"
 bash scripts/regress.sh
 
-echo "== tier 4: end to end"
+echo "== $(date -u +%H:%M:%S) tier 4: end to end"
 cargo test --release --no-fail-fast -p pg_meili_sync_e2e -- --test-threads=1
 
 # PostgreSQL 16, 17 and 18: the extension built for each, the golden SQL files, and an end-to-end
 # set (see scripts/test-major.sh).
 for major in 16 17 18; do
-    echo "== tiers 3 and 4 on PostgreSQL $major"
+    echo "== $(date -u +%H:%M:%S) tiers 3 and 4 on PostgreSQL $major"
     bash scripts/test-major.sh "$major"
 done
 
@@ -60,7 +60,7 @@ done
 # a table first). Fault tests that need the test server's knobs skip, so does the crash loop (the
 # Postgres side's), and the outages last 30 s instead of 60.
 if [ -n "${MEILI_BIN:-}" ] && [ -z "${MEILI_URL:-}" ]; then
-    echo "== tier 4b: end to end against the real Meilisearch at $MEILI_BIN"
+    echo "== $(date -u +%H:%M:%S) tier 4b: end to end against the real Meilisearch at $MEILI_BIN"
     files=()
     for path in tests/e2e/tests/*.rs; do
         case "$(basename "$path" .rs)" in
@@ -75,3 +75,4 @@ if [ -n "${MEILI_BIN:-}" ] && [ -z "${MEILI_URL:-}" ]; then
     E2E_MEILI=real cargo test --release -p pg_meili_sync_e2e --test views \
         a_view_over_a_hot_lookup_table -- --test-threads=1
 fi
+echo "== $(date -u +%H:%M:%S) done"

@@ -160,8 +160,11 @@ pub trait PassStream: TaskStream {
     /// position on.
     fn restart(&mut self);
 
-    /// Out of the pass: hands what it kept to the dispatcher as room comes.
-    fn hand_over_held(&mut self) {}
+    /// Out of the pass: hands what it kept to the dispatcher as room comes. A failure stops the
+    /// task.
+    fn hand_over_held(&mut self) -> Result<(), Stop> {
+        Ok(())
+    }
 
     /// Bytes of documents read and not yet handed to the dispatcher (which counts its own).
     fn unsent_bytes(&self) -> usize;

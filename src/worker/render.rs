@@ -11,7 +11,7 @@
 //! confirmed to a window's last commit only once its documents are confirmed.
 
 use std::borrow::BorrowMut;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use pgrx::prelude::*;
 
@@ -105,6 +105,25 @@ pub struct ViewStream<D: BorrowMut<Dispatcher>> {
     sources_seen: Option<u64>,
     /// A new plan was asked for (`follow_new_tables`): this stream ends at its commit.
     replanned: bool,
+    /// A window's render under way, a part at a time between reads.
+    rendering: Option<Rendering>,
+}
+
+/// A window's render, a part at a time as the dispatcher has room: Meilisearch indexes the first
+/// documents while the next are rendered, memory holds a part, and the render never waits for
+/// Meilisearch inside the shared pass.
+struct Rendering {
+    plan: SnapshotPlan,
+    what: RenderingWhat,
+    /// The commit the window ends at: confirmed once the last part's documents are.
+    checkpoint: Option<u64>,
+}
+
+enum RenderingWhat {
+    /// The documents of these keys (canonical, sorted); those before `next` are rendered.
+    Keys { keys: Vec<Vec<String>>, next: usize },
+    /// Every document (after a TRUNCATE), page by page; `after` is the last row's key.
+    Everything { after: Option<Vec<String>> },
 }
 
 impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
@@ -131,6 +150,7 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
             partitioned: None,
             sources_seen: None,
             replanned: false,
+            rendering: None,
         }
     }
 
@@ -197,33 +217,56 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
 
     /// A window was collected and may be rendered: nothing rendered waits for room.
     fn can_render(&self) -> bool {
-        !self.keys.is_empty()
-            && !self.keys.in_transaction()
-            && !self.batcher.has_closed()
-            && self.dispatcher.borrow().has_room()
+        !self.keys.is_empty() && !self.keys.in_transaction() && self.has_room_to_render()
     }
 
-    /// Renders the collected window into the batcher and closes it, with its checkpoint.
+    /// Nothing rendered waits for room, and no render is under way.
+    fn has_room_to_render(&self) -> bool {
+        self.rendering.is_none() && self.has_room_for_a_part()
+    }
+
+    fn has_room_for_a_part(&self) -> bool {
+        !self.batcher.has_closed() && self.dispatcher.borrow().has_room()
+    }
+
+    /// Starts rendering the collected window (see `Rendering`): its first part now, the others
+    /// in the next rounds; the window closes with its checkpoint after the last.
     fn render(&mut self) -> Result<(), Stop> {
         let window = self.keys.take();
-        if window.everything {
-            self.render_everything(&window)?;
+        let started = if window.everything {
+            self.start_full_render(&window)?
         } else if !window.is_empty() {
-            self.render_keys(&window)?;
+            self.start_key_render(&window)?
+        } else {
+            None
+        };
+        match started {
+            Some(rendering) => {
+                self.rendering = Some(rendering);
+                self.render_next_part()
+            }
+            None => {
+                self.close_window(window.checkpoint);
+                Ok(())
+            }
         }
-        if let Some(checkpoint) = window.checkpoint {
+    }
+
+    fn close_window(&mut self, checkpoint: Option<u64>) {
+        if let Some(checkpoint) = checkpoint {
             self.batcher.mark_checkpoint(checkpoint);
         }
         self.batcher.close();
-        Ok(())
     }
 
-    /// The documents of the window's keys, read from the view once its transactions are visible.
-    fn render_keys(&mut self, window: &Window) -> Result<(), Stop> {
+    /// The documents of the window's keys, read from the view once its transactions are visible:
+    /// the mapping queries turn the window into the keys of its documents, which are rendered a
+    /// part at a time (`render_next_part`).
+    fn start_key_render(&mut self, window: &Window) -> Result<Option<Rendering>, Stop> {
         let view = &self.view;
         let task = &self.task;
         let options = &self.options;
-        let rendered = in_user_transaction(
+        let planned = in_user_transaction(
             self.live,
             "rendering documents from the view",
             render_advice(),
@@ -254,27 +297,107 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
                     &view.view,
                     options.reader_independent.then_some(task.owner),
                 )?;
-                // The view's columns, not the documents' fields (a `geo` column's is `_geo`).
-                let columns = plan.source_columns.clone();
-                security::as_table_owner(plan.table_owner, || {
-                    let keys = catalog::canonical_keys(&view.key, &keys)?;
-                    let mut rows = Vec::new();
-                    for chunk in keys.chunks(RENDER_CHUNK) {
-                        rows.extend(catalog::render_rows(
-                            &view.view, &columns, &view.key, chunk,
-                        )?);
-                    }
-                    Ok(Some((plan, keys, rows, unfollowed)))
-                })
+                let keys = security::as_table_owner(plan.table_owner, || {
+                    catalog::canonical_keys(&view.key, &keys)
+                })?;
+                Ok(Some((plan, keys, unfollowed)))
             },
         )?;
-        let Some((plan, keys, rows, unfollowed)) = rendered else {
+        let Some((plan, keys, unfollowed)) = planned else {
             return Err(Stop::Terminated);
         };
         self.follow(&unfollowed)?;
+        Ok(Some(Rendering {
+            plan,
+            what: RenderingWhat::Keys { keys, next: 0 },
+            checkpoint: window.checkpoint,
+        }))
+    }
+
+    /// After a TRUNCATE of a table the view reads: deletes every document, then renders the whole
+    /// view page by page, each page in a transaction of its own.
+    fn start_full_render(&mut self, window: &Window) -> Result<Option<Rendering>, Stop> {
+        let task = &self.task;
+        let options = &self.options;
+        let plan = in_transaction(self.live, "planning the view", || {
+            if !catalog::wait_for_transactions(&window.xids, should_stop) {
+                return Ok(None);
+            }
+            plan::source_plan(task.relid, &task.primary_key, options).map(Some)
+        })?
+        .ok_or(Stop::Terminated)?;
+        log!(
+            "pg_meili_sync task {}: a table of view {} was truncated; rendering every document again",
+            task.id,
+            self.view.view
+        );
+        self.batcher
+            .push(Operation::DeleteAll, &[], &[], &Instant::now);
+        Ok(Some(Rendering {
+            plan,
+            what: RenderingWhat::Everything { after: None },
+            checkpoint: window.checkpoint,
+        }))
+    }
+
+    /// The next part of the render under way (a batch's worth of keys, or a page), in a
+    /// transaction of its own as the view's owner; after the last, the window closes with its
+    /// checkpoint.
+    fn render_next_part(&mut self) -> Result<(), Stop> {
+        let Some(rendering) = self.rendering.take() else {
+            return Ok(());
+        };
+        let Rendering {
+            plan,
+            what,
+            checkpoint,
+        } = rendering;
+        let what = match what {
+            RenderingWhat::Keys { keys, next } => {
+                let part = self.limits.max_docs.max(RENDER_CHUNK);
+                let end = keys.len().min(next + part);
+                self.render_key_part(&plan, &keys[next..end])?;
+                (end < keys.len()).then_some(RenderingWhat::Keys { keys, next: end })
+            }
+            RenderingWhat::Everything { after } => self
+                .render_page(&plan, after)?
+                .map(|after| RenderingWhat::Everything { after: Some(after) }),
+        };
+        match what {
+            Some(what) => {
+                self.rendering = Some(Rendering {
+                    plan,
+                    what,
+                    checkpoint,
+                });
+            }
+            None => self.close_window(checkpoint),
+        }
+        Ok(())
+    }
+
+    /// Renders the documents of `keys`; the keys the view no longer returns are deleted.
+    fn render_key_part(&mut self, plan: &SnapshotPlan, keys: &[Vec<String>]) -> Result<(), Stop> {
+        let view = &self.view;
+        // The view's columns, not the documents' fields (a `geo` column's is `_geo`).
+        let columns = &plan.source_columns;
+        let rows = in_user_transaction(
+            self.live,
+            "rendering documents from the view",
+            render_advice(),
+            || {
+                security::as_table_owner(plan.table_owner, || {
+                    let mut rows = Vec::new();
+                    for chunk in keys.chunks(RENDER_CHUNK) {
+                        rows.extend(catalog::render_rows(&view.view, columns, &view.key, chunk)?);
+                    }
+                    Ok(rows)
+                })
+            },
+        )?;
         let found: std::collections::HashSet<Vec<String>> =
             rows.iter().map(|row| plan.shape.key_of_row(row)).collect();
-        self.push_rows(&plan, &rows);
+        self.push_rows(plan, &rows);
         let mut id = Vec::new();
         for key in keys.iter().filter(|key| !found.contains(*key)) {
             let values: Vec<&str> = key.iter().map(String::as_str).collect();
@@ -292,49 +415,41 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
         Ok(())
     }
 
-    /// After a TRUNCATE of a table the view reads: deletes every document, then renders the whole
-    /// view page by page (each page its own transaction), sending as it goes.
-    fn render_everything(&mut self, window: &Window) -> Result<(), Stop> {
-        let task = &self.task;
-        let options = &self.options;
-        let plan = in_transaction(self.live, "planning the view", || {
-            if !catalog::wait_for_transactions(&window.xids, should_stop) {
-                return Ok(None);
-            }
-            plan::source_plan(task.relid, &task.primary_key, options).map(Some)
-        })?
-        .ok_or(Stop::Terminated)?;
-        log!(
-            "pg_meili_sync task {}: a table of view {} was truncated; rendering every document again",
-            task.id,
-            self.view.view
-        );
-        self.batcher
-            .push(Operation::DeleteAll, &[], &[], &Instant::now);
+    /// The page of the whole view after `after`; the key of its last row, or None past the end.
+    fn render_page(
+        &mut self,
+        plan: &SnapshotPlan,
+        after: Option<Vec<String>>,
+    ) -> Result<Option<Vec<String>>, Stop> {
+        let (query, key) = match &after {
+            Some(key) => (&plan.next_page_query, Some(key.as_slice())),
+            None => (&plan.first_page_query, None),
+        };
         let width = plan.shape.columns().len();
-        let mut after: Option<Vec<String>> = None;
-        loop {
-            let (query, key) = match &after {
-                Some(key) => (&plan.next_page_query, Some(key.as_slice())),
-                None => (&plan.first_page_query, None),
-            };
-            let rows = in_user_transaction(
-                self.live,
-                "rendering the whole view",
-                render_advice(),
-                || {
-                    security::as_table_owner(plan.table_owner, || {
-                        catalog::read_page(query, key, plan.page_rows, width)
-                    })
-                },
-            )?;
-            let Some(last) = rows.last() else {
-                return Ok(());
-            };
-            after = Some(plan.shape.key_of_row(last));
-            self.push_rows(&plan, &rows);
-            self.send_all()?;
+        let rows = in_user_transaction(
+            self.live,
+            "rendering the whole view",
+            render_advice(),
+            || {
+                security::as_table_owner(plan.table_owner, || {
+                    catalog::read_page(query, key, plan.page_rows, width)
+                })
+            },
+        )?;
+        let Some(last) = rows.last() else {
+            return Ok(None);
+        };
+        let after = plan.shape.key_of_row(last);
+        self.push_rows(plan, &rows);
+        Ok(Some(after))
+    }
+
+    /// Renders the next part of the render under way when nothing rendered waits for room.
+    fn go_on_rendering(&mut self) -> Result<(), Stop> {
+        if self.rendering.is_some() && self.has_room_for_a_part() {
+            self.render_next_part()?;
         }
+        Ok(())
     }
 
     /// Rendered rows into the batcher as whole documents; rows that cannot be documents become
@@ -373,23 +488,6 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
         self.settlement
             .hand_over(self.dispatcher.borrow_mut(), &mut self.batcher);
     }
-
-    /// Sends every closed batch, waiting for room (and storing progress meanwhile).
-    fn send_all(&mut self) -> Result<(), Stop> {
-        loop {
-            self.send_ready();
-            if !self.batcher.has_closed() {
-                return Ok(());
-            }
-            if should_stop() {
-                return Err(Stop::Terminated);
-            }
-            self.settle()?;
-            self.dispatcher
-                .borrow_mut()
-                .pump(Some(Duration::from_millis(20)));
-        }
-    }
 }
 
 impl<D: BorrowMut<Dispatcher>> TaskStream for ViewStream<D> {
@@ -421,6 +519,7 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for ViewStream<D> {
 
     fn is_idle(&self) -> bool {
         self.keys.is_empty()
+            && self.rendering.is_none()
             && self.batcher.is_empty()
             && !self.batcher.has_closed()
             && self.dispatcher.borrow().is_idle()
@@ -428,6 +527,7 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for ViewStream<D> {
 
     /// Renders the collected window when due, and hands what is ready to the dispatcher.
     fn before_read(&mut self, nothing_coming: bool) -> Result<(), Stop> {
+        self.go_on_rendering()?;
         if self.render_due(nothing_coming) {
             self.render()?;
         }
@@ -437,7 +537,7 @@ impl<D: BorrowMut<Dispatcher>> TaskStream for ViewStream<D> {
 
     /// Decoding may go on: nothing rendered waits for room, and the window is not too large.
     fn may_read(&self) -> bool {
-        !self.batcher.has_closed() && self.keys.len() < self.key_limit()
+        self.rendering.is_none() && !self.batcher.has_closed() && self.keys.len() < self.key_limit()
     }
 
     fn has_ended(&self) -> bool {
@@ -478,6 +578,7 @@ impl PassStream for ViewStream<Dispatcher> {
     fn is_quiet(&self) -> bool {
         self.keys.is_empty()
             && !self.keys.in_transaction()
+            && self.rendering.is_none()
             && self.batcher.is_empty()
             && !self.batcher.has_closed()
             && self.dispatcher.is_quiet()
@@ -503,7 +604,8 @@ impl PassStream for ViewStream<Dispatcher> {
     }
 
     /// Forgets the keys collected since the last render; what was rendered is kept and sent,
-    /// with the commit its window ends at, so that the task reads on from there.
+    /// with the commit its window ends at, so that the task reads on from there (a render
+    /// under way goes on to its end).
     fn restart(&mut self) {
         self.keys = collector(&self.view);
         if let Some(partitioned) = self.partitioned.as_mut() {
@@ -511,8 +613,10 @@ impl PassStream for ViewStream<Dispatcher> {
         }
     }
 
-    fn hand_over_held(&mut self) {
+    fn hand_over_held(&mut self) -> Result<(), Stop> {
+        self.go_on_rendering()?;
         self.send_ready();
+        Ok(())
     }
 
     fn unsent_bytes(&self) -> usize {

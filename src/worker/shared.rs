@@ -587,8 +587,9 @@ impl SharedDecoder {
     /// tasks that must read again from their position (`TaskStream::needs_rewind`, having read
     /// up to `read_position`); those out of it send what they kept, and are ready to join once
     /// it is all confirmed. True if any is.
-    fn check_stalls(&mut self, read_position: u64) -> bool {
+    fn check_stalls(&mut self, read_position: u64) -> Result<bool, Stop> {
         let mut ready = false;
+        let mut failed = Vec::new();
         for (task_id, pipeline) in self.pipelines.iter_mut() {
             if pipeline.attached && pipeline.stream.needs_rewind() {
                 pipeline.attached = false;
@@ -606,11 +607,15 @@ impl SharedDecoder {
                     catalog::format_lsn(pipeline.position)
                 );
             } else if !pipeline.attached {
-                pipeline.stream.hand_over_held();
-                ready |= pipeline.stream.is_idle();
+                match pipeline.stream.hand_over_held() {
+                    Ok(()) => ready |= pipeline.stream.is_idle(),
+                    Err(Stop::Terminated) => return Err(Stop::Terminated),
+                    Err(Stop::Failed(failure)) => failed.push((*task_id, failure)),
+                }
             }
         }
-        ready
+        self.fail(failed);
+        Ok(ready)
     }
 
     fn run(&mut self) -> Result<(), Stop> {
@@ -750,7 +755,7 @@ impl Pass for SharedDecoder {
                 return Ok(self.join(session.read_position(), pipelines));
             }
         }
-        if self.check_stalls(session.read_position()) {
+        if self.check_stalls(session.read_position())? {
             return Ok(self.join(session.read_position(), Vec::new()));
         }
         self.settle(caught_up, session.read_position())?;

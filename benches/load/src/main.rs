@@ -9,6 +9,7 @@
 //!   cargo run --release -p pg_meili_sync_load -- busy [busy_tasks] [rows] [decoder_memory MB]
 //!   cargo run --release -p pg_meili_sync_load -- view [products] [new_products]
 //!   cargo run --release -p pg_meili_sync_load -- fanout [parents] [children_per_parent] [rows_per_transaction]
+//!   cargo run --release -p pg_meili_sync_load -- lookup [items] [categories] [transactions]
 //!   cargo run --release -p pg_meili_sync_load -- hotrow [ids] [rounds]
 //!   cargo run --release -p pg_meili_sync_load -- attach [table_rows] [attached_rows]
 //!   cargo run --release -p pg_meili_sync_load -- schema [rows]
@@ -815,6 +816,7 @@ fn main() {
         "busy" => busy(arg(0, 4) as usize, arg(1, 100_000), arg(2, 256)),
         "view" => views::view(arg(0, 100_000), arg(1, 20_000)),
         "fanout" => views::fanout(arg(0, 1000), arg(1, 20), arg(2, 500)),
+        "lookup" => views::lookup(arg(0, 400_000), arg(1, 50), arg(2, 2000)),
         "hotrow" => views::hot_rows(arg(0, 1000), arg(1, 100)),
         "attach" => partitions::attach(arg(0, 500_000), arg(1, 20_000)),
         "schema" => schema::drop_column(arg(0, 200_000)),
@@ -833,7 +835,7 @@ fn main() {
         ),
         other => {
             eprintln!(
-                "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout, hotrow, attach, schema, search, replicas or shards"
+                "unknown mode {other}: use backfill, stream, latency, decoders, tasks, busy, view, fanout, lookup, hotrow, attach, schema, search, replicas or shards"
             );
             std::process::exit(2);
         }

@@ -362,3 +362,72 @@ pub fn hot_rows(ids: i64, rounds: i64) {
         meili.delete_index(&index);
     }
 }
+
+/// A view of `items` items over `categories` categories, each renamed category mapping to every
+/// item of it (`items / categories` documents). The task is paused while `transactions`
+/// transactions rename a category (in turn) and retitle 10 random items each, then resumed: the
+/// catch-up's documents rendered per second against the same-run ceiling (the view's documents
+/// posted straight), and how many times each document was rendered.
+pub fn lookup(items: i64, categories: i64, transactions: i64) {
+    let meili = Meili::from_env();
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql_script(&format!(
+        "CREATE TABLE categories (id int PRIMARY KEY, name text NOT NULL);
+         CREATE TABLE items (id int PRIMARY KEY, category_id int NOT NULL REFERENCES categories, title text NOT NULL,
+                             price int NOT NULL);
+         CREATE INDEX ON items (category_id);
+         CREATE VIEW item_documents AS
+         SELECT i.id, i.title, i.price, c.name AS category
+           FROM items i JOIN categories c ON c.id = i.category_id;
+         INSERT INTO categories SELECT g, 'category ' || g FROM generate_series(1, {categories}) g;
+         INSERT INTO items SELECT g, 1 + g % {categories}, 'item ' || g, g % 1000 FROM generate_series(1, {items}) g;
+         VACUUM ANALYZE;"
+    ));
+    let (index, task) = start(
+        &cluster,
+        &meili,
+        "item_documents",
+        json!({"primary_key": "id", "mappings": {
+            "categories": "SELECT i.id FROM public.items i WHERE i.category_id = ANY($1::int[])"
+        }}),
+    );
+    cluster.wait_snapshot_done(task, Duration::from_secs(3600));
+    wait_equal(&cluster, task);
+    println!("lookup fan-out into {}", target(&meili));
+    cluster.psql(&format!("SELECT meili_sync_pause({task})"));
+    let script: String = (0..transactions)
+        .map(|n| {
+            format!(
+                "BEGIN; UPDATE categories SET name = 'category {} v{n}' WHERE id = {};
+                 UPDATE items SET price = price + 1 WHERE id = ANY (ARRAY(SELECT 1 + (random() * {})::int FROM generate_series(1, 10)));
+                 COMMIT;\n",
+                n % categories + 1,
+                n % categories + 1,
+                items - 1
+            )
+        })
+        .collect();
+    cluster.psql_script(&script);
+    let sent_before = status_number(&cluster, task, "documents_sent");
+    let started = Instant::now();
+    cluster.psql(&format!("SELECT meili_sync_resume({task})"));
+    wait_confirmed(&cluster, task);
+    let seconds = started.elapsed().as_secs_f64();
+    wait_equal(&cluster, task);
+    let sent = status_number(&cluster, task, "documents_sent") - sent_before;
+    let rate = sent as f64 / seconds;
+    println!(
+        "catch-up          {transactions} transactions (a category renamed and 10 items changed in each) in {seconds:.2} s"
+    );
+    println!(
+        "documents sent    {sent}: {:.2} per document of the view, {rate:.0} per second",
+        sent as f64 / items as f64
+    );
+    let documents = view_documents(&cluster, "item_documents", "true");
+    let ceiling = ceiling_of(&meili, &documents, 10_000, "lookup_ceiling");
+    println!("ratio             {:.2} of the ceiling", rate / ceiling);
+    if meili.test_server().is_none() {
+        meili.delete_index(&index);
+    }
+}

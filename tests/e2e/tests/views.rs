@@ -314,6 +314,51 @@ fn truncate_of_a_child_table() {
     assert_eq!(body["stars"].as_f64(), Some(3.5));
 }
 
+/// Issue 48: the whole view rendered again after a TRUNCATE, for a server that stopped answering,
+/// used to wait for that server inside the shared pass, holding up every other task until it
+/// answered again. Now each page waits for room on its own, between reads.
+#[test]
+fn a_view_rendered_again_for_a_hung_server_holds_up_no_other_task() {
+    let (Some(hung), Some(healthy)) = (Meili::own(), Meili::own()) else {
+        eprintln!("skipped: the one Meilisearch at MEILI_URL cannot be hung by the test");
+        return;
+    };
+    let cluster = Cluster::start(&[]);
+    cluster.psql("CREATE EXTENSION pg_meili_sync");
+    cluster.psql_script(SCHEMA);
+    cluster.psql("CREATE TABLE public.notes (id int PRIMARY KEY, body text)");
+    // Batches of 10: the 200 documents are more than the 8 requests the task keeps in flight.
+    let (index, task) = start_view_task(&cluster, &hung, json!({"batch_size": 10}));
+    let (notes_index, _) = start_task(&cluster, &healthy, "public.notes", json!({}));
+    converge(&cluster, &hung, &index);
+    hung.hang();
+    cluster.psql("TRUNCATE reviews");
+    for round in 1..=4 {
+        std::thread::sleep(Duration::from_secs(1));
+        cluster.psql(&format!(
+            "INSERT INTO public.notes VALUES ({round}, 'round {round}')"
+        ));
+        let written = Instant::now();
+        while document(&healthy, &notes_index, &round.to_string()).is_none() {
+            assert!(
+                written.elapsed() < Duration::from_secs(6),
+                "round {round}: the other task is held up by the view's hung server\n{}",
+                cluster.tail_log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+    hung.unhang();
+    converge(&cluster, &hung, &index);
+    wait_index_matches_table(&cluster, &healthy, &notes_index, "public.notes", CONVERGE);
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT state FROM meili_sync_status WHERE task = {task}"
+        )),
+        "streaming"
+    );
+}
+
 #[test]
 fn soft_delete_filter() {
     let (cluster, meili) = shop();
