@@ -17,7 +17,7 @@ use crate::catalog::{self, TaskRecord};
 use crate::dispatch::{Dispatcher, Progress};
 use crate::error::SyncError;
 use crate::failure::{Advice, Failure, FailureKind};
-use crate::meili::client::{Client, MeiliError, MeiliTaskStatus};
+use crate::meili::client::{Client, MeiliError, MeiliTask, MeiliTaskStatus};
 use crate::meili::retry::{Backoff, RETRY_BASE, RETRY_CAP};
 use crate::meili::writer::{Writer, WriterConfig};
 use crate::options::TaskOptions;
@@ -296,6 +296,11 @@ pub fn await_meili_task(
     what: &str,
 ) -> Result<(), Stop> {
     let state = with_retry(live, what, || client.wait_task(uid, SETUP_TIMEOUT))?;
+    meili_task_succeeded(&state, uid, what)
+}
+
+/// A finished Meilisearch task that did not succeed stops the worker, naming the task's error.
+pub fn meili_task_succeeded(state: &MeiliTask, uid: u64, what: &str) -> Result<(), Stop> {
     match state.status {
         MeiliTaskStatus::Succeeded => Ok(()),
         _ => Err(fail(
@@ -304,6 +309,7 @@ pub fn await_meili_task(
                 "{what}: Meilisearch task {uid} {}",
                 state
                     .error
+                    .as_ref()
                     .map(|error| format!("failed: {} ({})", error.message, error.code))
                     .unwrap_or_else(|| "did not succeed".into())
             ),

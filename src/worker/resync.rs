@@ -25,9 +25,13 @@ use crate::failure::{Failure, FailureKind};
 use crate::meili::client::{Client, MeiliTaskStatus};
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
-    await_meili_task, in_transaction, should_stop, with_retry, Stop, SETUP_TIMEOUT,
+    await_meili_task, in_transaction, meili_task_succeeded, should_stop, with_retry, Stop,
+    SETUP_TIMEOUT,
 };
 use crate::worker::drive::{Reading, SwapGate};
+
+/// How many times the resync index is made again when an earlier request made it meanwhile.
+const CREATE_ATTEMPTS: u32 = 3;
 
 /// Before the copy: a new, empty index with the live index's key and settings. A leftover of an
 /// earlier resync is deleted first.
@@ -39,20 +43,37 @@ pub fn prepare_fresh_index(
     fresh_uid: &str,
     key_attribute: &str,
 ) -> Result<(), Stop> {
-    if with_retry(live, "reading the resync index", || {
-        client.get_index(fresh_uid)
-    })?
-    .is_some()
-    {
-        let uid = with_retry(live, "deleting an old resync index", || {
-            client.delete_index(fresh_uid)
+    // A create Meilisearch took although its answer was lost (a dropped connection, a restart,
+    // a helper that died) makes the next one fail with `index_already_exists`: that index is
+    // deleted and made again, a few times at most.
+    for attempt in 1..=CREATE_ATTEMPTS {
+        if with_retry(live, "reading the resync index", || {
+            client.get_index(fresh_uid)
+        })?
+        .is_some()
+        {
+            let uid = with_retry(live, "deleting an old resync index", || {
+                client.delete_index(fresh_uid)
+            })?;
+            await_meili_task(live, client, uid, "deleting an old resync index")?;
+        }
+        let uid = with_retry(live, "creating the resync index", || {
+            client.create_index(fresh_uid, key_attribute)
         })?;
-        await_meili_task(live, client, uid, "deleting an old resync index")?;
+        let made = with_retry(live, "creating the resync index", || {
+            client.wait_task(uid, SETUP_TIMEOUT)
+        })?;
+        let made_meanwhile = made
+            .error
+            .as_ref()
+            .is_some_and(|error| error.code == "index_already_exists");
+        if made_meanwhile && attempt < CREATE_ATTEMPTS {
+            log!("pg_meili_sync task {task_id}: the resync index was made meanwhile by an earlier request; it is made again");
+            continue;
+        }
+        meili_task_succeeded(&made, uid, "creating the resync index")?;
+        break;
     }
-    let uid = with_retry(live, "creating the resync index", || {
-        client.create_index(fresh_uid, key_attribute)
-    })?;
-    await_meili_task(live, client, uid, "creating the resync index")?;
     let settings = with_retry(live, "reading the live index's settings", || {
         client.get_settings(live_uid)
     })?;

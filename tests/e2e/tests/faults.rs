@@ -679,6 +679,40 @@ fn lag_is_reported_while_meilisearch_stalls() {
     assert!(rate > 0.0, "{status:?}");
 }
 
+/// Meilisearch made the resync index, but its answer was lost: the request sent again fails with
+/// `index_already_exists`, which used to stop the helper in error (a soak found it, with a real
+/// server killed during a resync). Now the helper makes the index again and the resync finishes.
+#[test]
+fn a_resync_whose_index_was_made_by_a_lost_request_makes_it_again() {
+    let Some((cluster, meili)) = with_test_server() else {
+        return;
+    };
+    cluster.psql(&products::insert_sql(1, 500));
+    let (index, task) = start(&cluster, &meili, json!({}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    converge(&cluster, &meili, &index);
+    faults(&meili).lose_next_answers(1, "POST", "/indexes");
+    let helper: i64 = cluster
+        .psql(&format!("SELECT meili_sync_resync({task})"))
+        .parse()
+        .expect("helper task id");
+    wait_for("the helper to finish", CONVERGE, || {
+        let left = cluster.psql(&format!(
+            "SELECT coalesce((SELECT state || ' ' || coalesce(last_error, '') FROM meili_sync.tasks WHERE id = {helper}), 'gone')"
+        ));
+        assert!(!left.starts_with("error"), "the helper stopped: {left}");
+        (left == "gone").then_some(())
+    });
+    cluster.psql("UPDATE products SET version = 9 WHERE id % 10 = 0");
+    converge(&cluster, &meili, &index);
+    assert!(
+        cluster
+            .server_log()
+            .contains("the resync index was made meanwhile by an earlier request"),
+        "the lost answer did not make the request go again"
+    );
+}
+
 #[test]
 fn a_resync_helper_killed_during_the_swap_finishes_it_after_the_restart() {
     let Some((cluster, meili)) = with_test_server() else {

@@ -82,6 +82,8 @@ pub struct RequestRecord {
 pub struct Faults {
     fail_requests: Mutex<(usize, RequestFault)>,
     drop_connections: AtomicUsize,
+    /// Requests left whose answer is lost, and the method and path (with its query) they must have.
+    lose_answers: Mutex<(usize, String, String)>,
     task_delay: Mutex<Duration>,
     fail_tasks: Mutex<(usize, String, Option<&'static str>)>,
     unavailable: AtomicBool,
@@ -108,6 +110,7 @@ impl Faults {
                 },
             )),
             drop_connections: AtomicUsize::new(0),
+            lose_answers: Mutex::new((0, String::new(), String::new())),
             task_delay: Mutex::new(task_delay),
             fail_tasks: Mutex::new((0, String::new(), None)),
             unavailable: AtomicBool::new(false),
@@ -155,6 +158,13 @@ impl Faults {
     }
 
     /// The next `n` requests are read, then their connection is closed without an answer.
+    /// The next `n` requests with `method` and `path` (with its query) are handled (a write
+    /// enqueues its task), then their connection is closed without the answer: as when a
+    /// connection drops, or a server restarts, after it took a request.
+    pub fn lose_next_answers(&self, n: usize, method: &str, path: &str) {
+        *lock(&self.lose_answers) = (n, method.to_owned(), path.to_owned());
+    }
+
     pub fn drop_next_connections(&self, n: usize) {
         self.drop_connections.store(n, Ordering::SeqCst);
     }
@@ -201,6 +211,7 @@ impl Faults {
     pub fn clear(&self) {
         self.fail_next_requests(0, 500);
         self.drop_next_connections(0);
+        self.lose_next_answers(0, "", "");
         self.set_task_delay(Duration::ZERO);
         self.fail_next_tasks(0, "");
         self.set_unavailable(false);
@@ -224,6 +235,15 @@ impl Faults {
         self.drop_connections
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .is_ok()
+    }
+
+    fn take_lost_answer(&self, method: &str, path: &str) -> bool {
+        let mut lose = lock(&self.lose_answers);
+        let taken = lose.0 > 0 && lose.1 == method && lose.2 == path;
+        if taken {
+            lose.0 -= 1;
+        }
+        taken
     }
 
     fn take_request_failure(&self) -> Option<RequestFault> {
@@ -513,6 +533,10 @@ fn serve(shared: &Shared, stream: TcpStream) {
             None => routes::handle(shared, &req),
         };
         let keep_alive = req.keep_alive;
+        if shared.faults.take_lost_answer(&req.method, &req.target) {
+            lock(&shared.log).push(record(0, req));
+            break;
+        }
         lock(&shared.log).push(record(resp.status, req));
         if resp.write_to(&mut writer, keep_alive).is_err() || !keep_alive {
             break;
