@@ -191,8 +191,8 @@ pub struct LiveEntry {
     last_confirmed_at: pg_sys::TimestampTz,
     /// When the worker last handed Meilisearch a batch (0: never).
     last_sent_at: pg_sys::TimestampTz,
-    /// When the task's position last moved, or it last had everything it read confirmed (0:
-    /// never): a task that is behind and whose position stands still is stuck, not slow.
+    /// When the task's position last moved, or it last had nothing unconfirmed (0: never): a task
+    /// that is behind and whose position stands still is stuck, not slow.
     progressed_at: pg_sys::TimestampTz,
     docs_sent: i64,
     failed_tasks: i64,
@@ -1065,7 +1065,9 @@ impl LiveStatus {
         let mut state = STATE.exclusive();
         let entry = &mut state.entries[self.index];
         let advanced = confirmed > entry.confirmed_lsn;
-        if advanced || (oldest_unconfirmed.is_none() && confirmed >= received) {
+        // Nothing unconfirmed: the task holds up nothing, even while its position waits for the
+        // shared pass to read to the end of a backlog that is another task's.
+        if advanced || oldest_unconfirmed.is_none() {
             // SAFETY: reads the transaction-independent wall clock.
             entry.progressed_at = unsafe { pg_sys::GetCurrentTimestamp() };
         }

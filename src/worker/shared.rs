@@ -48,6 +48,13 @@ const STORE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often an idle task's status is published while other tasks keep the decoder busy.
 const QUIET_PUBLISH_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How long one task whose Meilisearch answers but confirms nothing may hold up the shared reader
+/// before it leaves the stream. Long enough for a real Meilisearch's large auto-batch (all its
+/// tasks finish together, after seconds), and for a transaction larger than the task's queue,
+/// which gets through only while the reader waits for it (were the task to leave, it would read
+/// that transaction again from its start, and again).
+const STALL_LIMIT: Duration = Duration::from_secs(15);
+
 /// One task's part of the shared stream.
 struct Pipeline {
     task: TaskRecord,
@@ -376,7 +383,7 @@ impl SharedDecoder {
             None => {
                 let rules = ColumnRules::new(&task.relation, &task.primary_key, &options);
                 let stream = Streamer::new(task, live, dispatcher, rules, plan.limits, &options)
-                    .leaving_when_held()
+                    .with_stall_limit(STALL_LIMIT)
                     .with_partitions(PartitionWatch::of_plan(&plan, task, &options, false));
                 (Box::new(stream), vec![task.relid.to_u32()])
             }

@@ -26,12 +26,11 @@ use crate::worker::control::{rewind_dispatcher, should_stop, Stop};
 use crate::worker::drive::{DueWork, PassStream, Settlement, TaskStream};
 use crate::worker::partitions::PartitionWatch;
 
-/// How long, in all, a task of the shared pass may hold up the shared reader while it waits for
-/// room in its Meilisearch's queue, before it leaves the pass (see `Streamer::send_ready`): the
-/// other tasks, and its healthy replicas and shards, wait at most this long for a server that is
-/// slow, stopped or dead. The time adds up over the rounds until the task keeps up again, so that
-/// short waits one after another hold nobody up for longer either.
-pub const HOLD_LIMIT: Duration = Duration::from_millis(1500);
+/// How long a task of the shared pass may hold up the shared reader while its Meilisearch
+/// answers none of its requests, before it leaves the pass (see `Streamer::send_ready`): the
+/// other tasks, and its healthy replicas and shards, wait at most this long for a server that
+/// stopped or died.
+pub const UNANSWERED_LIMIT: Duration = Duration::from_millis(1500);
 
 /// One task's stream: maps its decoded changes to batches and hands them to its dispatcher
 /// (borrowed in a task worker, which used it for the copy first; owned in the shared decoder).
@@ -54,14 +53,11 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
     upsert: bool,
     /// On a shard's row: the documents it keeps (every other change is another shard's).
     shard: Option<ShardFilter>,
-    /// In the shared decoder: the task leaves the stream rather than hold up the shared reader
-    /// for `HOLD_LIMIT` (a task's own slot waits instead).
-    leaves_when_held: bool,
-    /// How long the reader waited for room since the task last kept up (see `HOLD_LIMIT`).
-    held_for: Duration,
-    /// The reader waited for room during the current read.
-    waited_this_read: bool,
-    /// Left the stream: later changes are ignored until mapping restarts. Why, for the log.
+    /// In the shared decoder: how long the task may hold up the shared reader while Meilisearch
+    /// confirms none of its batches, before it leaves the stream. None: a task's own slot waits.
+    stall_limit: Option<Duration>,
+    /// Left the stream (a limit passed): later changes are ignored until mapping restarts. Why,
+    /// for the log.
     left: Option<Leaving>,
     /// `batches_finished` when `finished_more` last looked.
     finished_seen: u64,
@@ -103,9 +99,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             limits,
             upsert: options.write_mode == WriteMode::Upsert,
             shard,
-            leaves_when_held: false,
-            held_for: Duration::ZERO,
-            waited_this_read: false,
+            stall_limit: None,
             left: None,
             finished_seen: 0,
             partitioned: None,
@@ -120,10 +114,10 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
         self
     }
 
-    /// Gives up waiting for room after `HOLD_LIMIT`, instead of holding up the decoding of other
-    /// tasks' changes (see `is_stalled`).
-    pub fn leaving_when_held(mut self) -> Self {
-        self.leaves_when_held = true;
+    /// Gives up waiting for room after `limit` without any batch confirmed, instead of holding
+    /// up the decoding of other tasks' changes (see `is_stalled`).
+    pub fn with_stall_limit(mut self, limit: Duration) -> Self {
+        self.stall_limit = Some(limit);
         self
     }
 
@@ -137,7 +131,7 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    /// Batches Meilisearch finished (confirmed or failed): progress, for the nap.
+    /// Batches Meilisearch finished (confirmed or failed): progress, for the stall limit.
     fn batches_finished(&self) -> u64 {
         let stats = self.dispatcher.borrow().writer().stats();
         stats
@@ -170,19 +164,16 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
             }
         }
         self.send_ready(false);
-        if !std::mem::take(&mut self.waited_this_read) {
-            // Kept up: a read went by without waiting for room.
-            self.held_for = Duration::ZERO;
-        }
     }
 
     /// Moves closed batches to the dispatcher, in order. With `block`, waits (handling
     /// confirmations) until all are taken: that wait is the back pressure that stops reading the
     /// slot, and it keeps memory bounded inside one huge transaction.
     fn send_ready(&mut self, block: bool) {
+        let mut finished = None;
+        let mut progress_at = Instant::now();
         let mut answers = None;
-        let mut answered = false;
-        let mut waited_at = Instant::now();
+        let mut answered_at = Instant::now();
         loop {
             self.pump(None);
             if self
@@ -202,23 +193,27 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
                     self.task_id
                 );
             }
-            self.waited_this_read = true;
-            if self.leaves_when_held {
-                let now = Instant::now();
-                self.held_for += now.saturating_duration_since(waited_at);
-                waited_at = now;
+            if let Some(limit) = self.stall_limit {
+                let now_finished = self.batches_finished();
+                if finished != Some(now_finished) {
+                    finished = Some(now_finished);
+                    progress_at = Instant::now();
+                }
                 let now_answers = self.answers();
-                answered |= answers.is_some_and(|seen| seen != now_answers);
-                answers = Some(now_answers);
-                if self.held_for >= HOLD_LIMIT {
-                    // What it sent stays in Meilisearch's queue: the task reads on from its
-                    // position once that is confirmed, and never sends it again.
-                    self.left = Some(if answered {
-                        Leaving::Busy
-                    } else {
-                        Leaving::Unanswered
-                    });
-                    self.held_for = Duration::ZERO;
+                if answers != Some(now_answers) {
+                    answers = Some(now_answers);
+                    answered_at = Instant::now();
+                }
+                // A server that answers is slow at worst: the other tasks wait for it up to the
+                // limit, since a transaction larger than the task's queue can only get through
+                // while the reader waits for it. One that answers nothing (stopped, dead,
+                // unreachable) holds them up for a moment only.
+                if answered_at.elapsed() >= UNANSWERED_LIMIT {
+                    self.left = Some(Leaving::Unanswered);
+                    return;
+                }
+                if progress_at.elapsed() >= limit {
+                    self.left = Some(Leaving::Unconfirmed(limit));
                     return;
                 }
             }
@@ -231,8 +226,6 @@ impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     fn forget_read(&mut self) {
         self.mapper = ChangeMapper::new(self.limits, self.upsert).with_shard(self.shard.clone());
         self.left = None;
-        self.held_for = Duration::ZERO;
-        self.waited_this_read = false;
         if let Some(partitioned) = self.partitioned.as_mut() {
             partitioned.due().forget_read();
         }
@@ -359,11 +352,14 @@ impl PassStream for Streamer<Dispatcher> {
 
     fn why_it_left(&self) -> String {
         match self.left {
-            Some(Leaving::Unanswered) => format!(
-                "Meilisearch answered none of its requests for {} s",
-                HOLD_LIMIT.as_secs_f64()
+            Some(Leaving::Unconfirmed(limit)) => format!(
+                "Meilisearch confirmed none of its batches for {} s",
+                limit.as_secs()
             ),
-            _ => "Meilisearch is still working through the batches it queued".to_owned(),
+            _ => format!(
+                "Meilisearch answered none of its requests for {} s",
+                UNANSWERED_LIMIT.as_secs_f64()
+            ),
         }
     }
 
@@ -381,8 +377,8 @@ impl PassStream for Streamer<Dispatcher> {
 enum Leaving {
     /// Its server answered none of its requests: stopped, dead or unreachable.
     Unanswered,
-    /// Its server answers, and is busy with the task's own queued batches (or others' work).
-    Busy,
+    /// Its server answers but finished none of the task's batches for this long.
+    Unconfirmed(Duration),
 }
 
 /// Parses a pgoutput message and notes a commit's time (for `lag_seconds`); a message that does
