@@ -8,6 +8,7 @@
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::ptr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use pgrx::pg_sys;
 use pgrx::pg_sys::submodules::ffi::pg_guard_ffi_boundary;
@@ -35,6 +36,23 @@ extern "C-unwind" {
     );
     #[link_name = "wal_segment_close"]
     fn c_wal_segment_close(state: *mut pg_sys::XLogReaderState);
+}
+
+/// Whether this process decoded WAL since it last emptied its catalog caches.
+static DECODED_SINCE_RESET: AtomicBool = AtomicBool::new(false);
+
+/// Empties this process's catalog caches if it decoded WAL since they were last emptied, as the
+/// server's own `pg_logical_slot_get_changes` does after decoding. Replaying a transaction builds
+/// relation and catalog cache entries from the catalog as it was at that point of the WAL (a
+/// historic snapshot), and nothing removes those whose relation changed later: a query after
+/// decoding would see a table without its newest columns, and an UPDATE would write rows without
+/// them. Call inside a transaction, before its first query.
+pub fn forget_historic_catalog() {
+    if DECODED_SINCE_RESET.swap(false, Ordering::Relaxed) {
+        // SAFETY: called inside a transaction, outside any decoding callback, as logicalfuncs.c
+        // calls it after its decoding loop; open relations are rebuilt in place.
+        unsafe { pg_sys::InvalidateSystemCaches() };
+    }
 }
 
 /// Receives each pgoutput message, with the LSN the plugin gave it (for Commit: the commit's end).
@@ -361,6 +379,9 @@ impl DecodingSession {
             Ok(records)
         });
         self.sink.current = None;
+        if matches!(result, Ok(records) if records > 0) {
+            DECODED_SINCE_RESET.store(true, Ordering::Relaxed);
+        }
         result
     }
 

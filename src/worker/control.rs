@@ -14,6 +14,7 @@ use pgrx::prelude::*;
 use pgrx::bgworkers::SignalWakeFlags;
 
 use crate::catalog::{self, TaskRecord};
+use crate::decode::session;
 use crate::dispatch::{Dispatcher, Progress};
 use crate::error::SyncError;
 use crate::failure::{Advice, Failure, FailureKind};
@@ -82,6 +83,18 @@ const PASSING_ERRORS: [PgSqlErrorCode; 4] = [
     PgSqlErrorCode::ERRCODE_T_R_DEADLOCK_DETECTED,
     PgSqlErrorCode::ERRCODE_QUERY_CANCELED,
 ];
+
+/// Runs `work` in a transaction whose queries see the catalog of now, never one that a decoded
+/// transaction was replayed under (`session::forget_historic_catalog`): every transaction of a
+/// worker starts here.
+pub fn worker_transaction<R>(
+    work: impl FnOnce() -> R + std::panic::UnwindSafe + std::panic::RefUnwindSafe,
+) -> R {
+    BackgroundWorker::transaction(|| {
+        session::forget_historic_catalog();
+        work()
+    })
+}
 
 /// Runs `work` in a transaction of its own. An ERROR of [`PASSING_ERRORS`] rolls the transaction
 /// back, shows itself in the status view, and `work` runs again after a backoff (100 ms doubling
@@ -153,7 +166,7 @@ fn run_transaction<T>(
     let phase_before = live.phase().filter(|phase| *phase != Phase::Retrying);
     loop {
         let mut guarded = PgTryBuilder::new(AssertUnwindSafe(|| {
-            Ok(BackgroundWorker::transaction(AssertUnwindSafe(&mut work)))
+            Ok(worker_transaction(AssertUnwindSafe(&mut work)))
         }));
         for code in PASSING_ERRORS {
             guarded = guarded.catch_when(code, |error| roll_back(error).map_err(Caught::Passing));
@@ -491,9 +504,7 @@ pub fn worker_main(worker: WorkerId, work: impl FnOnce(LiveStatus, i32) -> Resul
             let Some(task_id) = worker.task() else {
                 return;
             };
-            if let Err(error) =
-                BackgroundWorker::transaction(|| catalog::set_error_state(task_id, &message))
-            {
+            if let Err(error) = worker_transaction(|| catalog::set_error_state(task_id, &message)) {
                 // The launcher then restarts the worker, which meets the same failure again.
                 warning!(
                     "pg_meili_sync {worker}: could not set state error: {}",

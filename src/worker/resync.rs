@@ -16,7 +16,6 @@
 
 use std::time::Duration;
 
-use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 use serde_json::Value;
 
@@ -25,8 +24,8 @@ use crate::failure::{Failure, FailureKind};
 use crate::meili::client::{Client, MeiliTaskStatus};
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
-    await_meili_task, in_transaction, meili_task_succeeded, should_stop, with_retry, Stop,
-    SETUP_TIMEOUT,
+    await_meili_task, in_transaction, meili_task_succeeded, should_stop, with_retry,
+    worker_transaction, Stop, SETUP_TIMEOUT,
 };
 use crate::worker::drive::{Reading, SwapGate};
 
@@ -240,9 +239,7 @@ impl Swap<'_> {
             // Forget the recorded swap so that a restarted helper tries it again; should that
             // fail too, the restarted helper reads the index's createdAt to tell whether it
             // happened.
-            if let Err(error) =
-                BackgroundWorker::transaction(|| catalog::record_swap(helper.id, None, None))
-            {
+            if let Err(error) = worker_transaction(|| catalog::record_swap(helper.id, None, None)) {
                 warning!(
                     "pg_meili_sync task {}: could not clear the recorded swap: {}",
                     helper.id,

@@ -13,7 +13,6 @@
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};
 
-use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
 use crate::catalog::{self, SharedTask, TaskRecord};
@@ -27,7 +26,8 @@ use crate::plan::{build_plan, recheck_source, ColumnRules, ViewPlan};
 use crate::route::Router;
 use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 use crate::worker::control::{
-    fail, in_transaction, in_user_transaction, open_dispatcher, worker_main, Stop, HTTP_TIMEOUT,
+    fail, in_transaction, in_user_transaction, open_dispatcher, worker_main, worker_transaction,
+    Stop, HTTP_TIMEOUT,
 };
 use crate::worker::drive::{
     drive_pass, log_rewind, log_state_change, IndexWatch, Nap, Pass, PassStream, Turn,
@@ -872,9 +872,7 @@ fn fail_task(task: &TaskRecord, live: LiveStatus, failure: &Failure) {
         failure.kind.as_str()
     );
     live.set_error(&message);
-    if let Err(error) =
-        BackgroundWorker::transaction(|| catalog::set_error_state(task.id, &message))
-    {
+    if let Err(error) = worker_transaction(|| catalog::set_error_state(task.id, &message)) {
         warning!(
             "pg_meili_sync task {}: could not set state error: {}",
             task.id,
