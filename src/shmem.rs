@@ -348,6 +348,9 @@ pub struct SharedState {
     /// Commits that may have changed a task's source without changing rows: attached, detached
     /// or dropped a table, altered one, or replaced a view (`note_sources_changed_at_commit`).
     sources_changed: u64,
+    /// Commits that created, changed or dropped a task, or changed its state
+    /// (`wake_launcher_at_commit`): a shared decoder then reads its tasks again at once.
+    tasks_changed: u64,
     /// One entry per database that runs tasks (or cleans up after them), or is paused by a DDL
     /// command: a database with nothing for us holds none, so that empty databases cannot use the
     /// table up. The first `meili_sync.max_databases` are used.
@@ -361,6 +364,7 @@ impl Default for SharedState {
         SharedState {
             cluster_latch: 0,
             sources_changed: 0,
+            tasks_changed: 0,
             databases: [DatabaseLauncher::FREE; crate::gucs::DATABASE_ENTRIES],
             entries: [LiveEntry::EMPTY; crate::gucs::TASK_ENTRIES],
             waiters: [Waiter::FREE; WAITERS],
@@ -735,15 +739,21 @@ pub fn wake_launcher() {
 
 static WAKE_PENDING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Wakes this database's launcher when the transaction commits, so a new or changed task takes
-/// effect at once; an aborted transaction wakes nobody.
+/// Wakes this database's launcher and task workers when the transaction commits, so a new or
+/// changed task takes effect at once (a shared decoder sees `tasks_changed` move); an aborted
+/// transaction wakes nobody.
 pub fn wake_launcher_at_commit() {
     use pgrx::{register_xact_callback, PgXactCallbackEvent};
     use std::sync::atomic::Ordering;
     if !WAKE_PENDING.swap(true, Ordering::Relaxed) {
         register_xact_callback(PgXactCallbackEvent::Commit, || {
             WAKE_PENDING.store(false, Ordering::Relaxed);
+            {
+                let mut state = STATE.exclusive();
+                state.tasks_changed = state.tasks_changed.wrapping_add(1);
+            }
             wake_launcher();
+            wake_task_workers();
         });
         register_xact_callback(PgXactCallbackEvent::Abort, || {
             WAKE_PENDING.store(false, Ordering::Relaxed);
@@ -773,6 +783,11 @@ pub fn note_sources_changed_at_commit() {
             SOURCES_PENDING.store(false, Ordering::Relaxed);
         });
     }
+}
+
+/// How many commits changed a task or its state since the server started.
+pub fn tasks_changed() -> u64 {
+    STATE.share().tasks_changed
 }
 
 /// How many commits may have changed a task's source without changing rows since the server

@@ -136,6 +136,9 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
         options: &TaskOptions,
     ) -> Self {
         let keys = collector(&view);
+        let mut dispatcher = dispatcher;
+        // A view's documents are rendered, not decoded again: its deep queue holds them all.
+        dispatcher.borrow_mut().set_held_depth(options.stream_depth);
         ViewStream {
             task: task.clone(),
             live,

@@ -75,6 +75,9 @@ struct Pipeline {
     /// When the status view was last given this task's progress, and the position it was given.
     published: Instant,
     published_position: u64,
+    /// The stream was quiet when last published: a stream that has just become quiet (its last
+    /// batch confirmed) is published at once, then at most once a `QUIET_PUBLISH_INTERVAL`.
+    published_quiet: bool,
     /// Receives changes. A task whose Meilisearch stalls leaves the stream (its pipeline stays to
     /// finish what it sent) and joins again once its dispatcher is idle.
     attached: bool,
@@ -98,6 +101,8 @@ struct SharedDecoder {
     /// Tables the shared publication holds, as last made.
     published: Vec<pg_sys::Oid>,
     last_refresh: Option<Instant>,
+    /// `shmem::tasks_changed` at the last refresh: a task resumed or started joins at once.
+    tasks_seen: Option<u64>,
     last_store: Instant,
     /// See `load_lowest_elsewhere`; read again whenever tasks join, leave or get a position.
     lowest_elsewhere: Option<u64>,
@@ -401,6 +406,7 @@ impl SharedDecoder {
             stored: position,
             published: Instant::now(),
             published_position: position,
+            published_quiet: false,
             attached: false,
         }))
     }
@@ -749,10 +755,13 @@ impl Pass for SharedDecoder {
         session: &mut DecodingSession,
         caught_up: bool,
     ) -> Result<Turn, Stop> {
-        if self
-            .last_refresh
-            .is_none_or(|at| at.elapsed() >= REFRESH_INTERVAL)
+        let tasks_changed = shmem::tasks_changed();
+        if self.tasks_seen != Some(tasks_changed)
+            || self
+                .last_refresh
+                .is_none_or(|at| at.elapsed() >= REFRESH_INTERVAL)
         {
+            self.tasks_seen = Some(tasks_changed);
             let joining = self.refresh(session)?;
             let mut pipelines = Vec::new();
             for task in &joining {
@@ -803,12 +812,17 @@ impl Pass for SharedDecoder {
                     continue;
                 }
             }
-            if pipeline.stream.is_quiet() {
+            let quiet = pipeline.stream.is_quiet();
+            if quiet {
                 // Only the shown read position would move: at most once a second, unless a
-                // backend waits in meili_sync_wait for the task's position to move.
+                // backend waits in meili_sync_wait for the task's position to move, or the task
+                // has just become quiet (what Meilisearch confirmed last shows at once).
                 let awaited = pipeline.position != pipeline.published_position
                     && shmem::has_waiters(*task_id);
-                if !awaited && pipeline.published.elapsed() < QUIET_PUBLISH_INTERVAL {
+                if !awaited
+                    && pipeline.published_quiet
+                    && pipeline.published.elapsed() < QUIET_PUBLISH_INTERVAL
+                {
                     continue;
                 }
             } else {
@@ -824,6 +838,7 @@ impl Pass for SharedDecoder {
             pipeline.stream.publish(read_position, pipeline.position);
             pipeline.published = Instant::now();
             pipeline.published_position = pipeline.position;
+            pipeline.published_quiet = quiet;
         }
         self.fail(gone);
         self.live
@@ -898,6 +913,7 @@ fn run(live: LiveStatus, pid: i32) -> Result<(), Stop> {
         pipelines: HashMap::new(),
         published: Vec::new(),
         last_refresh: None,
+        tasks_seen: None,
         last_store: Instant::now(),
         lowest_elsewhere: None,
         squeezed: false,

@@ -104,6 +104,9 @@ pub struct Dispatcher {
     /// Closed batches are pushed with [`Dispatcher::push_rewindable`] (a stream with a deep
     /// queue, see [`Dispatcher::set_stream_depth`]).
     rewinds: bool,
+    /// Bodies held may number more than `max_inflight` while they weigh no more than
+    /// `max_inflight` full requests (see [`Dispatcher::set_held_depth`]).
+    holds_by_weight: bool,
     /// Original batches the owner can decode again from its confirmed position.
     rewindable: HashSet<u64>,
     /// After a rewind: batches are held until the one whose checkpoint reaches this position
@@ -154,6 +157,7 @@ impl Dispatcher {
             depth: max_inflight.max(1),
             rereadable: HashSet::new(),
             rewinds: false,
+            holds_by_weight: false,
             rewindable: HashSet::new(),
             careful_until: None,
             rewind_needed: false,
@@ -221,6 +225,16 @@ impl Dispatcher {
             self.rereadable.clear();
         }
         self.rewinds = self.depth > self.max_inflight;
+    }
+
+    /// A deep queue whose bodies are all held until confirmed (a view's, whose rendered
+    /// documents cannot be decoded again): up to `depth` batches enqueued and unconfirmed, as long
+    /// as the bodies held weigh no more than `max_inflight` requests of the largest size
+    /// (`max_payload`), the bound a queue of `max_inflight` has. Small documents then reach
+    /// Meilisearch together, and it indexes them in fewer, larger batches.
+    pub fn set_held_depth(&mut self, depth: usize) {
+        self.set_depth(depth);
+        self.holds_by_weight = self.depth > self.max_inflight;
     }
 
     /// [`Dispatcher::push`] for a batch of a stream, which the owner can decode again from the
@@ -404,9 +418,15 @@ impl Dispatcher {
         if self.squeezed {
             return self.backlog() == 0;
         }
+        if self.backlog() >= self.depth {
+            return false;
+        }
         let released = self.sent.values().filter(|batch| batch.released).count()
             + self.landed.iter().filter(|batch| batch.released).count();
-        self.backlog() - released < self.max_inflight && self.backlog() < self.depth
+        self.backlog() - released < self.max_inflight
+            || (self.holds_by_weight
+                && self.held_bytes() + self.max_payload
+                    <= self.max_inflight.saturating_mul(self.max_payload))
     }
 
     /// Set while the batches of all the dispatchers that share a memory budget (the tasks of
@@ -1661,6 +1681,39 @@ mod tests {
             (1..=30).map(|id| json!(id)).collect::<Vec<_>>()
         );
         dispatcher.shutdown();
+    }
+
+    #[test]
+    fn a_held_deep_queue_goes_past_max_inflight_only_within_its_weight() {
+        let server = TestServer::start(Some(KEY)).expect("server");
+        // Nothing is confirmed while the test looks: every batch stays held.
+        server.faults().set_task_delay(Duration::from_secs(30));
+        let filler = "x".repeat(1000);
+        let body_len = batch(1, &[json!({"id": 1, "v": filler})]).body.len();
+        // The weight of 2 full requests of 4 bodies each is 8 bodies; a next body must fit with
+        // a full request's weight to spare: 5 are taken, within a depth of 12.
+        let max_payload = 4 * body_len;
+        let mut dispatcher = Dispatcher::new(writer(&server, 12), "id", 2, max_payload);
+        dispatcher.set_held_depth(12);
+        let mut pushed = 0u64;
+        while dispatcher.has_room() && pushed < 100 {
+            pushed += 1;
+            dispatcher.push(batch(pushed, &[json!({"id": pushed, "v": filler})]));
+            dispatcher.pump(None);
+        }
+        assert_eq!(pushed, 5, "held {} bytes", dispatcher.held_bytes());
+        assert!(dispatcher.held_bytes() <= 2 * max_payload);
+        // A shallow queue of the same settings holds max_inflight.
+        let mut shallow = Dispatcher::new(writer(&server, 12), "id", 2, max_payload);
+        let mut held = 0u64;
+        while shallow.has_room() && held < 100 {
+            held += 1;
+            shallow.push(batch(held, &[json!({"id": 1000 + held, "v": filler})]));
+            shallow.pump(None);
+        }
+        assert_eq!(held, 2);
+        dispatcher.shutdown();
+        shallow.shutdown();
     }
 
     #[test]
