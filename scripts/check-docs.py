@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Tier 0: the docs name only what exists, and the README documents every function, option and GUC.
+"""Tier 0: the docs name only what exists, and the reference documents every function, view, GUC and option.
 
 Fails (exit 1, one line per problem) when:
 
-  a) a Markdown file of the repository (README.md, ARCHITECTURE.md, CONTRIBUTING.md, docs/*.md and
+  a) a Markdown file of the repository (README.md, ARCHITECTURE.md, CONTRIBUTING.md, docs/**/*.md and
      any other *.md outside target/) names in backticks, or as a link target, a repository path
      that does not exist. Only tokens that look like paths count: they contain a `/` and end in a
      known extension (.rs .sh .py .sql .md .toml .out ...), end in `/`, or start with a top-level
@@ -19,26 +19,57 @@ Fails (exit 1, one line per problem) when:
      crates (pg_sys::, std::, ...) are skipped: see EXTERNAL_CRATES.
   c) a link to a section (`file.md#anchor`, or `#anchor` in the same file) names no heading of that
      file, as GitHub turns headings into anchors.
-  d) a SQL function of the extension has no entry in README.md: a table row whose first cell
-     holds `name(...`. Functions are the #[pg_extern] and #[pg_trigger] functions in src/ (the
-     attribute's name = "..." or the fn's own name; test code is skipped) and the CREATE FUNCTION
-     statements in sql/*.sql. INTERNAL_FUNCTIONS lists the ones users are not meant to call.
-  e) a view of the extension (CREATE VIEW in sql/*.sql) is not named in backticks in README.md.
-  f) a task option (KNOWN_OPTIONS in crates/core/src/options.rs) is not in the first column of a
-     table row of README.md's "Options" section.
-  g) a setting (every c"meili_sync.<name>" in src/gucs.rs) is not in the first column of a table
-     row of README.md.
+
+  The checks d) to g) read the reference pages, the *.md files directly in docs/reference/. Their
+  markup:
+
+     - An ENTRY is a heading of level 2 or 3 whose whole text is one code span holding the name:
+           ## `meili_sync_start`        ## `meili_sync_status`        ## `meili_sync.naptime`
+       Other headings (`# Task functions`, `### By task`) are not entries.
+     - What an entry names depends on its page (PAGE_KINDS): in views.md views, in settings.md
+       settings, in options.md task options; README.md is the index and has no entries; every
+       other page (task-functions.md, search-functions.md, ...) holds functions. An overloaded
+       function (meili_search) has one entry that documents each form.
+     - A name has one entry: a second one (on any page, for the same kind) is a problem.
+
+  d) a SQL function of the extension has no entry, or a function page has an entry for a function
+     the extension does not define. Functions are the #[pg_extern] and #[pg_trigger] functions in
+     src/ (the attribute's name = "..." or the fn's own name; test code is skipped) and the CREATE
+     FUNCTION statements in sql/*.sql. INTERNAL_FUNCTIONS lists the ones users are not meant to
+     call: they need no entry (an entry for one is allowed, since it exists).
+  e) a view of the extension (CREATE VIEW in sql/*.sql) has no entry in views.md, or views.md has an
+     entry for a view that does not exist.
+  f) a task option (the names of OPTIONS in crates/core/src/options.rs, a list of
+     `("name", Alter::X)` pairs) has no entry in options.md, or options.md has one for an option
+     that does not exist; and the entry of meili_sync_alter does not have, for each Alter group of
+     ALTER_GROUPS, exactly one line (in that entry, not elsewhere) of the form
+           - **Changed in place:** `batch_size`, `batch_bytes`, ...
+           - **Changed in place, by the task's owner only:** `url`, ...
+           - **One way only:** `decoding` (an explanation, which may hold code spans of its own)
+           - **Need a new task (0A000):** `primary_key`, ...
+     whose leading code spans (separated by commas, `and` or `or`; the first thing that is not
+     such a span ends the list) are exactly the options OPTIONS puts in that group. An Alter
+     variant that ALTER_GROUPS does not know is a problem too.
+  g) a setting (every c"meili_sync.<name>" in src/gucs.rs) has no entry in settings.md, or
+     settings.md has an entry for a setting that does not exist.
+  h) README.md has 5,000 words or more (README_MAX_WORDS), counted as `wc -w` counts them.
 
     python3 scripts/check-docs.py              check this checkout
     python3 scripts/check-docs.py --root DIR   check another tree (say, a copy with a bogus path)
     python3 scripts/check-docs.py -v           also print what was read
+    python3 scripts/check-docs.py --self-test  check the checks: the tree as it is must pass, and a
+                                               copy of it broken for each check (an entry removed,
+                                               an entry for nothing, an alter group line broken, a
+                                               long README, a bogus path or anchor) must fail
 """
 
 import argparse
 import glob
 import os
 import re
+import shutil
 import sys
+import tempfile
 
 # Where a path in the docs may be relative to (besides the repository root and the file's own
 # directory): crate-internal module paths such as `worker/stream.rs` or `meili/client.rs`, and
@@ -69,8 +100,8 @@ SQL_TYPES = {"text", "bigint", "int", "integer", "int2", "int4", "int8", "smalli
              "regprocedure", "oid", "name", "json", "jsonb", "pg_lsn", "numeric", "boolean", "bool",
              "interval", "date", "timestamp", "timestamptz", "bytea", "float8", "float4", "real"}
 
-# Functions of the extension that users are not meant to call, so the README need not document
-# them (it names them once, as internals, under "SQL reference"):
+# Functions of the extension that users are not meant to call, so the reference need not give them
+# an entry (docs/reference/README.md names them once, under "Internal functions"):
 INTERNAL_FUNCTIONS = {
     # behind the meili_sync_status view (sql/views.sql joins it with the catalog)
     "meili_sync_worker_state",
@@ -86,6 +117,38 @@ INTERNAL_FUNCTIONS = {
 }
 
 SKIP_DIRS = {"target", ".git", "node_modules"}
+
+# The reference pages, and what their entries are: in views.md views, in settings.md settings, in
+# options.md task options; README.md is the index (no entries); every other page of the folder
+# holds functions.
+REFERENCE_DIR = "docs/reference"
+PAGE_KINDS = {"views.md": "view", "settings.md": "setting", "options.md": "option"}
+KIND_WORDS = {"function": "SQL function", "view": "view", "setting": "setting", "option": "task option"}
+KIND_PAGES = {"view": REFERENCE_DIR + "/views.md", "setting": REFERENCE_DIR + "/settings.md",
+              "option": REFERENCE_DIR + "/options.md"}
+KIND_SOURCES = {"function": "#[pg_extern] or #[pg_trigger] in src/, CREATE FUNCTION in sql/*.sql",
+                "view": "CREATE VIEW in sql/*.sql", "setting": "src/gucs.rs",
+                "option": "OPTIONS in crates/core/src/options.rs"}
+# An entry: a heading of level 2 or 3 that is one code span holding the name, e.g. ## `meili_sync_start`.
+ENTRY = re.compile(r"^#{2,3}[ \t]+`([^`\s]+)`[ \t]*#*[ \t]*$")
+
+OPTIONS_SOURCE = "crates/core/src/options.rs"
+GUCS_SOURCE = "src/gucs.rs"
+
+# The groups of Alter in OPTIONS, and the label of the line that lists each group's options in the
+# entry of ALTER_FUNCTION: `- **<label>:** `name`, `name`, …` (then, optionally, an explanation).
+ALTER_FUNCTION = "meili_sync_alter"
+ALTER_GROUPS = {
+    "InPlace": "Changed in place",
+    "ByOwner": "Changed in place, by the task's owner only",
+    "OneWay": "One way only",
+    "NewTask": "Need a new task (0A000)",
+}
+
+# The README is the user's entry, not the manual: fewer words than this, counted as `wc -w` does
+# (runs of characters other than ASCII whitespace).
+README_MAX_WORDS = 5000
+WORD = re.compile(r"[^ \t\n\r\f\v]+")
 
 MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)+(\(\))?$")
 PATH_CHARS = r"[A-Za-z0-9_.*@+-]"
@@ -333,23 +396,7 @@ class Checker:
                         self.problem(where, "link `%s`: %s has no section with the anchor #%s"
                                      % (target, resolved, anchor))
 
-    # ---- (d) to (g): what the README must document ----------------------------------------------
-
-    def readme_rows(self, readme, section=None):
-        """The code spans in the first cell of each table row (of one `## section`, if given)."""
-        lines = self.blank_fences(readme).split("\n")
-        if section is not None:
-            start = next((i for i, l in enumerate(lines) if re.match(r"^##\s+%s\s*$" % re.escape(section), l)), None)
-            if start is None:
-                return None
-            end = next((i for i in range(start + 1, len(lines)) if re.match(r"^##\s", lines[i])), len(lines))
-            lines = lines[start + 1:end]
-        spans = []
-        for line in lines:
-            if line.startswith("|"):
-                first = line.split("|")[1]
-                spans.extend(content for _, content in self.code_spans(first))
-        return spans
+    # ---- (d) to (h): the reference pages, and the README's length -----------------------------
 
     def sql_functions(self):
         functions = {}
@@ -390,61 +437,296 @@ class Checker:
                     views.setdefault(name, relative)
         return functions, views
 
-    def check_readme(self):
-        if not os.path.exists(os.path.join(self.root, "README.md")):
-            self.problem("README.md", "missing")
-            return
-        readme = self.read("README.md")
-        all_spans = {content for _, content in self.code_spans(self.blank_fences(readme))}
-        rows = self.readme_rows(readme)
+    def options(self):
+        """The task options of OPTIONS in crates/core/src/options.rs, as (name, Alter variant)."""
+        if not os.path.exists(os.path.join(self.root, OPTIONS_SOURCE)):
+            self.problem(OPTIONS_SOURCE, "missing: check-docs.py reads the task options from it")
+            return []
+        source = self.read(OPTIONS_SOURCE)
+        table = re.search(r"\bOPTIONS\s*:\s*&\[\s*\(\s*&str\s*,\s*Alter\s*\)\s*\]\s*=\s*&\[(.*?)\];", source, re.S)
+        if not table:
+            self.problem(OPTIONS_SOURCE, "found no `OPTIONS: &[(&str, Alter)]` list of the task options: "
+                                         "has it changed? Fix check-docs.py")
+            return []
+        body = re.sub(r"//[^\n]*", "", table.group(1))
+        options = re.findall(r"\(\s*\"([^\"]+)\"\s*,\s*Alter::([A-Za-z]+)\s*,?\s*\)", body)
+        if len(options) != len(re.findall(r"\"[^\"]*\"", body)) or not options:
+            self.problem(OPTIONS_SOURCE, "could not read every entry of OPTIONS as `(\"name\", Alter::X)`: "
+                                         "fix check-docs.py")
+        for name, alter in options:
+            if alter not in ALTER_GROUPS:
+                self.problem(OPTIONS_SOURCE, "option `%s` is `Alter::%s`, which check-docs.py does not know: "
+                                             "add the group to ALTER_GROUPS (and its line to the reference "
+                                             "of meili_sync_alter)" % (name, alter))
+        return options
 
+    def settings(self):
+        if not os.path.exists(os.path.join(self.root, GUCS_SOURCE)):
+            self.problem(GUCS_SOURCE, "missing: check-docs.py reads the settings from it")
+            return []
+        gucs = sorted(set(re.findall(r"c\"(meili_sync\.[a-z_]+)\"", self.read(GUCS_SOURCE))))
+        if not gucs:
+            self.problem(GUCS_SOURCE, "found no c\"meili_sync.<name>\" setting: fix check-docs.py")
+        return gucs
+
+    @staticmethod
+    def page_kind(name):
+        """What the entries of the reference page `name` (a file name in docs/reference/) are."""
+        if name == "README.md":
+            return None
+        return PAGE_KINDS.get(name, "function")
+
+    def reference_entries(self):
+        """{kind: {name: [where, ...]}} of the entry headings of the pages of docs/reference/, and
+        {page: [(line number, line)]} of the prose lines of the function pages."""
+        entries = {kind: {} for kind in KIND_WORDS}
+        function_pages = {}
+        directory = os.path.join(self.root, REFERENCE_DIR)
+        for name in sorted(os.listdir(directory)):
+            kind = self.page_kind(name)
+            relative = os.path.join(REFERENCE_DIR, name)
+            if not name.endswith(".md") or kind is None:
+                continue
+            lines = self.blank_fences(self.read(relative)).split("\n")
+            if kind == "function":
+                function_pages[relative] = list(enumerate(lines, 1))
+            for number, line in enumerate(lines, 1):
+                entry = ENTRY.match(line)
+                if entry:
+                    entries[kind].setdefault(entry.group(1), []).append("%s:%d" % (relative, number))
+        return entries, function_pages
+
+    @staticmethod
+    def leading_names(text):
+        """The names in the code spans that open `text`, separated by commas, `and` or `or`: in
+        "`decoding` (from `own` to `shared`)", only `decoding`."""
+        names, position = [], 0
+        separator = r"\s*(?:,\s*)?(?:(?:and|or)\s+)?"
+        while True:
+            span = re.match((separator if names else r"\s*") + r"`([^`]+)`", text[position:])
+            if not span:
+                return names
+            names.append(span.group(1))
+            position += span.end()
+
+    def check_alter_groups(self, options, entries, function_pages):
+        """The four lines of meili_sync_alter's entry name exactly the options of each Alter group."""
+        homes = entries["function"].get(ALTER_FUNCTION, [])
+        if not homes:
+            return  # reported as a function without an entry
+        home_page, home_line = homes[0].rsplit(":", 1)
+        home_line = int(home_line)
+        section_end = min([int(where.rsplit(":", 1)[1])
+                           for where_list in entries["function"].values() for where in where_list
+                           if where.rsplit(":", 1)[0] == home_page and int(where.rsplit(":", 1)[1]) > home_line]
+                          + [len(function_pages[home_page]) + 1])
+        for alter, label in ALTER_GROUPS.items():
+            line = re.compile(r"^- \*\*%s:\*\*\s*(.*)$" % re.escape(label))
+            found = [(page, number, line.match(text).group(1))
+                     for page, lines in sorted(function_pages.items()) for number, text in lines
+                     if line.match(text)]
+            inside = [(page, number, rest) for page, number, rest in found
+                      if page == home_page and home_line < number < section_end]
+            for page, number, _ in found:
+                if (page, number) not in [(p, n) for p, n, _ in inside] or len(inside) > 1:
+                    self.problem("%s:%d" % (page, number), "a second `- **%s:**` line, or one outside the entry "
+                                 "of %s: the options of each group are listed once, there" % (label, ALTER_FUNCTION))
+            if not inside:
+                self.problem(homes[0], "the entry of %s has no line `- **%s:** `name`, `name`, …` listing the "
+                                       "options OPTIONS marks Alter::%s" % (ALTER_FUNCTION, label, alter))
+                continue
+            page, number, rest = inside[0]
+            where = "%s:%d" % (page, number)
+            listed = self.leading_names(rest)
+            expected = [name for name, group in options if group == alter]
+            for name in expected:
+                if name not in listed:
+                    self.problem(where, "`%s` is Alter::%s in %s, but not on the line `- **%s:**`"
+                                 % (name, alter, OPTIONS_SOURCE, label))
+            for name in listed:
+                if name not in expected:
+                    group = dict(options).get(name)
+                    self.problem(where, "`%s` is on the line `- **%s:**`, but %s" % (
+                        name, label, "is no task option" if group is None
+                        else "OPTIONS in %s marks it Alter::%s" % (OPTIONS_SOURCE, group)))
+            for name in sorted({name for name in listed if listed.count(name) > 1}):
+                self.problem(where, "`%s` is listed twice on the line `- **%s:**`" % (name, label))
+
+    def check_reference(self):
+        if not os.path.isdir(os.path.join(self.root, REFERENCE_DIR)):
+            self.problem(REFERENCE_DIR + "/", "missing: the reference pages of every function, view, setting "
+                                              "and option go there")
+            return
         functions, views = self.sql_functions()
         if not functions:
             self.problem("src/", "found no #[pg_extern] function: has the attribute changed? Fix check-docs.py")
-        self.note("SQL functions: %s" % ", ".join(sorted(functions)))
-        self.note("views: %s" % ", ".join(sorted(views)))
         for name in sorted(INTERNAL_FUNCTIONS - set(functions)):
             self.problem("scripts/check-docs.py", "INTERNAL_FUNCTIONS names `%s`, which the extension no longer "
-                                                  "defines: take it out (and out of README.md)" % name)
-        for name, source in sorted(functions.items()):
-            if name in INTERNAL_FUNCTIONS:
-                continue
-            if not any(span.startswith(name + "(") for span in rows):
-                self.problem("README.md", "SQL function `%s` (%s) has no entry: add a row `| `%s(…) → …` | … |` "
-                                          "to the SQL reference" % (name, source, name))
-        for name, source in sorted(views.items()):
-            if name not in all_spans:
-                self.problem("README.md", "view `%s` (%s) is not documented: name it in backticks where its "
-                                          "columns are described" % (name, source))
+                                                  "defines: take it out (and out of %s/README.md)"
+                         % (name, REFERENCE_DIR))
+        options = self.options()
+        known = {
+            "function": {name: source for name, source in functions.items() if name not in INTERNAL_FUNCTIONS},
+            "view": views,
+            "setting": {name: GUCS_SOURCE for name in self.settings()},
+            "option": {name: OPTIONS_SOURCE for name, _ in options},
+        }
+        exists = dict(known, function=functions)
+        entries, function_pages = self.reference_entries()
+        for kind, names in known.items():
+            self.note("%ss: %s" % (kind, ", ".join(sorted(names))))
+            self.note("%s entries: %s" % (kind, ", ".join(sorted(entries[kind]))))
+            page = KIND_PAGES.get(kind, "one of the function pages of %s/" % REFERENCE_DIR)
+            for name, source in sorted(names.items()):
+                if name not in entries[kind]:
+                    self.problem(source, "%s `%s` has no entry in the reference: add a heading `## `%s`` to %s"
+                                 % (KIND_WORDS[kind], name, name, page))
+            for name, where in sorted(entries[kind].items()):
+                if name not in exists[kind]:
+                    self.problem(where[0], "the entry `%s` names no %s of the extension (%s): rename or remove it"
+                                 % (name, KIND_WORDS[kind], KIND_SOURCES[kind]))
+                for again in where[1:]:
+                    self.problem(again, "a second entry for %s `%s` (the first is %s)"
+                                 % (KIND_WORDS[kind], name, where[0]))
+        if options:
+            self.check_alter_groups(options, entries, function_pages)
 
-        options_source = os.path.join("crates", "core", "src", "options.rs")
-        options = []
-        if os.path.exists(os.path.join(self.root, options_source)):
-            known = re.search(r"KNOWN_OPTIONS\s*:\s*&\[&str\]\s*=\s*&\[(.*?)\];", self.read(options_source), re.S)
-            if known:
-                options = re.findall(r"\"([^\"]+)\"", known.group(1))
-        if not options:
-            self.problem(options_source, "found no KNOWN_OPTIONS list of option names: fix check-docs.py")
-        self.note("options: %s" % ", ".join(options))
-        option_rows = self.readme_rows(readme, "Options")
-        if option_rows is None:
-            self.problem("README.md", "has no `## Options` section")
-        else:
-            for name in options:
-                if name not in option_rows:
-                    self.problem("README.md", "option `%s` (%s) has no row in the Options table"
-                                 % (name, options_source))
+    def check_readme_length(self):
+        if not os.path.exists(os.path.join(self.root, "README.md")):
+            self.problem("README.md", "missing")
+            return
+        words = len(WORD.findall(self.read("README.md")))
+        self.note("README.md: %d words" % words)
+        if words >= README_MAX_WORDS:
+            self.problem("README.md", "%d words (as `wc -w` counts them), not fewer than %d: the README is the "
+                                      "user's entry; move detail to docs/ or docs/reference/"
+                         % (words, README_MAX_WORDS))
 
-        gucs_source = os.path.join("src", "gucs.rs")
-        gucs = []
-        if os.path.exists(os.path.join(self.root, gucs_source)):
-            gucs = sorted(set(re.findall(r"c\"(meili_sync\.[a-z_]+)\"", self.read(gucs_source))))
-        if not gucs:
-            self.problem(gucs_source, "found no c\"meili_sync.<name>\" setting: fix check-docs.py")
-        self.note("settings: %s" % ", ".join(gucs))
-        for name in gucs:
-            if name not in rows:
-                self.problem("README.md", "setting `%s` (%s) has no row in the Settings table" % (name, gucs_source))
+    def run(self):
+        self.check_markdown()
+        self.check_reference()
+        self.check_readme_length()
+        self.note("checked %(paths)d paths, %(items)d Rust items and %(links)d links" % self.checked)
+        return self.problems
+
+
+# ---- --self-test: each check fails on a tree broken for it ------------------------------------
+
+def replace_in(path, old, new, count=1):
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    if old not in text:
+        raise AssertionError("%s does not contain %r" % (path, old))
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text.replace(old, new, count))
+
+
+def append_to(path, text):
+    with open(path, "a", encoding="utf-8") as handle:
+        handle.write(text)
+
+
+def alter_line(root, label):
+    """The path of the function page holding the line `- **label:**`, and that line."""
+    directory = os.path.join(root, REFERENCE_DIR)
+    for name in sorted(os.listdir(directory)):
+        path = os.path.join(directory, name)
+        if Checker.page_kind(name) == "function" and name.endswith(".md"):
+            with open(path, encoding="utf-8") as handle:
+                for line in handle.read().split("\n"):
+                    if line.startswith("- **%s:**" % label):
+                        return path, line
+    raise AssertionError("no line `- **%s:**` under %s" % (label, REFERENCE_DIR))
+
+
+def self_test_cases():
+    """(what is broken, how, a piece of the problem it must cause)."""
+    ref = lambda root, name: os.path.join(root, REFERENCE_DIR, name)
+
+    def drop_entry(page, name):
+        return lambda root: replace_in(ref(root, page), "## `%s`\n" % name, "## %s, no longer an entry\n" % name)
+
+    def break_line(label, old, new):
+        def edit(root):
+            path, line = alter_line(root, label)
+            replace_in(path, line, line.replace(old, new, 1))
+        return edit
+
+    def long_readme(root):
+        append_to(os.path.join(root, "README.md"), "\n" + "word " * README_MAX_WORDS + "\n")
+
+    return [
+        ("a function without an entry", drop_entry("task-functions.md", "meili_sync_pause"),
+         "SQL function `meili_sync_pause`"),
+        ("an entry for a function that does not exist",
+         lambda root: append_to(ref(root, "task-functions.md"), "\n## `meili_sync_bogus`\n\nNothing.\n"),
+         "the entry `meili_sync_bogus` names no SQL function"),
+        ("a function with two entries",
+         lambda root: append_to(ref(root, "maintenance-functions.md"), "\n## `meili_sync_stop`\n\nAgain.\n"),
+         "a second entry for SQL function `meili_sync_stop`"),
+        ("a view without an entry", drop_entry("views.md", "meili_sync_waits"), "view `meili_sync_waits`"),
+        ("an entry for a view that does not exist",
+         lambda root: append_to(ref(root, "views.md"), "\n## `meili_sync_bogus_view`\n"),
+         "the entry `meili_sync_bogus_view` names no view"),
+        ("a setting without an entry", drop_entry("settings.md", "meili_sync.naptime"),
+         "setting `meili_sync.naptime`"),
+        ("an entry for a setting that does not exist",
+         lambda root: append_to(ref(root, "settings.md"), "\n## `meili_sync.bogus`\n"),
+         "the entry `meili_sync.bogus` names no setting"),
+        ("an option without an entry", drop_entry("options.md", "gzip"), "task option `gzip`"),
+        ("an entry for an option that does not exist",
+         lambda root: append_to(ref(root, "options.md"), "\n## `bogus_option`\n"),
+         "the entry `bogus_option` names no task option"),
+        ("an option left out of its alter group", break_line("Changed in place", "`gzip`, ", ""),
+         "`gzip` is Alter::InPlace"),
+        ("an option in the wrong alter group",
+         break_line("Need a new task (0A000)", "`primary_key`", "`primary_key`, `decoding`"),
+         "`decoding` is on the line `- **Need a new task (0A000):**`, but OPTIONS"),
+        ("an alter group line missing", break_line("One way only", "- **One way only:**", "- One way only:"),
+         "has no line `- **One way only:**"),
+        ("an option the code adds without docs",
+         lambda root: replace_in(os.path.join(root, OPTIONS_SOURCE), '("gzip", Alter::InPlace),',
+                                 '("gzip", Alter::InPlace),\n    ("bogus_new", Alter::InPlace),'),
+         "task option `bogus_new`"),
+        ("a README of 5,000 words", long_readme, "not fewer than %d" % README_MAX_WORDS),
+        ("a path that does not exist in a reference page",
+         lambda root: append_to(ref(root, "README.md"), "\nSee `src/api/bogus.rs`.\n"),
+         "`src/api/bogus.rs` names no file"),
+        ("a link to a section that does not exist",
+         lambda root: append_to(ref(root, "README.md"), "\nSee [x](views.md#bogus-section).\n"),
+         "has no section with the anchor #bogus-section"),
+    ]
+
+
+def self_test(root):
+    """Runs the checker on a copy of `root` as it is (which must pass), then on a copy broken for
+    each check (each must fail, with the expected problem). Returns the number of failures."""
+    ignore = shutil.ignore_patterns(*SKIP_DIRS)
+    failures = 0
+    with tempfile.TemporaryDirectory(prefix="check-docs-self-test.") as scratch:
+        clean = os.path.join(scratch, "clean")
+        shutil.copytree(root, clean, ignore=ignore)
+        problems = Checker(clean, False).run()
+        if problems:
+            print("self-test: the tree as it is fails, so the broken copies prove nothing:", file=sys.stderr)
+            for problem in problems:
+                print("  " + problem, file=sys.stderr)
+            return 1
+        print("self-test: the tree as it is: ok")
+        for number, (what, breaking, expected) in enumerate(self_test_cases()):
+            copy = os.path.join(scratch, "case%d" % number)
+            shutil.copytree(clean, copy)
+            breaking(copy)
+            problems = Checker(copy, False).run()
+            hits = [problem for problem in problems if expected in problem]
+            if hits:
+                print("self-test: %s: fails as it should: %s" % (what, hits[0]))
+            else:
+                failures += 1
+                print("self-test: %s: NOT caught (expected a problem with %r; got %s)"
+                      % (what, expected, problems or "none"), file=sys.stderr)
+            shutil.rmtree(copy)
+    return failures
 
 
 def main():
@@ -452,16 +734,24 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--root", default=default_root, help="the repository to check (default: this one)")
     parser.add_argument("-v", "--verbose", action="store_true", help="print what was read")
+    parser.add_argument("--self-test", action="store_true",
+                        help="check that each check fails on a copy of the tree broken for it")
     arguments = parser.parse_args()
+    if arguments.self_test:
+        failures = self_test(os.path.abspath(arguments.root))
+        if failures:
+            print("self-test: %d check(s) did not fail on a broken tree: fix check-docs.py" % failures,
+                  file=sys.stderr)
+            return 1
+        print("self-test: ok")
+        return 0
     checker = Checker(arguments.root, arguments.verbose)
-    checker.check_markdown()
-    checker.check_readme()
-    checker.note("checked %(paths)d paths, %(items)d Rust items and %(links)d links" % checker.checked)
-    if checker.problems:
-        for problem in checker.problems:
+    problems = checker.run()
+    if problems:
+        for problem in problems:
             print("check-docs: " + problem, file=sys.stderr)
         print("check-docs: %d problem(s); fix the docs (or, if a check is wrong, scripts/check-docs.py)"
-              % len(checker.problems), file=sys.stderr)
+              % len(problems), file=sys.stderr)
         return 1
     print("check-docs: ok")
     return 0

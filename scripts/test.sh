@@ -10,8 +10,9 @@ bash scripts/setup.sh
 echo "== $(date -u +%H:%M:%S) tier 0: no cycle among the modules of the extension and of the core crate"
 python3 scripts/check-module-cycles.py
 
-echo "== $(date -u +%H:%M:%S) tier 0: the docs name only what exists, and the README documents every function, option and GUC"
+echo "== $(date -u +%H:%M:%S) tier 0: the docs name only what exists, and docs/reference documents every function, view, option and GUC"
 python3 scripts/check-docs.py
+python3 scripts/check-docs.py --self-test > /dev/null
 
 echo "== $(date -u +%H:%M:%S) tier 0: cargo fmt --check and cargo clippy -D warnings, every crate of the workspace"
 cargo fmt --all --check

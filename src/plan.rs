@@ -216,21 +216,9 @@ pub fn check_task_source(
     options: &TaskOptions,
 ) -> Result<(RelationInfo, Option<ViewPlan>), SyncError> {
     let info = catalog::syncable_source(task.relid, task.owner)?;
-    // A partition attached since the start must carry the key in its old rows too.
-    if let Some(partition) = info
-        .partitions
-        .iter()
-        .find(|partition| !identity_carries(partition, &task.primary_key))
-    {
-        return Err(identity_error(
-            &format!(
-                "partition {} of table {}",
-                partition.qualified_name, info.qualified_name
-            ),
-            &partition.qualified_name,
-            &task.primary_key,
-        ));
-    }
+    // The table's replica identity may have changed since the start, and a partition attached
+    // since must carry the key in its old rows too.
+    check_key_identity(&info, &task.primary_key)?;
     if !info.is_view() {
         return Ok((info, None));
     }
@@ -370,8 +358,38 @@ pub fn identity_error(which: &str, table: &str, key: &[String]) -> SyncError {
     ))
 }
 
-/// Whether the old row of an UPDATE or DELETE on the table carries `columns`.
-fn identity_carries(info: &RelationInfo, columns: &[String]) -> bool {
+/// Checks that the old row of every UPDATE or DELETE of a table task's table carries `key`, so
+/// that a deleted row's document is found (see [`identity_carries`]): the table's own, or each
+/// partition's for a partitioned table, whose changes are its partitions'. A view has none.
+pub fn check_key_identity(info: &RelationInfo, key: &[String]) -> Result<(), SyncError> {
+    let table = &info.qualified_name;
+    let tables: Vec<&RelationInfo> = if info.is_partitioned() {
+        info.partitions.iter().collect()
+    } else if info.is_view() {
+        Vec::new()
+    } else {
+        vec![info]
+    };
+    match tables
+        .into_iter()
+        .find(|table| !identity_carries(table, key))
+    {
+        Some(uncovered) => {
+            let name = &uncovered.qualified_name;
+            let which = if info.is_partitioned() {
+                format!("partition {name} of table {table}")
+            } else {
+                format!("table {table}")
+            };
+            Err(identity_error(&which, name, key))
+        }
+        None => Ok(()),
+    }
+}
+
+/// Whether the old row of an UPDATE or DELETE on the table carries `columns`: its replica
+/// identity holds each of them (it may hold more).
+pub fn identity_carries(info: &RelationInfo, columns: &[String]) -> bool {
     let within = |index: &Option<Vec<String>>| {
         index
             .as_ref()

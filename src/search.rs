@@ -125,8 +125,8 @@ fn federated_or_not(
         return answered(client.search_text(index_uid, &body));
     }
     let names: Vec<&str> = shards.iter().map(String::as_str).collect();
-    let federated = federated_search_body(index_uid, &body, &names).map_err(|message| {
-        SyncError::new(ErrorKind::InvalidParameter, message).hint(
+    let federated = federated_search_body(index_uid, &body, &names).map_err(|refused| {
+        SyncError::new(ErrorKind::InvalidParameter, refused.0).hint(
             "A sharded task's search is one federated search over its shards: pagination and facets apply to the merged hits.",
         )
     })?;

@@ -99,6 +99,34 @@ mod tests {
     }
 
     #[pg_test]
+    fn a_key_within_a_wider_replica_identity_is_accepted_and_one_outside_it_is_not() {
+        // The old row of a DELETE carries (region, code): it holds the key (code), as the
+        // worker's own check of the table has always accepted.
+        products();
+        Spi::run(
+            "CREATE TABLE regional (region text, code text NOT NULL UNIQUE, name text,
+                                    PRIMARY KEY (region, code))",
+        )
+        .expect("table");
+        let start = |key: &str| {
+            outcome(&format!(
+                "SELECT meili_sync_start('regional', 'regional_{key}', '{{\"url\": \"http://x:7700\", \"primary_key\": \"{key}\"}}')"
+            ))
+        };
+        assert_eq!(start("code"), "ok");
+        Spi::run("CREATE UNIQUE INDEX regional_name ON regional (name)").expect("index");
+        Spi::run("ALTER TABLE regional ALTER name SET NOT NULL").expect("not null");
+        let refused = start("name");
+        // 42P16: invalid_table_definition.
+        assert!(
+            refused.starts_with(
+                "42P16: the replica identity of table public.regional does not carry the key (name)"
+            ),
+            "{refused}"
+        );
+    }
+
+    #[pg_test]
     fn pause_and_resume_pick_up_where_the_task_was() {
         products();
         let id = Spi::get_one::<i64>("SELECT meili_sync_start('products', 'products', '{\"url\": \"http://127.0.0.1:7700\"}')")

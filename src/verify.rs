@@ -10,7 +10,6 @@
 //! deletes, so that no new row is deleted).
 
 use std::collections::HashMap;
-use std::time::Duration;
 
 use pgrx::pg_sys;
 use serde_json::Value;
@@ -19,15 +18,13 @@ use crate::batch::Operation;
 use crate::catalog::{self, KeyMatch, TaskRecord};
 use crate::encode::{encode_row, key_of_id, ColumnValue, EncodeError, ValueKind};
 use crate::error::{ErrorKind, SyncError};
-use crate::meili::client::{Client, MeiliError, MeiliTaskStatus};
+use crate::meili::client::{Client, MeiliError, HTTP_TIMEOUT, TASK_WAIT};
 use crate::options::{TaskOptions, WriteMode};
 use crate::plan::{build_plan, PageSizer, SnapshotPlan};
 use crate::security;
 use crate::shard::ShardFilter;
 
 const PAGE_ROWS: usize = 1000;
-const HTTP_TIMEOUT: Duration = Duration::from_secs(60);
-const TASK_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// What a comparison found: counts, and up to `sample_limit` document ids of each kind.
 #[derive(Debug, Default, PartialEq)]
@@ -420,22 +417,16 @@ impl Context {
     fn wait_succeeded(&self, uid: u64, what: &str) -> Result<(), SyncError> {
         let state = self
             .client
-            .wait_task(uid, TASK_TIMEOUT)
+            .wait_task(uid, TASK_WAIT)
             .map_err(meili_error(what))?;
-        if state.status == MeiliTaskStatus::Succeeded {
-            return Ok(());
+        match state.failure() {
+            None => Ok(()),
+            Some(failure) => Err(SyncError::new(
+                ErrorKind::Meilisearch,
+                format!("{what}: {failure}"),
+            )
+            .hint("See meili_sync_verify for what is still different.")),
         }
-        Err(SyncError::new(
-            ErrorKind::Meilisearch,
-            format!(
-                "{what}: Meilisearch task {uid} did not succeed{}",
-                state
-                    .error
-                    .map(|error| format!(": {} ({})", error.message, error.code))
-                    .unwrap_or_default()
-            ),
-        )
-        .hint("See meili_sync_verify for what is still different."))
     }
 
     /// The current version of these rows, locked until COMMIT so that no newer version is

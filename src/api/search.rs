@@ -186,8 +186,8 @@ fn hit_rows(
     query: Option<&str>,
     options: serde_json::Value,
 ) -> Result<HitRows, SyncError> {
-    let body = crate::meili::search::search_body(query, &options).map_err(|message| {
-        SyncError::new(ErrorKind::InvalidParameter, message)
+    let body = crate::meili::search::search_body(query, &options).map_err(|refused| {
+        SyncError::new(ErrorKind::InvalidParameter, refused.0)
             .hint("For example '{\"limit\": 10, \"filter\": \"price > 10\"}'.")
     })?;
     let answer = search::run_for_text(client, index_uid, shards, body)?;
@@ -196,7 +196,7 @@ fn hit_rows(
         search::id_attribute(key_columns),
         JsonbBuilder::new,
     )
-    .map_err(|message| SyncError::new(ErrorKind::Meilisearch, message))?;
+    .map_err(|unreadable| SyncError::new(ErrorKind::Meilisearch, unreadable.0))?;
     let key_count = key_columns.len().max(1);
     // Between a rebalance's new shard list and its prune, a moved document is on its old shard
     // too: only the copy on the shard its id hashes to is a hit.
@@ -338,7 +338,7 @@ fn meili_facets(
                 .or_insert_with(|| serde_json::Value::from(0));
         }
         let body = crate::meili::search::search_body(query, &options)
-            .map_err(|message| SyncError::new(ErrorKind::InvalidParameter, message))?;
+            .map_err(|refused| SyncError::new(ErrorKind::InvalidParameter, refused.0))?;
         let answer = on_a_server(task, |client, target| {
             search::run(
                 client,

@@ -1,7 +1,5 @@
 //! Tasks: start and preview, pause, resume, stop, alter, a new copy, resync and drop.
 
-use std::time::Duration;
-
 use pgrx::prelude::*;
 use pgrx::{JsonB, PgRelation};
 
@@ -13,28 +11,13 @@ use crate::catalog::{self, NewTask, RelationInfo, TaskState};
 use crate::encode::{encode_row, ColumnValue};
 use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::geo;
-use crate::meili::client::{Client, MeiliError};
-use crate::options::{validate_index_uid, Replica, TaskOptions, WriteMode};
-use crate::pg_catalog::ReplicaIdentity;
+use crate::meili::client::{Client, MeiliError, MeiliTaskStatus, HTTP_TIMEOUT, TASK_WAIT};
+use crate::options::{
+    option_altered_as, options_altered_as, validate_index_uid, Alter, Replica, TaskOptions,
+    WriteMode,
+};
 use crate::vectors;
 use crate::{gucs, plan, resync_request, security};
-
-/// Whether the old row of an UPDATE or DELETE on `table` carries every column of `sorted_key`.
-fn identity_covers(table: &RelationInfo, sorted_key: &[String]) -> bool {
-    let same = |columns: &Option<Vec<String>>| {
-        columns.as_ref().is_some_and(|columns| {
-            let mut columns = columns.clone();
-            columns.sort();
-            columns == sorted_key
-        })
-    };
-    match table.replica_identity {
-        ReplicaIdentity::Full => true,
-        ReplicaIdentity::Default => same(&table.primary_key),
-        ReplicaIdentity::Index => same(&table.replica_identity_index),
-        ReplicaIdentity::Nothing => false,
-    }
-}
 
 /// Chooses the key columns: the `primary_key` option, else the table's primary key; checks that
 /// they identify rows and that the old key of a DELETE will be in the WAL.
@@ -82,26 +65,7 @@ fn resolve_key(
                 .hint("Add a primary key, or pass the columns of a unique NOT NULL index as the \"primary_key\" option.")
         })?,
     };
-    let mut sorted_key = key.clone();
-    sorted_key.sort();
-    // A partitioned table's changes are its partitions', each with its own replica identity.
-    let tables: Vec<&RelationInfo> = if info.is_partitioned() {
-        info.partitions.iter().collect()
-    } else {
-        vec![info]
-    };
-    if let Some(uncovered) = tables
-        .iter()
-        .find(|table| !identity_covers(table, &sorted_key))
-    {
-        let name = &uncovered.qualified_name;
-        let which = if info.is_partitioned() {
-            format!("partition {name} of table {table}")
-        } else {
-            format!("table {table}")
-        };
-        return Err(plan::identity_error(&which, name, &key));
-    }
+    plan::check_key_identity(info, &key)?;
     for name in &key {
         let Some(column) = info.columns.iter().find(|column| &column.name == name) else {
             continue;
@@ -548,7 +512,7 @@ fn meili_sync_start(
 
 /// The first documents of a table or view, exactly as a task with these options would send them
 /// (in key order), to check a view and its options before starting a task. It creates nothing;
-/// rows are read with the caller's rights (so row-level security applies).
+/// rows are read as the table owner, under `SECURITY_RESTRICTED_OPERATION`, as a task reads them.
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_sync_preview(
     source: Option<PgRelation>,
@@ -672,7 +636,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
                 .hint("For example '{\"batch_size\": 5000}'.")
         })?;
         refuse_server_change_of_shards(&record, changes)?;
-        if let Some(name) = crate::options::fixed_option_in(changes) {
+        if let Some(name) = option_altered_as(changes, Alter::NewTask) {
             return Err(SyncError::new(
                 ErrorKind::UnsupportedType,
                 format!("option \"{name}\" cannot be changed on an existing task"),
@@ -685,18 +649,19 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             check_geo_write_mode(&catalog::relation_info(record.relid)?, &parsed)?;
         }
         require_select(&record)?;
-        if (changes.contains_key("url")
-            || changes.contains_key("api_key")
-            || changes.contains_key("replicas")
-            || changes.contains_key("shards")
-            || changes.contains_key("search_api_key"))
-            && !catalog::acts_as(record.owner)?
+        if option_altered_as(changes, Alter::ByOwner).is_some() && !catalog::acts_as(record.owner)?
         {
             let owner = catalog::role_name(record.owner)?;
+            let names: Vec<_> = options_altered_as(Alter::ByOwner).collect();
+            let names = match names.split_last() {
+                Some((last, [])) => last.to_string(),
+                Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+                None => String::new(),
+            };
             return Err(SyncError::new(
                 ErrorKind::Privilege,
                 format!(
-                    "only the owner of task {} may change its url, api_key, replicas, shards or search_api_key",
+                    "only the owner of task {} may change its {names}",
                     record.id
                 ),
             )
@@ -1029,16 +994,15 @@ fn index_on_server(
     index_uid: &str,
 ) -> Result<(Client, bool), SyncError> {
     let failed = |error| index_not_deleted(index_uid, error);
-    let client = Client::new(
-        &record.url,
-        record.api_key.as_deref(),
-        Duration::from_secs(30),
-    )
-    .map_err(failed)?;
+    let client =
+        Client::new(&record.url, record.api_key.as_deref(), HTTP_TIMEOUT).map_err(failed)?;
     let exists = client.get_index(index_uid).map_err(failed)?.is_some();
     Ok((client, exists))
 }
 
+/// Deletes the index and waits for Meilisearch to do it (a cancel stops the wait). A deletion
+/// Meilisearch refused is an error, and nothing is dropped; one still queued after
+/// [`TASK_WAIT`] is left to Meilisearch, with a notice naming its task.
 fn delete_index(record: &catalog::TaskRecord, index_uid: &str) -> Result<(), SyncError> {
     let failed = |error| index_not_deleted(index_uid, error);
     let (client, exists) = index_on_server(record, index_uid)?;
@@ -1046,10 +1010,30 @@ fn delete_index(record: &catalog::TaskRecord, index_uid: &str) -> Result<(), Syn
         return Ok(());
     }
     let uid = client.delete_index(index_uid).map_err(failed)?;
-    client
-        .wait_task(uid, Duration::from_secs(60))
+    let task = client
+        .wait_task_between(uid, TASK_WAIT, &mut || {
+            pgrx::check_for_interrupts!();
+        })
         .map_err(failed)?;
-    Ok(())
+    match task.status {
+        MeiliTaskStatus::Succeeded => Ok(()),
+        MeiliTaskStatus::Enqueued | MeiliTaskStatus::Processing => {
+            pgrx::notice!(
+                "Meilisearch has not yet deleted index \"{index_uid}\": its task {uid} is still \
+                 queued, and the index goes when Meilisearch reaches it"
+            );
+            Ok(())
+        }
+        MeiliTaskStatus::Failed | MeiliTaskStatus::Canceled => Err(SyncError::new(
+            ErrorKind::Meilisearch,
+            format!("could not delete Meilisearch index \"{index_uid}\""),
+        )
+        .detail(format!(
+            "{}. Nothing was dropped.",
+            task.failure().unwrap_or_default()
+        ))
+        .hint("Fix the cause and drop again, or drop the task with drop_index => false.")),
+    }
 }
 
 /// Removes a task: its worker, publication, slot and catalog rows; with `drop_index`, the index too.

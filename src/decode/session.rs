@@ -221,12 +221,32 @@ fn option(name: &str, value: &str) -> *mut pg_sys::DefElem {
     }
 }
 
+/// Why a decoding session could not open or read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DecodeError {
+    /// A slot name with a NUL byte in it.
+    SlotName(String),
+    /// The WAL reader's own message.
+    WalRead(String),
+}
+
+impl std::fmt::Display for DecodeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            DecodeError::SlotName(name) => write!(f, "invalid slot name {name:?}"),
+            DecodeError::WalRead(why) => {
+                write!(f, "could not read WAL for logical decoding: {why}")
+            }
+        }
+    }
+}
+
 impl DecodingSession {
     /// Acquires the slot and opens a decoding context on it with pgoutput for `publication`.
     /// Must run outside a transaction, in the worker's main thread.
-    pub fn open(slot_name: &str, publication: &str) -> Result<DecodingSession, String> {
+    pub fn open(slot_name: &str, publication: &str) -> Result<DecodingSession, DecodeError> {
         let slot =
-            CString::new(slot_name).map_err(|_| format!("invalid slot name {slot_name:?}"))?;
+            CString::new(slot_name).map_err(|_| DecodeError::SlotName(slot_name.to_owned()))?;
         // SAFETY: a child of TopMemoryContext lives until we delete it in `close`, so the context,
         // the reader and its lazily allocated decode buffer outlive every transaction.
         let memory = unsafe {
@@ -327,7 +347,7 @@ impl DecodingSession {
         &mut self,
         sink: &mut dyn MessageSink,
         max_records: usize,
-    ) -> Result<usize, String> {
+    ) -> Result<usize, DecodeError> {
         let end_of_wal = self.standbys.readable_end(Self::flushed());
         let record_held = &mut self.record_held;
         // SAFETY: erases the borrow's lifetime for the callback; cleared again before returning
@@ -360,9 +380,8 @@ impl DecodingSession {
                     let mut error: *mut c_char = ptr::null_mut();
                     let record = pg_sys::XLogReadRecord(reader, &mut error);
                     if !error.is_null() {
-                        return Err(format!(
-                            "could not read WAL for logical decoding: {}",
-                            CStr::from_ptr(error).to_string_lossy()
+                        return Err(DecodeError::WalRead(
+                            CStr::from_ptr(error).to_string_lossy().into_owned(),
                         ));
                     }
                     if !record.is_null() {

@@ -18,19 +18,15 @@ use crate::decode::session;
 use crate::dispatch::{Dispatcher, Progress};
 use crate::error::SyncError;
 use crate::failure::{Advice, Failure, FailureKind};
-use crate::meili::client::{Client, MeiliError, MeiliTask, MeiliTaskStatus};
+use crate::meili::client::{Client, MeiliError, MeiliTask, TASK_WAIT};
 use crate::meili::retry::{Backoff, RETRY_BASE, RETRY_CAP};
 use crate::meili::writer::{Writer, WriterConfig};
 use crate::options::TaskOptions;
 use crate::shmem::{self, LiveStatus, NoEntry, Phase, WorkerId};
 
-pub const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long an enqueued Meilisearch task may be missing from its task list before its batch is
 /// sent again (at least once: it may have been applied before it vanished).
 const VANISHED_TASK_GRACE: Duration = Duration::from_secs(30);
-
-/// How long setup calls (index creation, settings, swaps) may wait for their Meilisearch task.
-pub const SETUP_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// True once SIGTERM arrived or the postmaster died; checked between units of work.
 pub fn should_stop() -> bool {
@@ -169,14 +165,14 @@ fn run_transaction<T>(
             Ok(worker_transaction(AssertUnwindSafe(&mut work)))
         }));
         for code in PASSING_ERRORS {
-            guarded = guarded.catch_when(code, |error| roll_back(error).map_err(Caught::Passing));
+            guarded = guarded.catch_when(code, |error| Err(Caught::Passing(roll_back(error))));
         }
         guarded = if user_advice.is_some() {
-            guarded.catch_others(|error| roll_back(error).map_err(Caught::Permanent))
+            guarded.catch_others(|error| Err(Caught::Permanent(roll_back(error))))
         } else {
             guarded.catch_others(|error| {
                 if fails_every_time(&error) {
-                    roll_back(error).map_err(Caught::Permanent)
+                    Err(Caught::Permanent(roll_back(error)))
                 } else {
                     // The worker ends, and the launcher restarts it.
                     error.rethrow()
@@ -236,13 +232,13 @@ fn sqlstate(code: i32) -> String {
 }
 
 /// Rolls back the transaction a passing ERROR interrupted; returns the ERROR's message.
-fn roll_back<T>(error: CaughtError) -> Result<T, String> {
+fn roll_back(error: CaughtError) -> String {
     let message = crate::error::caught_message(&error);
     // SAFETY: in the worker's main thread, after pgrx copied and flushed the error, outside any
     // decoding callback: rolls back the transaction as a backend's error recovery does. It leaves
     // the replication slot acquired (Postgres releases slots only at top-level error recovery).
     unsafe { pg_sys::AbortCurrentTransaction() };
-    Err(message)
+    message
 }
 
 /// Shows a transient failure in the status view and waits `delay` before the next attempt,
@@ -308,25 +304,15 @@ pub fn await_meili_task(
     uid: u64,
     what: &str,
 ) -> Result<(), Stop> {
-    let state = with_retry(live, what, || client.wait_task(uid, SETUP_TIMEOUT))?;
-    meili_task_succeeded(&state, uid, what)
+    let state = with_retry(live, what, || client.wait_task(uid, TASK_WAIT))?;
+    meili_task_succeeded(&state, what)
 }
 
-/// A finished Meilisearch task that did not succeed stops the worker, naming the task's error.
-pub fn meili_task_succeeded(state: &MeiliTask, uid: u64, what: &str) -> Result<(), Stop> {
-    match state.status {
-        MeiliTaskStatus::Succeeded => Ok(()),
-        _ => Err(fail(
-            FailureKind::Meilisearch,
-            format!(
-                "{what}: Meilisearch task {uid} {}",
-                state
-                    .error
-                    .as_ref()
-                    .map(|error| format!("failed: {} ({})", error.message, error.code))
-                    .unwrap_or_else(|| "did not succeed".into())
-            ),
-        )),
+/// A Meilisearch task that did not succeed (or finish) stops the worker, naming the task's error.
+pub fn meili_task_succeeded(state: &MeiliTask, what: &str) -> Result<(), Stop> {
+    match state.failure() {
+        None => Ok(()),
+        Some(failure) => Err(fail(FailureKind::Meilisearch, format!("{what}: {failure}"))),
     }
 }
 

@@ -373,7 +373,7 @@ pub fn drive_pass(
     loop {
         // A new decoding context reads from the slot's confirmed position.
         let mut session = DecodingSession::open(slot, publication)
-            .map_err(|error| fail(FailureKind::Decoding, error))?;
+            .map_err(|error| fail(FailureKind::Decoding, error.to_string()))?;
         let result = rounds(&mut session, pass);
         session.close();
         match result? {
@@ -409,7 +409,7 @@ fn rounds(session: &mut DecodingSession, pass: &mut impl Pass) -> Result<Ended, 
         if read {
             records = session
                 .read(pass.sink(), RECORDS_PER_ROUND)
-                .map_err(|error| fail(FailureKind::Decoding, error))?;
+                .map_err(|error| fail(FailureKind::Decoding, error.to_string()))?;
             caught_up = records == 0;
         }
         if pass.after_read(session, caught_up)? {

@@ -18,11 +18,11 @@ use pgrx::prelude::*;
 use crate::catalog::{self, TaskRecord};
 use crate::failure::{Failure, FailureKind};
 use crate::meili::client::Client;
+use crate::meili::client::HTTP_TIMEOUT;
 use crate::meili::network::{network_body, network_leader};
 use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 use crate::worker::control::{
     await_meili_task, fail, in_transaction, should_stop, with_retry, worker_main, Stop,
-    HTTP_TIMEOUT,
 };
 use crate::worker::partitions::prune_index;
 

@@ -21,11 +21,11 @@ use serde_json::Value;
 
 use crate::catalog::{self, ResyncPhase, TaskRecord, TaskState};
 use crate::failure::{Failure, FailureKind};
-use crate::meili::client::{Client, MeiliTaskStatus};
+use crate::meili::client::{Client, TASK_WAIT};
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
     await_meili_task, in_transaction, meili_task_succeeded, should_stop, with_retry,
-    worker_transaction, Stop, SETUP_TIMEOUT,
+    worker_transaction, Stop,
 };
 use crate::worker::drive::{Reading, SwapGate};
 
@@ -60,7 +60,7 @@ pub fn prepare_fresh_index(
             client.create_index(fresh_uid, key_attribute)
         })?;
         let made = with_retry(live, "creating the resync index", || {
-            client.wait_task(uid, SETUP_TIMEOUT)
+            client.wait_task(uid, TASK_WAIT)
         })?;
         let made_meanwhile = made
             .error
@@ -70,7 +70,7 @@ pub fn prepare_fresh_index(
             log!("pg_meili_sync task {task_id}: the resync index was made meanwhile by an earlier request; it is made again");
             continue;
         }
-        meili_task_succeeded(&made, uid, "creating the resync index")?;
+        meili_task_succeeded(&made, "creating the resync index")?;
         break;
     }
     let settings = with_retry(live, "reading the live index's settings", || {
@@ -123,8 +123,8 @@ fn try_settings(
     let Some(task_uid) = enqueued else {
         return Ok(false);
     };
-    let state = with_retry(live, what, || client.wait_task(task_uid, SETUP_TIMEOUT))?;
-    Ok(state.status == MeiliTaskStatus::Succeeded)
+    let state = with_retry(live, what, || client.wait_task(task_uid, TASK_WAIT))?;
+    Ok(state.failure().is_none())
 }
 
 /// Holds the rebuilt task once the helper has caught up with the WAL, and opens the gate when the

@@ -20,6 +20,7 @@ use crate::decode::session::{DecodingSession, MessageSink};
 use crate::error::SyncError;
 use crate::failure::{Advice, Failure, FailureKind};
 use crate::meili::client::Client;
+use crate::meili::client::HTTP_TIMEOUT;
 use crate::options::TaskOptions;
 use crate::pg_catalog::SlotStatus;
 use crate::plan::{build_plan, recheck_source, ColumnRules, ViewPlan};
@@ -27,7 +28,7 @@ use crate::route::Router;
 use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 use crate::worker::control::{
     fail, in_transaction, in_user_transaction, open_dispatcher, worker_main, worker_transaction,
-    Stop, HTTP_TIMEOUT,
+    Stop,
 };
 use crate::worker::drive::{
     drive_pass, log_rewind, log_state_change, IndexWatch, Nap, Pass, PassStream, Turn,

@@ -11,13 +11,13 @@ use crate::dispatch::Dispatcher;
 use crate::error::SyncError;
 use crate::failure::{Failure, FailureKind};
 use crate::meili::client::Client;
+use crate::meili::client::HTTP_TIMEOUT;
 use crate::options::TaskOptions;
 use crate::pg_catalog::SlotStatus;
 use crate::plan::{build_plan, recheck_source, ColumnRules, SnapshotPlan, ViewPlan};
 use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 use crate::worker::control::{
     await_meili_task, fail, in_transaction, open_dispatcher, with_retry, worker_main, Stop,
-    HTTP_TIMEOUT,
 };
 use crate::worker::drive::{drive, IndexWatch, SwapGate};
 use crate::worker::handover::{self, MoveGate};

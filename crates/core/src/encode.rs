@@ -420,7 +420,7 @@ fn check_geo(shape: &DocumentShape, values: &[ColumnValue]) -> Result<(), Encode
     if shape.columns[index].kind == ValueKind::Geometry {
         return crate::geo::from_postgis_text(text)
             .map(|_| ())
-            .or_else(invalid);
+            .or_else(|error| invalid(error.to_string()));
     }
     if shape.columns[index].kind != ValueKind::Json {
         return invalid(format!(

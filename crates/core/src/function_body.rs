@@ -71,13 +71,39 @@ enum Token {
     Value,
 }
 
+/// Why a body's tokens cannot be read one way only; its text goes into `cannot_follow`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Unreadable {
+    UnicodeEscapedName,
+    UnendedComment,
+    TwoWayString,
+    UnendedString,
+    StrayDollar,
+    UnendedDollarString,
+    UnendedQuotedName,
+}
+
+impl std::fmt::Display for Unreadable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Unreadable::UnicodeEscapedName => "it has a name written with Unicode escapes (U&\"…\")",
+            Unreadable::UnendedComment => "its body has a comment that never ends",
+            Unreadable::TwoWayString => "it has a string literal that reads two ways (a backslash before a quote, which standard_conforming_strings decides)",
+            Unreadable::UnendedString => "its body has a string literal that never ends",
+            Unreadable::StrayDollar => "it has a '$' that starts neither a parameter nor a quoted string",
+            Unreadable::UnendedDollarString => "its body has a dollar-quoted string that never ends",
+            Unreadable::UnendedQuotedName => "its body has a quoted name that never ends",
+        })
+    }
+}
+
 /// Reads `body` (the `prosrc` of an SQL or PL/pgSQL function).
 pub fn read_body(body: &str) -> BodyFacts {
     let mut facts = BodyFacts::default();
     let tokens = match tokens(body) {
         Ok(tokens) => tokens,
         Err(why) => {
-            facts.cannot_follow = Some(why);
+            facts.cannot_follow = Some(why.to_string());
             return facts;
         }
     };
@@ -146,7 +172,7 @@ pub fn read_body(body: &str) -> BodyFacts {
 }
 
 /// The body's tokens, or why it cannot be read for sure.
-fn tokens(body: &str) -> Result<Vec<Token>, String> {
+fn tokens(body: &str) -> Result<Vec<Token>, Unreadable> {
     let chars: Vec<char> = body.chars().collect();
     let mut tokens = Vec::new();
     let mut at = 0;
@@ -214,7 +240,7 @@ fn tokens(body: &str) -> Result<Vec<Token>, String> {
             } else if word == "u" && peek(at) == '&' && matches!(peek(at + 1), '\'' | '"') {
                 if peek(at + 1) == '"' {
                     // Its escapes (and a UESCAPE after it) could spell any name.
-                    return Err("it has a name written with Unicode escapes (U&\"…\")".into());
+                    return Err(Unreadable::UnicodeEscapedName);
                 } else {
                     at = skip_standard_string(&chars, at + 1)?;
                     tokens.push(Token::Value);
@@ -277,7 +303,7 @@ fn operator_spellings(symbol: String) -> Vec<Token> {
     spellings
 }
 
-fn skip_block_comment(chars: &[char], mut at: usize) -> Result<usize, String> {
+fn skip_block_comment(chars: &[char], mut at: usize) -> Result<usize, Unreadable> {
     let mut depth = 0;
     while at + 1 < chars.len() {
         if chars[at] == '/' && chars[at + 1] == '*' {
@@ -293,19 +319,19 @@ fn skip_block_comment(chars: &[char], mut at: usize) -> Result<usize, String> {
             at += 1;
         }
     }
-    Err("its body has a comment that never ends".into())
+    Err(Unreadable::UnendedComment)
 }
 
 /// Skips a '…' literal (quotes doubled inside). A quote after an odd run of backslashes reads
 /// differently when `standard_conforming_strings` is off (which a function may SET): such a body
 /// is not read at all.
-fn skip_standard_string(chars: &[char], mut at: usize) -> Result<usize, String> {
+fn skip_standard_string(chars: &[char], mut at: usize) -> Result<usize, Unreadable> {
     at += 1;
     let mut backslashes = 0;
     while at < chars.len() {
         match chars[at] {
             '\'' if backslashes % 2 == 1 => {
-                return Err("it has a string literal that reads two ways (a backslash before a quote, which standard_conforming_strings decides)".into());
+                return Err(Unreadable::TwoWayString);
             }
             '\'' if chars.get(at + 1) == Some(&'\'') => at += 2,
             '\'' => return Ok(at + 1),
@@ -318,11 +344,11 @@ fn skip_standard_string(chars: &[char], mut at: usize) -> Result<usize, String> 
         }
         backslashes = 0;
     }
-    Err("its body has a string literal that never ends".into())
+    Err(Unreadable::UnendedString)
 }
 
 /// Skips an E'…' literal, whose backslashes escape the next character.
-fn skip_escape_string(chars: &[char], mut at: usize) -> Result<usize, String> {
+fn skip_escape_string(chars: &[char], mut at: usize) -> Result<usize, Unreadable> {
     at += 1;
     while at < chars.len() {
         match chars[at] {
@@ -332,11 +358,11 @@ fn skip_escape_string(chars: &[char], mut at: usize) -> Result<usize, String> {
             _ => at += 1,
         }
     }
-    Err("its body has a string literal that never ends".into())
+    Err(Unreadable::UnendedString)
 }
 
 /// Skips a $tag$…$tag$ literal (the tag may be empty).
-fn skip_dollar_string(chars: &[char], at: usize) -> Result<usize, String> {
+fn skip_dollar_string(chars: &[char], at: usize) -> Result<usize, Unreadable> {
     let mut end = at + 1;
     while end < chars.len()
         && (chars[end].is_ascii_alphanumeric() || chars[end] == '_' || !chars[end].is_ascii())
@@ -344,7 +370,7 @@ fn skip_dollar_string(chars: &[char], at: usize) -> Result<usize, String> {
         end += 1;
     }
     if chars.get(end) != Some(&'$') {
-        return Err("it has a '$' that starts neither a parameter nor a quoted string".into());
+        return Err(Unreadable::StrayDollar);
     }
     let tag: Vec<char> = chars[at..=end].to_vec();
     let mut scan = end + 1;
@@ -354,10 +380,10 @@ fn skip_dollar_string(chars: &[char], at: usize) -> Result<usize, String> {
         }
         scan += 1;
     }
-    Err("its body has a dollar-quoted string that never ends".into())
+    Err(Unreadable::UnendedDollarString)
 }
 
-fn quoted_name(chars: &[char], mut at: usize) -> Result<(String, usize), String> {
+fn quoted_name(chars: &[char], mut at: usize) -> Result<(String, usize), Unreadable> {
     at += 1;
     let mut name = String::new();
     while at < chars.len() {
@@ -372,7 +398,7 @@ fn quoted_name(chars: &[char], mut at: usize) -> Result<(String, usize), String>
         name.push(chars[at]);
         at += 1;
     }
-    Err("its body has a quoted name that never ends".into())
+    Err(Unreadable::UnendedQuotedName)
 }
 
 #[cfg(test)]

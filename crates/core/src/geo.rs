@@ -19,6 +19,63 @@ pub const POINT_FIELD: &str = "_geo";
 /// The document field of any other geometry.
 pub const SHAPE_FIELD: &str = "_geojson";
 
+/// Why a PostGIS value cannot be a geo field; its text is the reason a dead letter gives.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GeoError {
+    /// Not hex EWKB; holds the value's first characters.
+    NotEwkb(String),
+    EndsEarly,
+    /// Bytes left over after the geometry.
+    TrailingBytes(usize),
+    TooDeep,
+    ByteOrder(u8),
+    /// An SRID other than WGS 84's.
+    Srid(u32),
+    NoSrid,
+    /// A member of a multi-geometry of another type (the collection's WKB type).
+    MemberMismatch(u32),
+    /// A geometry type GeoJSON has no form for (its WKB type).
+    NoGeoJson(u32),
+    Longitude(f64),
+    Latitude(f64),
+}
+
+impl std::fmt::Display for GeoError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            GeoError::NotEwkb(start) => write!(f, "expected PostGIS's hex EWKB output, got {start:?}"),
+            GeoError::EndsEarly => f.write_str("the EWKB value ends early"),
+            GeoError::TrailingBytes(count) => write!(f, "{count} bytes follow the geometry"),
+            GeoError::TooDeep => write!(f, "collections nested deeper than {MAX_DEPTH}"),
+            GeoError::ByteOrder(byte) => write!(f, "unknown EWKB byte order {byte}"),
+            GeoError::Srid(srid) => write!(
+                f,
+                "SRID {srid}: Meilisearch reads WGS 84 longitude/latitude (SRID {WGS84}); store the value with ST_Transform(…, {WGS84})"
+            ),
+            GeoError::NoSrid => write!(
+                f,
+                "the value has no SRID: Meilisearch reads WGS 84 longitude/latitude; store it with ST_SetSRID(…, {WGS84})"
+            ),
+            GeoError::MemberMismatch(kind) => {
+                write!(f, "a member of a {} does not fit it", type_name(*kind))
+            }
+            GeoError::NoGeoJson(kind) => write!(
+                f,
+                "{} has no GeoJSON form; store it with ST_CurveToLine or as a simpler geometry",
+                type_name(*kind)
+            ),
+            GeoError::Longitude(lng) => write!(
+                f,
+                "longitude {lng} is outside [-180, 180] (is the value in longitude, latitude order?)"
+            ),
+            GeoError::Latitude(lat) => write!(
+                f,
+                "latitude {lat} is outside [-90, 90] (is the value in longitude, latitude order?)"
+            ),
+        }
+    }
+}
+
 /// What one PostGIS value becomes.
 #[derive(Debug, Clone, PartialEq)]
 pub enum GeoValue {
@@ -55,13 +112,9 @@ impl GeoValue {
 
 /// Reads PostGIS's text output (hex EWKB) of a geometry or geography. The error is the reason
 /// the row is a dead letter.
-pub fn from_postgis_text(text: &str) -> Result<GeoValue, String> {
-    let bytes = decode_hex(text).ok_or_else(|| {
-        format!(
-            "expected PostGIS's hex EWKB output, got {:?}",
-            text.chars().take(40).collect::<String>()
-        )
-    })?;
+pub fn from_postgis_text(text: &str) -> Result<GeoValue, GeoError> {
+    let bytes =
+        decode_hex(text).ok_or_else(|| GeoError::NotEwkb(text.chars().take(40).collect()))?;
     let mut reader = Reader {
         bytes: &bytes,
         position: 0,
@@ -69,10 +122,7 @@ pub fn from_postgis_text(text: &str) -> Result<GeoValue, String> {
     };
     let geometry = reader.geometry(0, true)?;
     if reader.position != bytes.len() {
-        return Err(format!(
-            "{} bytes follow the geometry",
-            bytes.len() - reader.position
-        ));
+        return Err(GeoError::TrailingBytes(bytes.len() - reader.position));
     }
     Ok(match geometry {
         Geometry::Point(None) => GeoValue::Empty,
@@ -194,19 +244,19 @@ struct Reader<'a> {
 }
 
 impl Reader<'_> {
-    fn take<const N: usize>(&mut self) -> Result<[u8; N], String> {
+    fn take<const N: usize>(&mut self) -> Result<[u8; N], GeoError> {
         let end = self.position + N;
         let slice = self
             .bytes
             .get(self.position..end)
-            .ok_or_else(|| "the EWKB value ends early".to_string())?;
+            .ok_or(GeoError::EndsEarly)?;
         self.position = end;
         let mut array = [0; N];
         array.copy_from_slice(slice);
         Ok(array)
     }
 
-    fn u32(&mut self) -> Result<u32, String> {
+    fn u32(&mut self) -> Result<u32, GeoError> {
         let bytes = self.take::<4>()?;
         Ok(if self.little_endian {
             u32::from_le_bytes(bytes)
@@ -215,7 +265,7 @@ impl Reader<'_> {
         })
     }
 
-    fn f64(&mut self) -> Result<f64, String> {
+    fn f64(&mut self) -> Result<f64, GeoError> {
         let bytes = self.take::<8>()?;
         Ok(if self.little_endian {
             f64::from_le_bytes(bytes)
@@ -226,23 +276,23 @@ impl Reader<'_> {
 
     /// A count of items of at least `item_bytes` each, refused when the rest cannot hold them
     /// (so that a corrupt count cannot make us allocate).
-    fn count(&mut self, item_bytes: usize) -> Result<usize, String> {
+    fn count(&mut self, item_bytes: usize) -> Result<usize, GeoError> {
         let count = self.u32()? as usize;
         let rest = self.bytes.len() - self.position;
         if count.saturating_mul(item_bytes) > rest {
-            return Err("the EWKB value ends early".to_string());
+            return Err(GeoError::EndsEarly);
         }
         Ok(count)
     }
 
-    fn geometry(&mut self, depth: usize, top: bool) -> Result<Geometry, String> {
+    fn geometry(&mut self, depth: usize, top: bool) -> Result<Geometry, GeoError> {
         if depth > MAX_DEPTH {
-            return Err(format!("collections nested deeper than {MAX_DEPTH}"));
+            return Err(GeoError::TooDeep);
         }
         self.little_endian = match self.take::<1>()?[0] {
             0 => false,
             1 => true,
-            other => return Err(format!("unknown EWKB byte order {other}")),
+            other => return Err(GeoError::ByteOrder(other)),
         };
         let code = self.u32()?;
         let mut dimensions = 2;
@@ -255,14 +305,10 @@ impl Reader<'_> {
         if code & EWKB_SRID != 0 {
             let srid = self.u32()?;
             if srid != WGS84 {
-                return Err(format!(
-                    "SRID {srid}: Meilisearch reads WGS 84 longitude/latitude (SRID {WGS84}); store the value with ST_Transform(…, {WGS84})"
-                ));
+                return Err(GeoError::Srid(srid));
             }
         } else if top {
-            return Err(format!(
-                "the value has no SRID: Meilisearch reads WGS 84 longitude/latitude; store it with ST_SetSRID(…, {WGS84})"
-            ));
+            return Err(GeoError::NoSrid);
         }
         let kind = code & 0x0FFF_FFFF;
         match kind {
@@ -295,22 +341,19 @@ impl Reader<'_> {
                         _ => false,
                     };
                     if !fits {
-                        return Err(format!("a member of a {} does not fit it", type_name(kind)));
+                        return Err(GeoError::MemberMismatch(kind));
                     }
                     members.push(member);
                 }
                 Ok(Geometry::Collection { kind, members })
             }
-            other => Err(format!(
-                "{} has no GeoJSON form; store it with ST_CurveToLine or as a simpler geometry",
-                type_name(other)
-            )),
+            other => Err(GeoError::NoGeoJson(other)),
         }
     }
 
     /// One position: x and y kept, Z and M read and left out (GeoJSON positions Meilisearch
     /// indexes are longitude, latitude).
-    fn position(&mut self, dimensions: usize) -> Result<Position, String> {
+    fn position(&mut self, dimensions: usize) -> Result<Position, GeoError> {
         let x = self.f64()?;
         let y = self.f64()?;
         for _ in 2..dimensions {
@@ -319,7 +362,7 @@ impl Reader<'_> {
         Ok([x, y])
     }
 
-    fn line(&mut self, dimensions: usize) -> Result<Vec<Position>, String> {
+    fn line(&mut self, dimensions: usize) -> Result<Vec<Position>, GeoError> {
         let count = self.count(8 * dimensions)?;
         let mut line = Vec::with_capacity(count);
         for _ in 0..count {
@@ -330,16 +373,12 @@ impl Reader<'_> {
 }
 
 /// A position within Meilisearch's ranges: longitude in [-180, 180], latitude in [-90, 90].
-fn checked([lng, lat]: Position) -> Result<Position, String> {
+fn checked([lng, lat]: Position) -> Result<Position, GeoError> {
     if !(lng.is_finite() && (-180.0..=180.0).contains(&lng)) {
-        return Err(format!(
-            "longitude {lng} is outside [-180, 180] (is the value in longitude, latitude order?)"
-        ));
+        return Err(GeoError::Longitude(lng));
     }
     if !(lat.is_finite() && (-90.0..=90.0).contains(&lat)) {
-        return Err(format!(
-            "latitude {lat} is outside [-90, 90] (is the value in longitude, latitude order?)"
-        ));
+        return Err(GeoError::Latitude(lat));
     }
     Ok([lng, lat])
 }
@@ -497,22 +536,23 @@ mod tests {
         assert!(
             out_of_range
                 .as_ref()
-                .is_err_and(|e| e.contains("latitude 200")),
+                .is_err_and(|e| e.to_string().contains("latitude 200")),
             "{out_of_range:?}"
         );
         let swapped = from_postgis_text(&ewkb(WKB_POINT, &coordinates(&[-181.0, 0.0])));
-        assert!(swapped.is_err_and(|e| e.contains("longitude -181")));
+        assert!(swapped.is_err_and(|e| e.to_string().contains("longitude -181")));
 
         // SELECT 'SRID=3857;POINT(1 2)'::geometry
         let mercator = "0101000020110F0000000000000000F03F0000000000000040";
-        assert!(from_postgis_text(mercator).is_err_and(|e| e.contains("SRID 3857")));
+        assert!(from_postgis_text(mercator).is_err_and(|e| e.to_string().contains("SRID 3857")));
         // SELECT 'POINT(1 2)'::geometry
         let no_srid = "0101000000000000000000F03F0000000000000040";
-        assert!(from_postgis_text(no_srid).is_err_and(|e| e.contains("no SRID")));
+        assert!(from_postgis_text(no_srid).is_err_and(|e| e.to_string().contains("no SRID")));
 
         let mut curve = 3u32.to_le_bytes().to_vec();
         curve.extend(coordinates(&[0.0, 0.0, 1.0, 1.0, 2.0, 0.0]));
-        assert!(from_postgis_text(&ewkb(8, &curve)).is_err_and(|e| e.contains("CircularString")));
+        assert!(from_postgis_text(&ewkb(8, &curve))
+            .is_err_and(|e| e.to_string().contains("CircularString")));
 
         for garbage in [
             "",
@@ -527,7 +567,7 @@ mod tests {
         let mut huge = u32::MAX.to_le_bytes().to_vec();
         huge.extend(coordinates(&[0.0, 0.0]));
         assert!(from_postgis_text(&ewkb(WKB_LINE_STRING, &huge))
-            .is_err_and(|e| e.contains("ends early")));
+            .is_err_and(|e| e.to_string().contains("ends early")));
     }
 
     #[test]

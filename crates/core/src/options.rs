@@ -176,32 +176,61 @@ pub const DEFAULT_STREAM_DEPTH: usize = 32;
 /// Meilisearch's default payload limit ("100 MB", decimal) less 5% for what we do not count.
 pub const DEFAULT_MAX_PAYLOAD_BYTES: usize = 95_000_000;
 
-const KNOWN_OPTIONS: &[&str] = &[
-    "url",
-    "api_key",
-    "replicas",
-    "shards",
-    "search_api_key",
-    "primary_key",
-    "columns",
-    "exclude_columns",
-    "batch_size",
-    "batch_bytes",
-    "max_payload_bytes",
-    "max_inflight",
-    "snapshot_depth",
-    "stream_depth",
-    "flush_interval_ms",
-    "gzip",
-    "write_mode",
-    "decoding",
-    "settings",
-    "mappings",
-    "geo",
-    "vectors",
-    "reader_independent",
-    "schema_changes",
+/// What [`OPTIONS`] says `meili_sync_alter` may do with an option.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Alter {
+    /// Changed in place; the worker restarts with it.
+    InPlace,
+    /// Changed in place, but only by the task's owner (or a superuser): where the documents go
+    /// and the keys that reach them.
+    ByOwner,
+    /// Changed in one direction only (`decoding`: `own` to `shared`).
+    OneWay,
+    /// Fixed when the task is created: changing it needs a new task.
+    NewTask,
+}
+
+/// Every task option, with what `meili_sync_alter` may do with it: the one list that the parser,
+/// `meili_sync_alter` and the docs (checked by `scripts/check-docs.py`) follow.
+pub const OPTIONS: &[(&str, Alter)] = &[
+    ("url", Alter::ByOwner),
+    ("api_key", Alter::ByOwner),
+    ("replicas", Alter::ByOwner),
+    ("shards", Alter::ByOwner),
+    ("search_api_key", Alter::ByOwner),
+    ("primary_key", Alter::NewTask),
+    ("columns", Alter::NewTask),
+    ("exclude_columns", Alter::NewTask),
+    ("batch_size", Alter::InPlace),
+    ("batch_bytes", Alter::InPlace),
+    ("max_payload_bytes", Alter::InPlace),
+    ("max_inflight", Alter::InPlace),
+    ("snapshot_depth", Alter::InPlace),
+    ("stream_depth", Alter::InPlace),
+    ("flush_interval_ms", Alter::InPlace),
+    ("gzip", Alter::InPlace),
+    ("write_mode", Alter::InPlace),
+    ("decoding", Alter::OneWay),
+    ("settings", Alter::InPlace),
+    ("mappings", Alter::NewTask),
+    ("geo", Alter::NewTask),
+    ("vectors", Alter::NewTask),
+    ("reader_independent", Alter::NewTask),
+    ("schema_changes", Alter::InPlace),
 ];
+
+/// The names of the options `meili_sync_alter` may do `alter` with.
+pub fn options_altered_as(alter: Alter) -> impl Iterator<Item = &'static str> {
+    OPTIONS
+        .iter()
+        .filter(move |(_, how)| *how == alter)
+        .map(|(name, _)| *name)
+}
+
+/// The first option among `changes` that `meili_sync_alter` may do `alter` with, if any.
+pub fn option_altered_as(changes: &Map<String, Value>, alter: Alter) -> Option<&'static str> {
+    options_altered_as(alter).find(|name| changes.contains_key(*name))
+}
 
 fn invalid(message: String, hint: &str) -> InvalidOption {
     InvalidOption {
@@ -725,7 +754,10 @@ impl TaskOptions {
                 unknown => {
                     return Err(invalid(
                         format!("unknown option \"{}\"", unknown.escape_default()),
-                        &format!("Valid options are: {}.", KNOWN_OPTIONS.join(", ")),
+                        &format!(
+                            "Valid options are: {}.",
+                            OPTIONS.iter().map(|(name, _)| *name).collect::<Vec<_>>().join(", ")
+                        ),
                     ))
                 }
             }
@@ -834,24 +866,6 @@ impl TaskOptions {
         }
         Value::Object(stored)
     }
-}
-
-/// The options a task is created with for good: changing one needs a new task.
-pub const FIXED_OPTIONS: [&str; 7] = [
-    "primary_key",
-    "columns",
-    "exclude_columns",
-    "mappings",
-    "geo",
-    "vectors",
-    "reader_independent",
-];
-
-/// The first fixed option among `changes`, if any.
-pub fn fixed_option_in(changes: &Map<String, Value>) -> Option<&'static str> {
-    FIXED_OPTIONS
-        .into_iter()
-        .find(|name| changes.contains_key(*name))
 }
 
 /// The stored options with `changes` applied, as an alter stores them (to be parsed again): a
@@ -1063,7 +1077,7 @@ mod tests {
             assert!(error.message.contains("PostGIS column"), "{error:?}");
         }
         assert_eq!(
-            fixed_option_in(json!({"geo": "place"}).as_object().unwrap()),
+            option_altered_as(json!({"geo": "place"}).as_object().unwrap(), Alter::NewTask),
             Some("geo")
         );
     }
@@ -1099,7 +1113,10 @@ mod tests {
             );
         }
         assert_eq!(
-            fixed_option_in(json!({"vectors": {"a": "b"}}).as_object().unwrap()),
+            option_altered_as(
+                json!({"vectors": {"a": "b"}}).as_object().unwrap(),
+                Alter::NewTask
+            ),
             Some("vectors")
         );
     }
@@ -1187,10 +1204,11 @@ mod tests {
             error.message
         );
         assert_eq!(
-            fixed_option_in(
+            option_altered_as(
                 json!({"reader_independent": false})
                     .as_object()
-                    .expect("object")
+                    .expect("object"),
+                Alter::NewTask
             ),
             Some("reader_independent")
         );
@@ -1348,14 +1366,37 @@ mod tests {
     }
 
     #[test]
-    fn fixed_options_are_found_among_changes() {
-        assert_eq!(fixed_option_in(&changes(json!({"batch_size": 1}))), None);
+    fn options_a_task_is_created_with_for_good_are_found_among_changes() {
         assert_eq!(
-            fixed_option_in(&changes(json!({"gzip": false, "columns": ["id"]}))),
+            option_altered_as(&changes(json!({"batch_size": 1})), Alter::NewTask),
+            None
+        );
+        assert_eq!(
+            option_altered_as(
+                &changes(json!({"gzip": false, "columns": ["id"]})),
+                Alter::NewTask
+            ),
             Some("columns")
         );
-        for name in FIXED_OPTIONS {
-            assert!(KNOWN_OPTIONS.contains(&name), "{name}");
+        assert_eq!(
+            option_altered_as(&changes(json!({"search_api_key": "k"})), Alter::ByOwner),
+            Some("search_api_key")
+        );
+    }
+
+    #[test]
+    fn every_option_the_parser_takes_is_in_the_list_and_no_other() {
+        // The parser answers "unknown option" for a name it has no arm for.
+        for (name, _) in OPTIONS {
+            let refused = TaskOptions::parse(&json!({ *name: "?" }))
+                .err()
+                .map(|e| e.message);
+            assert!(
+                !refused.unwrap_or_default().contains("unknown option"),
+                "{name} is listed but the parser does not know it"
+            );
         }
+        let refused = TaskOptions::parse(&json!({"no_such_option": 1})).err();
+        assert!(refused.is_some_and(|e| e.message.contains("unknown option")));
     }
 }

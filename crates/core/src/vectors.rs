@@ -39,6 +39,30 @@ pub fn write_embedding(out: &mut Vec<u8>, text: &str) {
     out.extend_from_slice(b",\"regenerate\":false}");
 }
 
+/// An embedder of the index that cannot take the task's embeddings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EmbedderMismatch {
+    pub name: String,
+    /// The embedder's `source`, if it has a known one.
+    pub source: Option<String>,
+    pub dimensions: Option<u64>,
+    /// The dimensions of the task's embeddings.
+    pub wanted: u32,
+}
+
+impl std::fmt::Display for EmbedderMismatch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "embedder \"{}\" of the index is {} with {} dimensions, but the task sends user-provided embeddings of {}",
+            self.name,
+            self.source.as_deref().unwrap_or("of no known source"),
+            self.dimensions.map_or("unknown".to_string(), |n| n.to_string()),
+            self.wanted,
+        )
+    }
+}
+
 /// The `embedders` settings the task needs, given the index's current settings and each
 /// embedder's dimensions: a patch adding those that are missing (None when none is), or why the
 /// index cannot take the task's embeddings (an embedder of that name that is not user-provided,
@@ -46,7 +70,7 @@ pub fn write_embedding(out: &mut Vec<u8>, text: &str) {
 pub fn missing_embedders(
     current: &Value,
     wanted: &[(String, u32)],
-) -> Result<Option<Value>, String> {
+) -> Result<Option<Value>, EmbedderMismatch> {
     let existing = current.get("embedders").and_then(Value::as_object);
     let mut patch = Map::new();
     for (name, dimensions) in wanted {
@@ -61,11 +85,12 @@ pub fn missing_embedders(
                 let source = embedder.get("source").and_then(Value::as_str);
                 let has = embedder.get("dimensions").and_then(Value::as_u64);
                 if source != Some("userProvided") || has != Some(u64::from(*dimensions)) {
-                    return Err(format!(
-                        "embedder \"{name}\" of the index is {} with {} dimensions, but the task sends user-provided embeddings of {dimensions}",
-                        source.unwrap_or("of no known source"),
-                        has.map_or("unknown".to_string(), |n| n.to_string()),
-                    ));
+                    return Err(EmbedderMismatch {
+                        name: name.clone(),
+                        source: source.map(str::to_owned),
+                        dimensions: has,
+                        wanted: *dimensions,
+                    });
                 }
             }
         }
@@ -149,12 +174,12 @@ mod tests {
             &json!({"embedders": {"default": {"source": "userProvided", "dimensions": 4}}}),
             &wanted,
         );
-        assert!(other.is_err_and(|e| e.contains("4 dimensions")));
+        assert!(other.is_err_and(|e| e.to_string().contains("4 dimensions")));
         let openai = missing_embedders(
             &json!({"embedders": {"default": {"source": "openAi", "dimensions": 3}}}),
             &wanted,
         );
-        assert!(openai.is_err_and(|e| e.contains("openAi")));
+        assert!(openai.is_err_and(|e| e.to_string().contains("openAi")));
     }
 
     #[test]

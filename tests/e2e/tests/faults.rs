@@ -433,6 +433,48 @@ fn an_index_deleted_by_someone_else_stops_the_task_with_an_error() {
 }
 
 #[test]
+fn a_deletion_meilisearch_fails_is_an_error_and_drops_nothing() {
+    let Some((cluster, meili)) = with_test_server() else {
+        return;
+    };
+    cluster.psql(&products::insert_sql(1, 100));
+    let (index, task) = start(&cluster, &meili, json!({}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    // Before, the finished task's status was never read: the task was dropped and the index kept.
+    faults(&meili).fail_next_tasks(1, "internal");
+    let refused = pg_meili_sync_e2e::refusal(
+        &cluster,
+        &format!("SELECT meili_sync_drop({task}, drop_index => true)"),
+    );
+    assert_eq!(refused.sqlstate, "08006", "{refused:?}");
+    assert!(
+        refused
+            .message
+            .contains(&format!("could not delete Meilisearch index \"{index}\""))
+            && refused.message.contains("Injected failure")
+            && refused.message.contains("Nothing was dropped"),
+        "{refused:?}"
+    );
+    assert!(refused.hint.contains("drop_index => false"), "{refused:?}");
+    assert!(meili.index(&index).is_some(), "the index is gone");
+    assert_eq!(
+        cluster.psql(&format!(
+            "SELECT count(*) FROM meili_sync.tasks WHERE id = {task}"
+        )),
+        "1",
+        "the task was dropped although its index was not"
+    );
+    // Once Meilisearch deletes, the drop goes through.
+    cluster.psql(&products::insert_sql(101, 110));
+    converge(&cluster, &meili, &index);
+    cluster.psql(&format!(
+        "SELECT meili_sync_drop({task}, drop_index => true)"
+    ));
+    assert!(meili.index(&index).is_none(), "the index is still there");
+    assert_eq!(cluster.psql("SELECT count(*) FROM meili_sync.tasks"), "0");
+}
+
+#[test]
 fn a_wrong_key_waits_for_meili_sync_alter_and_loses_nothing() {
     // Works against a real server when it has a master key (a wrong key is then refused).
     let meili = Meili::from_env();

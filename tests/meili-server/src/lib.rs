@@ -175,8 +175,8 @@ impl Faults {
         *lock(&self.task_delay) = d;
     }
 
-    /// The next `n` document tasks (additions, updates, deletions) end `failed` with the
-    /// error code `code` (e.g. `"internal"`) without touching the index.
+    /// The next `n` document tasks (additions, updates, deletions) and index deletions end `failed`
+    /// with the error code `code` (e.g. `"internal"`) without touching the index.
     pub fn fail_next_tasks(&self, n: usize, code: &str) {
         *lock(&self.fail_tasks) = (n, code.to_string(), None);
     }

@@ -789,7 +789,10 @@ fn apply_batch(shared: &Shared, work: Work) -> Vec<Done> {
             None => rest.push((uid, op)),
         }
     }
-    results.extend(run_kind(shared, &index, kind, rest));
+    // A batch whose every task failed changes nothing (an index deletion would still delete).
+    if !rest.is_empty() {
+        results.extend(run_kind(shared, &index, kind, rest));
+    }
     results
 }
 
@@ -808,13 +811,14 @@ fn run_kind(shared: &Shared, index: &str, kind: BatchKind, ops: Vec<(u32, Op)>) 
     }
 }
 
-/// A failure injected with [`crate::Faults::fail_next_tasks`], for document tasks.
+/// A failure injected with [`crate::Faults::fail_next_tasks`], for document tasks and index
+/// deletions.
 fn injected_failure(shared: &Shared, op: &Op) -> Option<(Vec<(String, Value)>, ApiError)> {
-    let is_document_task = matches!(
+    let may_fail = matches!(
         op.kind(),
-        Kind::DocumentAdditionOrUpdate | Kind::DocumentDeletion
+        Kind::DocumentAdditionOrUpdate | Kind::DocumentDeletion | Kind::IndexDeletion
     );
-    if !is_document_task {
+    if !may_fail {
         return None;
     }
     let (code, kind) = shared.faults.take_task_failure()?;

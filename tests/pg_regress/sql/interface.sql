@@ -1,5 +1,5 @@
 -- The extension's interface as a user sees it: functions, view columns and settings. A change
--- here is a change to the documented API (README "SQL reference").
+-- here is a change to the documented API (docs/reference).
 SELECT p.proname AS function, pg_catalog.pg_get_function_arguments(p.oid) AS arguments,
        pg_catalog.pg_get_function_result(p.oid) AS result
   FROM pg_catalog.pg_proc p

@@ -27,6 +27,15 @@ use crate::batch::Operation;
 /// largest thing the sync reads).
 const MAX_RESPONSE_BYTES: u64 = 256 << 20;
 
+/// How long one request of ours may take, from connecting to the end of the answer: a batch sent,
+/// a page of documents read, a task looked up. (A backend's search has its own GUC.)
+pub const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a caller waits for one Meilisearch task of ours to finish (an index made, swapped or
+/// deleted, settings, a repair's documents): Meilisearch queues it behind the indexing of
+/// everything enqueued before it.
+pub const TASK_WAIT: Duration = Duration::from_secs(300);
+
 /// Connections idle longer than this are not reused: Meilisearch closes
 /// idle connections after 5 s, and a request on a closed one fails.
 const MAX_IDLE_AGE: Duration = Duration::from_secs(4);
@@ -193,6 +202,27 @@ impl MeiliTask {
         };
         let error = value.get("error").and_then(MeiliErrorBody::from_json);
         Ok(MeiliTask { uid, status, error })
+    }
+
+    /// Why the task did not succeed, in words (None when it did): Meilisearch's error and its
+    /// code, that it was canceled, or that it had not finished when the wait ended.
+    pub fn failure(&self) -> Option<String> {
+        let uid = self.uid;
+        match self.status {
+            MeiliTaskStatus::Succeeded => None,
+            MeiliTaskStatus::Failed => Some(match &self.error {
+                Some(error) => format!(
+                    "Meilisearch task {uid} failed: {} ({})",
+                    error.message, error.code
+                ),
+                None => format!("Meilisearch task {uid} failed"),
+            }),
+            MeiliTaskStatus::Canceled => Some(format!("Meilisearch task {uid} was canceled")),
+            MeiliTaskStatus::Enqueued | MeiliTaskStatus::Processing => Some(format!(
+                "Meilisearch task {uid} had not finished after {} s",
+                TASK_WAIT.as_secs()
+            )),
+        }
     }
 }
 
@@ -528,8 +558,20 @@ impl Client {
     }
 
     /// Polls task `uid` until it is finished or `timeout` has passed, and
-    /// returns its last state (unfinished only on timeout).
+    /// returns its last state (unfinished only on timeout); [`MeiliTask::failure`] says whether
+    /// it succeeded.
     pub fn wait_task(&self, uid: u64, timeout: Duration) -> Result<MeiliTask, MeiliError> {
+        self.wait_task_between(uid, timeout, &mut || {})
+    }
+
+    /// [`Client::wait_task`], calling `between` before each pause (a backend checks for a
+    /// cancel there).
+    pub fn wait_task_between(
+        &self,
+        uid: u64,
+        timeout: Duration,
+        between: &mut dyn FnMut(),
+    ) -> Result<MeiliTask, MeiliError> {
         let deadline = Instant::now() + timeout;
         let mut pause = Duration::from_millis(10);
         loop {
@@ -538,6 +580,7 @@ impl Client {
             if state.status.is_finished() || now >= deadline {
                 return Ok(state);
             }
+            between();
             thread::sleep(pause.min(deadline - now));
             pause = (pause * 2).min(Duration::from_millis(500));
         }

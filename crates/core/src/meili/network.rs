@@ -8,6 +8,8 @@
 
 use serde_json::{json, Map, Value};
 
+use super::search::InvalidSearch;
+
 /// The `PATCH /network` body naming this server `self_name` and the servers it may search:
 /// `(name, url, search key)`. A `null` key clears one set before. `writeApiKey` is left out (so
 /// left as it is): only a leader forwards writes, and we write to each shard ourselves.
@@ -43,19 +45,20 @@ pub fn federated_search_body(
     index_uid: &str,
     body: &Value,
     remotes: &[&str],
-) -> Result<Value, String> {
+) -> Result<Value, InvalidSearch> {
+    let refused = |why: &str| Err(InvalidSearch(why.to_owned()));
     let Value::Object(params) = body else {
-        return Err("a search body must be a JSON object".to_owned());
+        return refused("a search body must be a JSON object");
     };
     if remotes.is_empty() {
-        return Err("a search over shards needs at least one shard".to_owned());
+        return refused("a search over shards needs at least one shard");
     }
     let mut query = Map::new();
     let mut federation = Map::new();
     for (name, value) in params {
         let name = name.as_str();
         if OURS.contains(&name) {
-            return Err(format!(
+            return refused(&format!(
                 "search parameter \"{name}\" cannot be given: the search over shards sets it"
             ));
         }
@@ -71,9 +74,8 @@ pub fn federated_search_body(
         } else if name == "useNetwork" {
             // Each query names its shard; Meilisearch refuses `useNetwork: true` beside a remote.
             if value != &Value::Bool(false) {
-                return Err(
-                    "search parameter \"useNetwork\" cannot be used: the search over shards asks each shard itself"
-                        .to_owned(),
+                return refused(
+                    "search parameter \"useNetwork\" cannot be used: the search over shards asks each shard itself",
                 );
             }
         } else {
@@ -217,10 +219,10 @@ mod tests {
             (json!({"useNetwork": true}), "\"useNetwork\""),
         ] {
             let error = federated_search_body("i", &body, &["a"]).expect_err("refused");
-            assert!(error.contains(expected), "{body}: {error}");
+            assert!(error.0.contains(expected), "{body}: {error}");
         }
         let error = federated_search_body("i", &json!({}), &[]).expect_err("no shard");
-        assert!(error.contains("at least one shard"), "{error}");
+        assert!(error.0.contains("at least one shard"), "{error}");
     }
 
     #[test]

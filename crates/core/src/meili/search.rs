@@ -8,16 +8,37 @@ use std::fmt;
 use serde::de::{self, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, SeqAccess, Visitor};
 use serde_json::{Map, Number, Value};
 
+/// A search the caller asked for that cannot be sent as asked (the caller's mistake); the text
+/// says which parameter.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InvalidSearch(pub String);
+
+impl fmt::Display for InvalidSearch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// A search answer that cannot be read (the server's fault, not the caller's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnreadableAnswer(pub String);
+
+impl fmt::Display for UnreadableAnswer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
 /// The search body: Meilisearch's own parameters from `options` (a JSON object, passed as is),
 /// with `q` from `query` unless the options set it.
-pub fn search_body(query: Option<&str>, options: &Value) -> Result<Value, String> {
+pub fn search_body(query: Option<&str>, options: &Value) -> Result<Value, InvalidSearch> {
     let mut body = match options {
         Value::Object(object) => object.clone(),
         Value::Null => Map::new(),
         other => {
-            return Err(format!(
+            return Err(InvalidSearch(format!(
                 "search options must be a JSON object of Meilisearch search parameters, not {other}"
-            ))
+            )))
         }
     };
     if let Some(query) = query {
@@ -67,7 +88,7 @@ pub fn read_hits<B: DocumentBuilder>(
     answer: &[u8],
     primary_key: &str,
     new_builder: impl Fn() -> B,
-) -> Result<Vec<Hit<B::Document>>, String> {
+) -> Result<Vec<Hit<B::Document>>, UnreadableAnswer> {
     let mut reader = serde_json::Deserializer::from_slice(answer);
     let hits = AnswerSeed {
         primary_key,
@@ -75,8 +96,8 @@ pub fn read_hits<B: DocumentBuilder>(
     }
     .deserialize(&mut reader)
     .and_then(|hits| reader.end().map(|()| hits))
-    .map_err(|error| format!("the search answer is not valid JSON: {error}"))?;
-    hits.ok_or_else(|| "the search answer has no \"hits\" array".to_owned())
+    .map_err(|error| UnreadableAnswer(format!("the search answer is not valid JSON: {error}")))?;
+    hits.ok_or_else(|| UnreadableAnswer("the search answer has no \"hits\" array".to_owned()))
 }
 
 /// The answer object: its `hits`, and nothing else kept.
@@ -349,6 +370,7 @@ mod tests {
         assert_eq!(search_body(None, &Value::Null).unwrap(), json!({}));
         assert!(search_body(Some("x"), &json!([1]))
             .unwrap_err()
+            .0
             .contains("JSON object"));
     }
 
@@ -409,7 +431,7 @@ mod tests {
         }
     }
 
-    fn read(answer: &Value, primary_key: &str) -> Result<Vec<Hit<Value>>, String> {
+    fn read(answer: &Value, primary_key: &str) -> Result<Vec<Hit<Value>>, UnreadableAnswer> {
         read_hits(
             answer.to_string().as_bytes(),
             primary_key,
@@ -463,12 +485,12 @@ mod tests {
     #[test]
     fn an_answer_without_hits_or_not_json_is_refused() {
         let missing = read(&json!({"message": "x"}), "id").unwrap_err();
-        assert!(missing.contains("no \"hits\" array"), "{missing}");
+        assert!(missing.0.contains("no \"hits\" array"), "{missing}");
         let broken =
             read_hits(b"{\"hits\": [{\"id\": 1}", "id", ValueBuilder::default).unwrap_err();
-        assert!(broken.contains("not valid JSON"), "{broken}");
+        assert!(broken.0.contains("not valid JSON"), "{broken}");
         let trailing = read_hits(b"{\"hits\": []} x", "id", ValueBuilder::default).unwrap_err();
-        assert!(trailing.contains("not valid JSON"), "{trailing}");
+        assert!(trailing.0.contains("not valid JSON"), "{trailing}");
         assert_eq!(read(&json!({"hits": []}), "id").unwrap(), vec![]);
     }
 
