@@ -24,7 +24,8 @@ mkdir -p "$out/source"
 # A shallow clone lacks the commit: fetch the history first.
 git cat-file -e "$commit^{commit}" 2>/dev/null || git fetch --quiet --unshallow
 git archive "$commit" | tar -x -C "$out/source"
-(cd "$out/source" && CARGO_TARGET_DIR="$out/target" cargo build --release --lib \
+# Without link-time optimisation: only the upgrade test loads this library.
+(cd "$out/source" && CARGO_TARGET_DIR="$out/target" CARGO_PROFILE_RELEASE_LTO=false cargo build --release --lib \
     --no-default-features --features pg15)
 cp "$out/target/release/libpg_meili_sync.so" "$out/pg_meili_sync.so.tmp"
 mv "$out/pg_meili_sync.so.tmp" "$out/pg_meili_sync.so"

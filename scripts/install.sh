@@ -6,7 +6,8 @@ cd "$(dirname "$0")/.."
 source scripts/pg-config.sh
 sudo=()
 [ "$(id -u)" -eq 0 ] || sudo=(--sudo)
-cargo pgrx install --release "${sudo[@]}" --pg-config "$PG_CONFIG" \
+# PG_MEILI_SYNC_PROFILE picks the cargo profile: release unless set (the tests use ci).
+cargo pgrx install --profile "${PG_MEILI_SYNC_PROFILE:-release}" "${sudo[@]}" --pg-config "$PG_CONFIG" \
     --no-default-features --features "pg$PG_MAJOR"
 # The install scripts of earlier versions, which cargo pgrx install leaves out (it copies the update
 # scripts only): CREATE EXTENSION pg_meili_sync VERSION '0.1.0' then works, and updates.

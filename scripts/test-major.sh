@@ -16,11 +16,14 @@ echo "== $(date -u +%H:%M:%S) PostgreSQL $PG_MAJOR: golden SQL files"
 bash scripts/regress.sh
 
 echo "== $(date -u +%H:%M:%S) PostgreSQL $PG_MAJOR: end to end (a set of each file)"
+# The set is gathered with e2e FILE TEST... and run at the end, two at a time (.config/nextest.toml).
+filter=""
 e2e() {
     local file=$1
     shift
-    PATH="$("$PG_CONFIG" --bindir):$PATH" cargo test --release -p pg_meili_sync_e2e --test "$file" \
-        -- --test-threads=1 --exact "$@"
+    for test in "$@"; do
+        filter="$filter | (binary($file) & test(=$test))"
+    done
 }
 e2e backfill backfill_copies_every_row_exactly
 e2e streaming inserts_updates_deletes_and_key_changes unchanged_toast_columns_keep_their_value \
@@ -48,3 +51,5 @@ e2e upgrade a_restored_dump_brings_the_tasks_back_stopped_until_they_copy_again
 e2e databases rename_and_template_copy_work_while_a_task_streams_and_a_copy_runs_none_of_its_tasks
 e2e versions the_slots_are_failover_slots_from_postgresql_17_on \
     a_failover_loses_nothing_and_the_index_never_holds_what_the_standby_lacks
+PATH="$("$PG_CONFIG" --bindir):$PATH" cargo nextest run --cargo-profile ci -p pg_meili_sync_e2e \
+    -E "${filter# | }"

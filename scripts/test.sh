@@ -6,6 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+# The tests build with the ci profile: release without link-time optimisation (Cargo.toml).
+export PG_MEILI_SYNC_PROFILE=ci
 
 echo "== $(date -u +%H:%M:%S) tier 0: no cycle among the modules of the extension and of the core crate"
 python3 scripts/check-module-cycles.py
@@ -19,10 +21,10 @@ cargo fmt --all --check
 cargo clippy --workspace --release --all-targets -- -D warnings
 
 echo "== $(date -u +%H:%M:%S) tier 0b: the pure core crate under plain cargo test (no Postgres)"
-cargo test --release -p pg_meili_sync_core
+cargo test --profile ci -p pg_meili_sync_core
 
 echo "== $(date -u +%H:%M:%S) tier 1a: Meilisearch test server and transcript replay"
-cargo test --release -p meili-test-server
+cargo test --profile ci -p meili-test-server
 
 echo "== $(date -u +%H:%M:%S) tier 1b+2: the extension's plain #[test]s and #[pg_test]s inside PostgreSQL"
 pgdata=$(mktemp -d /tmp/pg_meili_sync_pgrx.XXXXXX)
@@ -41,8 +43,8 @@ bash scripts/install.sh
 echo "== $(date -u +%H:%M:%S) tier 3: golden SQL files (tests/pg_regress)"
 bash scripts/regress.sh
 
-echo "== $(date -u +%H:%M:%S) tier 4: end to end"
-cargo test --release --no-fail-fast -p pg_meili_sync_e2e -- --test-threads=1
+echo "== $(date -u +%H:%M:%S) tier 4: end to end (two tests at a time: .config/nextest.toml)"
+cargo nextest run --cargo-profile ci -p pg_meili_sync_e2e
 
 # PostgreSQL 16, 17 and 18: the extension built for each, the golden SQL files, and an end-to-end
 # set (see scripts/test-major.sh).
@@ -62,18 +64,15 @@ done
 # Postgres side's), and the outages last 30 s instead of 60.
 if [ -n "${MEILI_BIN:-}" ] && [ -z "${MEILI_URL:-}" ]; then
     echo "== $(date -u +%H:%M:%S) tier 4b: end to end against the real Meilisearch at $MEILI_BIN"
-    files=()
-    for path in tests/e2e/tests/*.rs; do
-        case "$(basename "$path" .rs)" in
-            trust | versions | upgrade | shared | views | edges | backfill | soak) ;;
-            *) files+=(--test "$(basename "$path" .rs)") ;;
-        esac
+    skipped=""
+    for file in trust versions upgrade shared views edges backfill soak; do
+        skipped="$skipped | binary($file)"
     done
-    E2E_MEILI=real E2E_OUTAGE_SECONDS=30 cargo test --release --no-fail-fast -p pg_meili_sync_e2e "${files[@]}" \
-        -- --test-threads=1
+    E2E_MEILI=real E2E_OUTAGE_SECONDS=30 cargo nextest run --cargo-profile ci -p pg_meili_sync_e2e \
+        -E "not (${skipped# | })"
     # Of views.rs, the view task that falls behind its own queued work: how long a real server
     # takes for it is what the test is about.
-    E2E_MEILI=real cargo test --release -p pg_meili_sync_e2e --test views \
-        a_view_over_a_hot_lookup_table -- --test-threads=1
+    E2E_MEILI=real cargo nextest run --cargo-profile ci -p pg_meili_sync_e2e \
+        -E 'binary(views) & test(/^a_view_over_a_hot_lookup_table/)'
 fi
 echo "== $(date -u +%H:%M:%S) done"
