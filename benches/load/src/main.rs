@@ -724,27 +724,27 @@ fn latency(transactions: usize, per_second: u64) {
     setup
         .cluster
         .wait_snapshot_done(setup.task, Duration::from_secs(600));
-    let mut samples = Vec::with_capacity(transactions);
     let interval = Duration::from_millis(1000 / per_second.max(1));
+    // One session stays open, as an application's connection does: a sample's clock starts when
+    // the INSERT is sent, not when a psql starts.
+    let mut session = Session::open(&setup.cluster);
+    let mut samples = Vec::with_capacity(transactions);
     for n in 1..=transactions as i64 {
         let started = Instant::now();
-        setup.cluster.psql(&products::insert_sql(n, n));
+        session.run(&products::insert_sql(n, n));
         wait_searchable(&setup, n);
         let took = started.elapsed();
         samples.push(took);
         std::thread::sleep(interval.saturating_sub(took));
     }
-    // From the COMMIT to meili_sync_wait returning (confirmation noticed and published), each in
-    // its own psql: an INSERT, then the wait.
+    // From the INSERT to meili_sync_wait returning (confirmation noticed and published), in the
+    // same session: the INSERT (its own transaction), then the wait.
     let mut waited = Vec::with_capacity(transactions);
     let offset = 2_000_000;
     for n in offset..offset + transactions as i64 {
         let started = Instant::now();
-        setup.cluster.psql_script(&format!(
-            "{};\nSELECT meili_sync_wait({});\n",
-            products::insert_sql(n, n),
-            setup.task
-        ));
+        session.run(&products::insert_sql(n, n));
+        session.run(&format!("SELECT meili_sync_wait({})", setup.task));
         let took = started.elapsed();
         waited.push(took);
         std::thread::sleep(interval.saturating_sub(took));
@@ -782,7 +782,55 @@ fn latency(transactions: usize, per_second: u64) {
         "p50 above the server's own: {:.1} ms (flush_interval_ms is 200; a caught-up worker sends at once)",
         ours[0] - server[0]
     );
-    println!("(ours includes psql start-up of the committing client, a few ms)");
+    println!("(ours from the INSERT sent on an open session, its COMMIT included)");
+}
+
+/// A psql session kept open; each statement runs in a transaction of its own (autocommit).
+struct Session {
+    child: std::process::Child,
+    input: std::process::ChildStdin,
+    output: std::io::BufReader<std::process::ChildStdout>,
+}
+
+impl Session {
+    fn open(cluster: &Cluster) -> Session {
+        let mut child = cluster
+            .psql_command()
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .expect("start psql");
+        let input = child.stdin.take().expect("psql's stdin");
+        let output = std::io::BufReader::new(child.stdout.take().expect("psql's stdout"));
+        Session {
+            child,
+            input,
+            output,
+        }
+    }
+
+    /// Runs `sql` and returns once psql has its answer (a marker echoed after it).
+    fn run(&mut self, sql: &str) {
+        use std::io::{BufRead, Write};
+        writeln!(self.input, "{sql};\n\\echo statement-done").expect("write to psql");
+        self.input.flush().expect("flush psql's stdin");
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let read = self.output.read_line(&mut line).expect("read psql's answer");
+            assert!(read > 0, "psql ended (ON_ERROR_STOP) running: {sql}");
+            if line.trim_end() == "statement-done" {
+                return;
+            }
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 fn wait_searchable(setup: &Setup, id: i64) {
