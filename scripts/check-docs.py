@@ -39,7 +39,7 @@ Fails (exit 1, one line per problem) when:
      call: they need no entry (an entry for one is allowed, since it exists).
   e) a view of the extension (CREATE VIEW in sql/*.sql) has no entry in views.md, or views.md has an
      entry for a view that does not exist.
-  f) a task option (the names of OPTIONS in crates/core/src/options.rs, a list of
+  f) a task option (the names of OPTIONS in crates/core/src/task/options.rs, a list of
      `("name", Alter::X)` pairs) has no entry in options.md, or options.md has one for an option
      that does not exist; and the entry of meili_sync_alter does not have, for each Alter group of
      ALTER_GROUPS, exactly one line (in that entry, not elsewhere) of the form
@@ -128,11 +128,11 @@ KIND_PAGES = {"view": REFERENCE_DIR + "/views.md", "setting": REFERENCE_DIR + "/
               "option": REFERENCE_DIR + "/options.md"}
 KIND_SOURCES = {"function": "#[pg_extern] or #[pg_trigger] in src/, CREATE FUNCTION in sql/*.sql",
                 "view": "CREATE VIEW in sql/*.sql", "setting": "src/gucs.rs",
-                "option": "OPTIONS in crates/core/src/options.rs"}
+                "option": "OPTIONS in crates/core/src/task/options.rs"}
 # An entry: a heading of level 2 or 3 that is one code span holding the name, e.g. ## `meili_sync_start`.
 ENTRY = re.compile(r"^#{2,3}[ \t]+`([^`\s]+)`[ \t]*#*[ \t]*$")
 
-OPTIONS_SOURCE = "crates/core/src/options.rs"
+OPTIONS_SOURCE = "crates/core/src/task/options.rs"
 GUCS_SOURCE = "src/gucs.rs"
 
 # The groups of Alter in OPTIONS, and the label of the line that lists each group's options in the
@@ -438,7 +438,7 @@ class Checker:
         return functions, views
 
     def options(self):
-        """The task options of OPTIONS in crates/core/src/options.rs, as (name, Alter variant)."""
+        """The task options of OPTIONS in crates/core/src/task/options.rs, as (name, Alter variant)."""
         if not os.path.exists(os.path.join(self.root, OPTIONS_SOURCE)):
             self.problem(OPTIONS_SOURCE, "missing: check-docs.py reads the task options from it")
             return []

@@ -3,8 +3,8 @@
 use pgrx::pg_sys::panic::ErrorReport;
 use pgrx::{PgLogLevel, PgSqlErrorCode};
 
-use crate::failure::{Failure, FailureKind};
-use crate::meili::client::MeiliError;
+use pg_meili_sync_core::meili::client::MeiliError;
+use pg_meili_sync_core::task::failure::{Failure, FailureKind};
 
 /// What went wrong, in terms the caller can act on; `raise` turns it into a Postgres ERROR.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -139,8 +139,8 @@ impl From<MeiliError> for SyncError {
     }
 }
 
-impl From<crate::options::InvalidOption> for SyncError {
-    fn from(error: crate::options::InvalidOption) -> Self {
+impl From<pg_meili_sync_core::task::options::InvalidOption> for SyncError {
+    fn from(error: pg_meili_sync_core::task::options::InvalidOption) -> Self {
         SyncError::new(ErrorKind::InvalidParameter, error.message).hint(error.hint)
     }
 }

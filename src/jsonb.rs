@@ -16,7 +16,7 @@ use pgrx::pg_sys;
 use pgrx::prelude::*;
 use serde_json::{Number, Value};
 
-use crate::meili::search::DocumentBuilder;
+use pg_meili_sync_core::meili::search::DocumentBuilder;
 
 /// The longest string jsonb can hold (`JENTRY_OFFLENMASK`).
 const MAX_STRING_BYTES: usize = 0x0FFF_FFFF;

@@ -22,12 +22,6 @@ mod shmem;
 mod verify;
 mod worker;
 
-// The pure stages, under the paths the modules here name them by (`crate::batch`, …).
-use pg_meili_sync_core::{
-    affected, batch, changes, dispatch, due, encode, failure, function_body, geo, meili, meter,
-    options, pacing, pg_catalog, pgoutput, route, shard, state_change, vectors,
-};
-
 ::pgrx::pg_module_magic!(name, version);
 
 extension_sql_file!("../sql/bootstrap.sql", bootstrap);

@@ -6,16 +6,17 @@ use std::time::Duration;
 
 use pgrx::prelude::*;
 
-use crate::affected::{KeyRoute, KeySource, TableRoutes};
-use crate::batch::BatchLimits;
+use pg_meili_sync_core::document::encode::{Column, DocumentShape, ValueKind};
+use pg_meili_sync_core::pipeline::batch::BatchLimits;
+use pg_meili_sync_core::task::failure::{Failure, FailureKind};
+use pg_meili_sync_core::task::options::TaskOptions;
+use pg_meili_sync_core::task::pg_catalog::{RelationKind, ReplicaIdentity};
+use pg_meili_sync_core::wal::affected::{KeyRoute, KeySource, TableRoutes};
+use pg_meili_sync_core::wal::changes::RelationShape;
+use pg_meili_sync_core::wal::pgoutput::Relation;
+
 use crate::catalog::{self, RelationInfo, TaskRecord};
-use crate::changes::RelationShape;
-use crate::encode::{Column, DocumentShape, ValueKind};
 use crate::error::{ErrorKind, SyncError};
-use crate::failure::{Failure, FailureKind};
-use crate::options::TaskOptions;
-use crate::pg_catalog::{RelationKind, ReplicaIdentity};
-use crate::pgoutput::Relation;
 use crate::security;
 
 /// Which columns of the table become document fields, and which form the key.
@@ -79,7 +80,7 @@ impl ColumnRules {
             .hint("Name a column of type geometry or geography (PostGIS), for example geography(Point) or geometry(Point, 4326)."));
         }
         Ok(Column {
-            name: crate::geo::POINT_FIELD.to_owned(),
+            name: pg_meili_sync_core::document::geo::POINT_FIELD.to_owned(),
             kind: ValueKind::Geometry,
         })
     }

@@ -4,9 +4,10 @@
 
 use pgrx::prelude::*;
 
+use pg_meili_sync_core::task::options::{validate_index_uid, TaskOptions};
+
 use crate::catalog::{self, NewTask, TaskRecord, TaskState};
 use crate::error::{ErrorKind, SyncError};
-use crate::options::{validate_index_uid, TaskOptions};
 use crate::plan;
 
 /// The uid of the index a resync builds for `index_uid`.

@@ -12,12 +12,13 @@ use std::time::Duration;
 use pgrx::prelude::*;
 use serde_json::Value;
 
-use crate::encode::COMPOSITE_KEY_ATTRIBUTE;
+use pg_meili_sync_core::document::encode::COMPOSITE_KEY_ATTRIBUTE;
+use pg_meili_sync_core::meili::client::{Client, MeiliError};
+use pg_meili_sync_core::meili::network::federated_search_body;
+use pg_meili_sync_core::meili::waiting_tcp::{Interest, SocketWait, Waited};
+
 use crate::error::{ErrorKind, SyncError};
 use crate::gucs;
-use crate::meili::client::{Client, MeiliError};
-use crate::meili::network::federated_search_body;
-use crate::meili::waiting_tcp::{Interest, SocketWait, Waited};
 
 /// What a client is made for: its URL, key and timeout.
 type ClientKey = (String, Option<String>, Duration);

@@ -6,8 +6,8 @@
 use pgrx::lwlock::PgLwLock;
 use pgrx::pg_shmem_init;
 
-use crate::meili::writer::WriterStats;
-use crate::meter::RateWindow;
+use pg_meili_sync_core::meili::writer::WriterStats;
+use pg_meili_sync_core::pipeline::meter::RateWindow;
 use pgrx::prelude::*;
 use pgrx::shmem::PGRXSharedMemory;
 

@@ -14,15 +14,18 @@ use std::collections::HashMap;
 use pgrx::pg_sys;
 use serde_json::Value;
 
-use crate::batch::Operation;
+use pg_meili_sync_core::document::encode::{
+    encode_row, key_of_id, ColumnValue, EncodeError, ValueKind,
+};
+use pg_meili_sync_core::document::shard::ShardFilter;
+use pg_meili_sync_core::meili::client::{Client, MeiliError, HTTP_TIMEOUT, TASK_WAIT};
+use pg_meili_sync_core::pipeline::batch::Operation;
+use pg_meili_sync_core::task::options::{TaskOptions, WriteMode};
+
 use crate::catalog::{self, KeyMatch, TaskRecord};
-use crate::encode::{encode_row, key_of_id, ColumnValue, EncodeError, ValueKind};
 use crate::error::{ErrorKind, SyncError};
-use crate::meili::client::{Client, MeiliError, HTTP_TIMEOUT, TASK_WAIT};
-use crate::options::{TaskOptions, WriteMode};
 use crate::plan::{build_plan, PageSizer, SnapshotPlan};
 use crate::security;
-use crate::shard::ShardFilter;
 
 const PAGE_ROWS: usize = 1000;
 
@@ -71,8 +74,8 @@ pub fn same_document(expected: &Value, found: &Value, only_expected_fields: bool
             (only_expected_fields || a.len() == b.len())
                 && a.iter().all(|(name, value)| {
                     b.get(name).is_some_and(|other| {
-                        if name == crate::vectors::VECTORS_FIELD {
-                            crate::vectors::same_vectors(value, other)
+                        if name == pg_meili_sync_core::document::vectors::VECTORS_FIELD {
+                            pg_meili_sync_core::document::vectors::same_vectors(value, other)
                         } else {
                             same_document(value, other, false)
                         }

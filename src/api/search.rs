@@ -6,13 +6,14 @@ use std::time::Duration;
 use pgrx::prelude::*;
 use pgrx::JsonB;
 
+use pg_meili_sync_core::meili::client::Client;
+use pg_meili_sync_core::task::options::validate_index_uid;
+
 use super::{require_admin, required, select_denied, TASK_HINT};
 use crate::catalog;
 use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::jsonb::{BuiltJsonb, DirectJsonb, JsonbBuilder};
 use crate::materialized::TableIterator;
-use crate::meili::client::Client;
-use crate::options::validate_index_uid;
 use crate::search::ShardsFailed;
 use crate::shmem::Phase;
 use crate::{search, shmem};
@@ -186,12 +187,13 @@ fn hit_rows(
     query: Option<&str>,
     options: serde_json::Value,
 ) -> Result<HitRows, SyncError> {
-    let body = crate::meili::search::search_body(query, &options).map_err(|refused| {
-        SyncError::new(ErrorKind::InvalidParameter, refused.0)
-            .hint("For example '{\"limit\": 10, \"filter\": \"price > 10\"}'.")
-    })?;
+    let body =
+        pg_meili_sync_core::meili::search::search_body(query, &options).map_err(|refused| {
+            SyncError::new(ErrorKind::InvalidParameter, refused.0)
+                .hint("For example '{\"limit\": 10, \"filter\": \"price > 10\"}'.")
+        })?;
     let answer = search::run_for_text(client, index_uid, shards, body)?;
-    let hits = crate::meili::search::read_hits(
+    let hits = pg_meili_sync_core::meili::search::read_hits(
         &answer,
         search::id_attribute(key_columns),
         JsonbBuilder::new,
@@ -204,14 +206,16 @@ fn hit_rows(
     let hits = hits
         .into_iter()
         .filter(move |hit| match (&hit.id, &hit.remote) {
-            (Some(id), Some(remote)) => !crate::shard::is_left_behind(id, remote, &shards),
+            (Some(id), Some(remote)) => {
+                !pg_meili_sync_core::document::shard::is_left_behind(id, remote, &shards)
+            }
             _ => true,
         });
     Ok(TableIterator::new(hits.map(move |hit| {
         let key = hit
             .id
             .as_deref()
-            .and_then(|id| crate::encode::key_of_id(id, key_count));
+            .and_then(|id| pg_meili_sync_core::document::encode::key_of_id(id, key_count));
         (hit.id, key, hit.score, hit.document, hit.formatted)
     })))
 }
@@ -283,7 +287,7 @@ fn meili_search_index(
             "url",
             "Pass the Meilisearch URL, for example 'http://127.0.0.1:7700'.",
         )?;
-        crate::options::validate_url(url)?;
+        pg_meili_sync_core::task::options::validate_url(url)?;
         let index_uid = required(
             index_uid,
             "index_uid",
@@ -337,7 +341,7 @@ fn meili_facets(
                 .entry("limit")
                 .or_insert_with(|| serde_json::Value::from(0));
         }
-        let body = crate::meili::search::search_body(query, &options)
+        let body = pg_meili_sync_core::meili::search::search_body(query, &options)
             .map_err(|refused| SyncError::new(ErrorKind::InvalidParameter, refused.0))?;
         let answer = on_a_server(task, |client, target| {
             search::run(
@@ -348,9 +352,9 @@ fn meili_facets(
                 ShardsFailed::Refuse,
             )
         })?;
-        Ok(TableIterator::new(crate::meili::search::facet_counts(
-            &answer,
-        )))
+        Ok(TableIterator::new(
+            pg_meili_sync_core::meili::search::facet_counts(&answer),
+        ))
     })();
     result.or_raise()
 }

@@ -3,20 +3,23 @@
 use pgrx::prelude::*;
 use pgrx::{JsonB, PgRelation};
 
+use pg_meili_sync_core::document::encode::{encode_row, ColumnValue};
+use pg_meili_sync_core::document::geo;
+use pg_meili_sync_core::document::vectors;
+use pg_meili_sync_core::meili::client::{
+    Client, MeiliError, MeiliTaskStatus, HTTP_TIMEOUT, TASK_WAIT,
+};
+use pg_meili_sync_core::task::options::{
+    option_altered_as, options_altered_as, validate_index_uid, Alter, Replica, TaskOptions,
+    WriteMode,
+};
+
 use super::{
     require_admin, require_launcher_database, require_logical_wal, require_preloaded,
     require_select, require_task, required, wake_launcher_at_commit,
 };
 use crate::catalog::{self, NewTask, RelationInfo, TaskState};
-use crate::encode::{encode_row, ColumnValue};
 use crate::error::{ErrorKind, OrRaise, SyncError};
-use crate::geo;
-use crate::meili::client::{Client, MeiliError, MeiliTaskStatus, HTTP_TIMEOUT, TASK_WAIT};
-use crate::options::{
-    option_altered_as, options_altered_as, validate_index_uid, Alter, Replica, TaskOptions,
-    WriteMode,
-};
-use crate::vectors;
 use crate::{gucs, plan, resync_request, security};
 
 /// Chooses the key columns: the `primary_key` option, else the table's primary key; checks that
@@ -415,7 +418,7 @@ fn task_servers(parsed: &TaskOptions) -> Result<(Vec<Replica>, Vec<String>), Syn
             SyncError::new(ErrorKind::InvalidParameter, "no Meilisearch URL given")
                 .hint("Pass {\"url\": \"http://host:7700\"} in the options, or set meili_sync.url.")
         })?;
-    crate::options::validate_url(&url)?;
+    pg_meili_sync_core::task::options::validate_url(&url)?;
     Ok((
         vec![Replica {
             url: url.trim_end_matches('/').to_owned(),
@@ -644,7 +647,10 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             .hint("Drop the task and start a new one (meili_sync_drop, then meili_sync_start)."));
         }
         refuse_leaving_shared_decoding(&record, changes.get("decoding"))?;
-        let parsed = TaskOptions::parse(&crate::options::merged_options(&record.options, changes))?;
+        let parsed = TaskOptions::parse(&pg_meili_sync_core::task::options::merged_options(
+            &record.options,
+            changes,
+        ))?;
         if parsed.geo.is_some() {
             check_geo_write_mode(&catalog::relation_info(record.relid)?, &parsed)?;
         }
@@ -671,7 +677,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             )));
         }
         let url = parsed.url.clone().unwrap_or_else(|| record.url.clone());
-        crate::options::validate_url(&url)?;
+        pg_meili_sync_core::task::options::validate_url(&url)?;
         refuse_index_in_use(
             url.trim_end_matches('/'),
             &record.index_uid,

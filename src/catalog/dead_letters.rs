@@ -3,8 +3,9 @@
 
 use pgrx::prelude::*;
 
+use pg_meili_sync_core::pipeline::dispatch::DeadLetter;
+
 use super::{as_catalog_owner, format_lsn, CatalogResult};
-use crate::dispatch::DeadLetter;
 
 /// Stores documents Meilisearch refused; a document already there is updated (attempts + 1).
 /// During streaming the checkpoint is the commit LSN of the change.

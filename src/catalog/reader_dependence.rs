@@ -8,10 +8,11 @@ use std::collections::{HashSet, VecDeque};
 
 use pgrx::prelude::*;
 
+use pg_meili_sync_core::task::function_body::{read_body, BodyFacts};
+
 use super::fragments::RELATIONS_READ_SQL;
 use super::{select_one, CatalogResult};
 use crate::error::{ErrorKind, SyncError};
-use crate::function_body::{read_body, BodyFacts};
 
 /// Why a view's rows may differ from one reader to another.
 #[derive(Debug, Clone, PartialEq, Eq)]

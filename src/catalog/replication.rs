@@ -4,9 +4,10 @@
 use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 
+use pg_meili_sync_core::task::pg_catalog::SlotStatus;
+
 use super::fragments::{CATALOG_OWNER_SQL, SHARED_NAME_SQL, SHARED_TASK_SQL};
 use super::{select_one, CatalogResult, OBJECT_NAME_SQL};
-use crate::pg_catalog::SlotStatus;
 
 /// A task's slot as the launcher's WAL guard sees it.
 pub struct SlotHealth {

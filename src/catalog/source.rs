@@ -8,10 +8,11 @@ use pgrx::pg_sys::submodules::ffi::pg_guard_ffi_boundary;
 use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 
+use pg_meili_sync_core::document::encode::ValueKind;
+use pg_meili_sync_core::task::pg_catalog::{RelationKind, ReplicaIdentity};
+
 use super::{may_select, names_from, role_name, select_one, CatalogResult};
-use crate::encode::ValueKind;
 use crate::error::{ErrorKind, SyncError};
-use crate::pg_catalog::{RelationKind, ReplicaIdentity};
 
 /// A column of the source table as the catalog describes it.
 #[derive(Debug, Clone)]

@@ -5,6 +5,9 @@ use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 use pgrx::JsonB;
 
+use pg_meili_sync_core::document::shard::ShardFilter;
+use pg_meili_sync_core::wal::state_change;
+
 use super::fragments::{
     columns_added_sql, copy_again_sql, source_shape_sql, update_in_id_order_sql, LAST_COLUMN_SQL,
     OWN_SLOT_SQL, SENT_COLUMN_SQL, SHARED_TASK_SQL,
@@ -15,8 +18,6 @@ use super::{
     as_catalog_owner, format_lsn, ids_of, names_from, select_one, CatalogResult, OBJECT_NAME_SQL,
 };
 use crate::error::{ErrorKind, SyncError};
-use crate::shard::ShardFilter;
-use crate::state_change;
 
 /// Where a resync helper is in its swap, recorded before each step so that a helper restarted
 /// between them resumes it (`meili_sync.tasks.resync_phase` with `swap_lsn` and

@@ -6,10 +6,11 @@ use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;
 use pgrx::PgList;
 
+use pg_meili_sync_core::task::pg_catalog::RelationKind;
+
 use super::fragments::RELATIONS_READ_SQL;
 use super::{key_arrays, page_text_values, CatalogResult};
 use crate::error::{ErrorKind, SyncError};
-use crate::pg_catalog::RelationKind;
 
 /// A table the view reads, directly or through other views.
 #[derive(Debug, Clone)]

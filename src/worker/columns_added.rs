@@ -6,10 +6,11 @@
 
 use pgrx::prelude::*;
 
+use pg_meili_sync_core::pipeline::due::Due;
+use pg_meili_sync_core::task::failure::Advice;
+
 use crate::catalog::{self, ColumnsAdded, TaskRecord};
-use crate::due::Due;
 use crate::error::ErrorKind;
-use crate::failure::Advice;
 use crate::shmem::{self, LiveStatus};
 use crate::worker::control::{
     in_transaction, in_user_transaction, in_user_transaction_retrying, Stop,

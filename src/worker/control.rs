@@ -13,15 +13,16 @@ use pgrx::prelude::*;
 
 use pgrx::bgworkers::SignalWakeFlags;
 
+use pg_meili_sync_core::meili::client::{Client, MeiliError, MeiliTask, TASK_WAIT};
+use pg_meili_sync_core::meili::retry::{Backoff, RETRY_BASE, RETRY_CAP};
+use pg_meili_sync_core::meili::writer::{Writer, WriterConfig};
+use pg_meili_sync_core::pipeline::dispatch::{Dispatcher, Progress};
+use pg_meili_sync_core::task::failure::{Advice, Failure, FailureKind};
+use pg_meili_sync_core::task::options::TaskOptions;
+
 use crate::catalog::{self, TaskRecord};
 use crate::decode::session;
-use crate::dispatch::{Dispatcher, Progress};
 use crate::error::SyncError;
-use crate::failure::{Advice, Failure, FailureKind};
-use crate::meili::client::{Client, MeiliError, MeiliTask, TASK_WAIT};
-use crate::meili::retry::{Backoff, RETRY_BASE, RETRY_CAP};
-use crate::meili::writer::{Writer, WriterConfig};
-use crate::options::TaskOptions;
 use crate::shmem::{self, LiveStatus, NoEntry, Phase, WorkerId};
 
 /// How long an enqueued Meilisearch task may be missing from its task list before its batch is

@@ -15,16 +15,17 @@ use std::time::{Duration, Instant};
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
-use crate::batch::ChangeBatcher;
+use pg_meili_sync_core::meili::client::Client;
+use pg_meili_sync_core::pipeline::batch::ChangeBatcher;
+use pg_meili_sync_core::pipeline::dispatch::{Dispatcher, Progress};
+use pg_meili_sync_core::pipeline::due::Due;
+use pg_meili_sync_core::pipeline::meter::CommitAges;
+use pg_meili_sync_core::pipeline::pacing::{BusyNap, Throttle};
+use pg_meili_sync_core::task::failure::{Failure, FailureKind};
+
 use crate::catalog::{self, TaskRecord};
 use crate::decode::session::{DecodingSession, MessageSink};
-use crate::dispatch::{Dispatcher, Progress};
-use crate::due::Due;
-use crate::failure::{Failure, FailureKind};
 use crate::gucs;
-use crate::meili::client::Client;
-use crate::meter::CommitAges;
-use crate::pacing::{BusyNap, Throttle};
 use crate::shmem::{LiveStatus, Phase};
 use crate::worker::control::{
     fail, in_transaction, reload_config_if_asked, report_progress, should_stop, Stop,

@@ -14,9 +14,10 @@ use pgrx::bgworkers::{
 };
 use pgrx::prelude::*;
 
+use pg_meili_sync_core::pipeline::pacing::Throttle;
+use pg_meili_sync_core::task::pg_catalog::SlotStatus;
+
 use crate::catalog::{self, TaskSummary};
-use crate::pacing::Throttle;
-use crate::pg_catalog::SlotStatus;
 use crate::shmem::WorkerId;
 use crate::worker::control::{database_of_worker, reload_config_if_asked};
 use crate::{gucs, resync_request, shmem};

@@ -9,11 +9,12 @@ use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
 
+use pg_meili_sync_core::pipeline::due::Due;
+use pg_meili_sync_core::task::failure::{Advice, Failure, FailureKind};
+use pg_meili_sync_core::task::options::TaskOptions;
+
 use crate::catalog::{self, TaskRecord};
-use crate::due::Due;
 use crate::error::ErrorKind;
-use crate::failure::{Advice, Failure, FailureKind};
-use crate::options::TaskOptions;
 use crate::plan::{check_task_source, SnapshotPlan};
 use crate::shmem::{self, LiveStatus};
 use crate::worker::control::{

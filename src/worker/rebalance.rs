@@ -15,11 +15,12 @@ use std::time::Duration;
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
+use pg_meili_sync_core::meili::client::Client;
+use pg_meili_sync_core::meili::client::HTTP_TIMEOUT;
+use pg_meili_sync_core::meili::network::{network_body, network_leader};
+use pg_meili_sync_core::task::failure::{Failure, FailureKind};
+
 use crate::catalog::{self, TaskRecord};
-use crate::failure::{Failure, FailureKind};
-use crate::meili::client::Client;
-use crate::meili::client::HTTP_TIMEOUT;
-use crate::meili::network::{network_body, network_leader};
 use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 use crate::worker::control::{
     await_meili_task, fail, in_transaction, should_stop, with_retry, worker_main, Stop,

@@ -15,18 +15,19 @@ use std::time::Instant;
 
 use pgrx::prelude::*;
 
-use crate::affected::{AffectedKeys, Window};
-use crate::batch::{BatchLimits, ChangeBatcher, Operation};
+use pg_meili_sync_core::document::encode::{encode_id, encode_row, ColumnValue};
+use pg_meili_sync_core::pipeline::batch::{BatchLimits, ChangeBatcher, Operation};
+use pg_meili_sync_core::pipeline::dispatch::{DeadLetter, Dispatcher};
+use pg_meili_sync_core::task::failure::Advice;
+use pg_meili_sync_core::task::options::TaskOptions;
+use pg_meili_sync_core::wal::affected::{AffectedKeys, Window};
+use pg_meili_sync_core::wal::state_change;
+
 use crate::catalog;
 use crate::decode::session::MessageSink;
-use crate::dispatch::{DeadLetter, Dispatcher};
-use crate::encode::{encode_id, encode_row, ColumnValue};
-use crate::failure::Advice;
-use crate::options::TaskOptions;
 use crate::plan::{self, SnapshotPlan, ViewPlan};
 use crate::security;
 use crate::shmem::{self, LiveStatus};
-use crate::state_change;
 use crate::worker::control::{in_transaction, in_user_transaction, should_stop, Stop};
 use crate::worker::drive::{DueWork, PassStream, Settlement, TaskStream};
 use crate::worker::partitions::PartitionWatch;

@@ -19,9 +19,10 @@ use std::time::Duration;
 use pgrx::prelude::*;
 use serde_json::Value;
 
+use pg_meili_sync_core::meili::client::{Client, TASK_WAIT};
+use pg_meili_sync_core::task::failure::{Failure, FailureKind};
+
 use crate::catalog::{self, ResyncPhase, TaskRecord, TaskState};
-use crate::failure::{Failure, FailureKind};
-use crate::meili::client::{Client, TASK_WAIT};
 use crate::shmem::{self, LiveStatus, Phase};
 use crate::worker::control::{
     await_meili_task, in_transaction, meili_task_succeeded, should_stop, with_retry,

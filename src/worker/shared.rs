@@ -15,16 +15,17 @@ use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
 
+use pg_meili_sync_core::meili::client::Client;
+use pg_meili_sync_core::meili::client::HTTP_TIMEOUT;
+use pg_meili_sync_core::task::failure::{Advice, Failure, FailureKind};
+use pg_meili_sync_core::task::options::TaskOptions;
+use pg_meili_sync_core::task::pg_catalog::SlotStatus;
+use pg_meili_sync_core::wal::route::Router;
+
 use crate::catalog::{self, SharedTask, TaskRecord};
 use crate::decode::session::{DecodingSession, MessageSink};
 use crate::error::SyncError;
-use crate::failure::{Advice, Failure, FailureKind};
-use crate::meili::client::Client;
-use crate::meili::client::HTTP_TIMEOUT;
-use crate::options::TaskOptions;
-use crate::pg_catalog::SlotStatus;
 use crate::plan::{build_plan, recheck_source, ColumnRules, ViewPlan};
-use crate::route::Router;
 use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 use crate::worker::control::{
     fail, in_transaction, in_user_transaction, open_dispatcher, worker_main, worker_transaction,

@@ -12,10 +12,11 @@ use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
 
-use crate::batch::{Batch, Batcher, Operation};
-use crate::dispatch::{DeadLetter, Dispatcher, Progress};
-use crate::encode::{encode_row, ColumnValue};
-use crate::failure::FailureKind;
+use pg_meili_sync_core::document::encode::{encode_row, ColumnValue};
+use pg_meili_sync_core::pipeline::batch::{Batch, Batcher, Operation};
+use pg_meili_sync_core::pipeline::dispatch::{DeadLetter, Dispatcher, Progress};
+use pg_meili_sync_core::task::failure::FailureKind;
+
 use crate::plan::{PageSizer, SnapshotPlan};
 use crate::shmem::{LiveStatus, Phase};
 use crate::worker::control::{fail, in_transaction, report_progress, should_stop, Stop};

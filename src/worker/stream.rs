@@ -8,19 +8,20 @@ use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
 
-use crate::batch::BatchLimits;
+use pg_meili_sync_core::document::shard::ShardFilter;
+use pg_meili_sync_core::pipeline::batch::BatchLimits;
+use pg_meili_sync_core::pipeline::dispatch::{DeadLetter, Dispatcher};
+use pg_meili_sync_core::pipeline::meter::CommitAges;
+use pg_meili_sync_core::task::failure::{Failure, FailureKind};
+use pg_meili_sync_core::task::options::{TaskOptions, WriteMode};
+use pg_meili_sync_core::wal::changes::ChangeMapper;
+use pg_meili_sync_core::wal::pgoutput;
+use pg_meili_sync_core::wal::state_change;
+
 use crate::catalog;
-use crate::changes::ChangeMapper;
 use crate::decode::session::MessageSink;
-use crate::dispatch::{DeadLetter, Dispatcher};
-use crate::failure::{Failure, FailureKind};
-use crate::meter::CommitAges;
-use crate::options::{TaskOptions, WriteMode};
-use crate::pgoutput;
 use crate::plan::ColumnRules;
-use crate::shard::ShardFilter;
 use crate::shmem::LiveStatus;
-use crate::state_change;
 use crate::worker::columns_added::ColumnsAddedWatch;
 use crate::worker::control::{rewind_dispatcher, should_stop, Stop};
 use crate::worker::drive::{DueWork, PassStream, Settlement, TaskStream};

@@ -6,14 +6,15 @@ use std::time::Duration;
 use pgrx::bgworkers::BackgroundWorker;
 use pgrx::prelude::*;
 
+use pg_meili_sync_core::meili::client::Client;
+use pg_meili_sync_core::meili::client::HTTP_TIMEOUT;
+use pg_meili_sync_core::pipeline::dispatch::Dispatcher;
+use pg_meili_sync_core::task::failure::{Failure, FailureKind};
+use pg_meili_sync_core::task::options::TaskOptions;
+use pg_meili_sync_core::task::pg_catalog::SlotStatus;
+
 use crate::catalog::{self, TaskRecord, TaskState};
-use crate::dispatch::Dispatcher;
 use crate::error::SyncError;
-use crate::failure::{Failure, FailureKind};
-use crate::meili::client::Client;
-use crate::meili::client::HTTP_TIMEOUT;
-use crate::options::TaskOptions;
-use crate::pg_catalog::SlotStatus;
 use crate::plan::{build_plan, recheck_source, ColumnRules, SnapshotPlan, ViewPlan};
 use crate::shmem::{self, LiveStatus, Phase, WorkerId};
 use crate::worker::control::{
@@ -82,7 +83,7 @@ fn prepare_index(
         // Geo filters and sorting need the fields filterable (sortable); added to what the
         // index has, before the copy, so that Meilisearch checks every document as it arrives.
         let current = with_retry(live, "reading index settings", || client.get_settings(uid))?;
-        if let Some(missing) = crate::geo::missing_geo_settings(&current) {
+        if let Some(missing) = pg_meili_sync_core::document::geo::missing_geo_settings(&current) {
             let task_uid = with_retry(live, "updating index settings", || {
                 client.update_settings(uid, &missing)
             })?;
@@ -115,7 +116,7 @@ fn prepare_embedders(
     let mut wanted = Vec::new();
     for (embedder, column) in &options.vectors {
         let declared = info.type_name_of(column);
-        let dimensions = crate::vectors::declared_dimensions(&declared).ok_or_else(|| {
+        let dimensions = pg_meili_sync_core::document::vectors::declared_dimensions(&declared).ok_or_else(|| {
             fail(
                 FailureKind::Source,
                 format!(
@@ -127,7 +128,7 @@ fn prepare_embedders(
         wanted.push((embedder.clone(), dimensions));
     }
     let current = with_retry(live, "reading index settings", || client.get_settings(uid))?;
-    let missing = crate::vectors::missing_embedders(&current, &wanted).map_err(|problem| {
+    let missing = pg_meili_sync_core::document::vectors::missing_embedders(&current, &wanted).map_err(|problem| {
         Stop::from(
             Failure::new(
                 FailureKind::Index,

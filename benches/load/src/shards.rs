@@ -7,8 +7,8 @@
 
 use std::time::Duration;
 
+use pg_meili_sync_core::document::shard::shard_of;
 use pg_meili_sync_core::meili::network::federated_search_body;
-use pg_meili_sync_core::shard::shard_of;
 use pg_meili_sync_e2e::meili::Meili;
 use pg_meili_sync_e2e::{products, wait_for};
 use serde_json::{json, Value};

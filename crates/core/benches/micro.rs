@@ -16,14 +16,14 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use flate2::Compression;
-use pg_meili_sync_core::batch::{Batch, BatchLimits, Batcher, Operation};
-use pg_meili_sync_core::changes::{ChangeMapper, RelationShape};
-use pg_meili_sync_core::encode::{
+use pg_meili_sync_core::document::encode::{
     encode_document, write_value, Column, ColumnValue, DocumentShape, ValueKind,
 };
-use pg_meili_sync_core::failure::{Failure, FailureKind};
 use pg_meili_sync_core::meili::writer::gzip;
-use pg_meili_sync_core::pgoutput::{parse, Message, Relation};
+use pg_meili_sync_core::pipeline::batch::{Batch, BatchLimits, Batcher, Operation};
+use pg_meili_sync_core::task::failure::{Failure, FailureKind};
+use pg_meili_sync_core::wal::changes::{ChangeMapper, RelationShape};
+use pg_meili_sync_core::wal::pgoutput::{parse, Message, Relation};
 use pg_meili_sync_e2e::products;
 
 /// Documents per batch: the `batch_size` default.

@@ -21,7 +21,7 @@ use ureq::unversioned::transport::{
 use ureq::Agent;
 
 use super::waiting_tcp::{SocketWait, WaitingTcpConnector};
-use crate::batch::Operation;
+use crate::pipeline::batch::Operation;
 
 /// Responses larger than this are refused (a page of documents is the
 /// largest thing the sync reads).

@@ -20,7 +20,7 @@
 //! [`WriterEvent`]s on a channel it polls. The events of one batch come in
 //! order (`Enqueued` before `Confirmed` or `Failed`); those of different
 //! batches may interleave, e.g. a rejected batch's `Failed` before
-//! an earlier batch's `Confirmed`, which [`crate::batch::Watermark`] absorbs.
+//! an earlier batch's `Confirmed`, which [`crate::pipeline::batch::Watermark`] absorbs.
 
 use std::collections::{HashMap, VecDeque};
 use std::fmt;
@@ -36,7 +36,7 @@ use flate2::Compression;
 
 use super::client::{Client, MeiliError, MeiliErrorBody, MeiliTaskStatus};
 use super::retry::Backoff;
-use crate::batch::{Batch, Operation};
+use crate::pipeline::batch::{Batch, Operation};
 
 /// Task uids asked about in one `GET /tasks` request, to keep URLs short.
 const MAX_UIDS_PER_POLL: usize = 500;
@@ -871,7 +871,7 @@ mod tests {
 
     mod against_test_server {
         use super::*;
-        use crate::batch::Watermark;
+        use crate::pipeline::batch::Watermark;
         use meili_test_server::TestServer;
         use serde_json::{json, Value};
 

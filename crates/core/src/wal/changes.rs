@@ -11,11 +11,11 @@ use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 use std::time::Instant;
 
-use crate::batch::{Batch, BatchLimits, ChangeBatcher, Operation};
-use crate::encode::{encode_id, encode_row, ColumnValue, DocumentShape};
-use crate::failure::{Advice, Failure, FailureKind};
-use crate::pgoutput::{Message, Relation, Tuple, TupleValue};
-use crate::shard::ShardFilter;
+use crate::document::encode::{encode_id, encode_row, ColumnValue, DocumentShape};
+use crate::document::shard::ShardFilter;
+use crate::pipeline::batch::{Batch, BatchLimits, ChangeBatcher, Operation};
+use crate::task::failure::{Advice, Failure, FailureKind};
+use crate::wal::pgoutput::{Message, Relation, Tuple, TupleValue};
 
 /// How one published relation's columns become a document.
 pub struct RelationShape {
@@ -342,8 +342,8 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::encode::{Column, ValueKind};
-    use crate::pgoutput::RelationColumn;
+    use crate::document::encode::{Column, ValueKind};
+    use crate::wal::pgoutput::RelationColumn;
 
     const OID: u32 = 16384;
 

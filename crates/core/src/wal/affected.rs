@@ -20,9 +20,9 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;
 
-use crate::failure::{Advice, Failure, FailureKind};
-use crate::pgoutput::{Message, Relation, Tuple, TupleValue};
-use crate::route::PartitionAncestors;
+use crate::task::failure::{Advice, Failure, FailureKind};
+use crate::wal::pgoutput::{Message, Relation, Tuple, TupleValue};
+use crate::wal::route::PartitionAncestors;
 
 /// Where a route's key values go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -389,7 +389,7 @@ fn replica_identity_full(table: &str) -> Advice {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::pgoutput::RelationColumn;
+    use crate::wal::pgoutput::RelationColumn;
 
     const PRODUCTS: u32 = 100;
     const REVIEWS: u32 = 200;

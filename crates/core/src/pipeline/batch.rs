@@ -16,7 +16,7 @@ use std::ops::Range;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::shard::ShardFilter;
+use crate::document::shard::ShardFilter;
 
 /// What a batch asks Meilisearch to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -1012,7 +1012,7 @@ mod tests {
     /// Two shards' batchers fed the same stream: each keeps its own documents, both the delete-all.
     #[test]
     fn a_shard_batcher_keeps_only_its_documents() {
-        use crate::shard::ShardFilter;
+        use crate::document::shard::ShardFilter;
         let now = Instant::now();
         let clock = || now;
         let names = vec!["ms-0".to_owned(), "ms-1".to_owned()];
@@ -1080,7 +1080,7 @@ mod tests {
 
     #[test]
     fn a_transaction_of_other_shards_documents_still_moves_the_checkpoint() {
-        use crate::shard::ShardFilter;
+        use crate::document::shard::ShardFilter;
         let now = Instant::now();
         let clock = || now;
         let names = vec!["ms-0".to_owned(), "ms-1".to_owned()];

@@ -76,7 +76,7 @@ pub struct Replica {
 }
 
 /// One Meilisearch server of a task's `shards`: each holds the documents whose id hashes to it
-/// (see [`crate::shard`]).
+/// (see [`crate::document::shard`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Shard {
     /// The server's remote name in Meilisearch's network, and the name its documents hash to.

@@ -8,7 +8,7 @@
 
 use serde_json::{json, Value};
 
-use crate::pgoutput::Message;
+use crate::wal::pgoutput::Message;
 
 /// The prefix of the logical messages this extension writes.
 pub const PREFIX: &str = "pg_meili_sync";

@@ -10,7 +10,7 @@
 
 use twox_hash::XxHash3_64;
 
-use crate::encode::{encode_id, DocumentShape};
+use crate::document::encode::{encode_id, DocumentShape};
 
 /// Ends each string in the hashed bytes, as `Hasher::write_str` does by default.
 const STR_END: u8 = 0xFF;

@@ -98,10 +98,10 @@ pub enum ValueKind {
     Bytea,
     /// An array; the element kind.
     Array(Box<ValueKind>),
-    /// The PostGIS column of the `geo` option: `_geo` or `_geojson` by value (see [`crate::geo`]).
+    /// The PostGIS column of the `geo` option: `_geo` or `_geojson` by value (see [`crate::document::geo`]).
     Geometry,
     /// A pgvector column of the `vectors` option, for the embedder named: an entry of
-    /// `_vectors`, not a field of its own (see [`crate::vectors`]).
+    /// `_vectors`, not a field of its own (see [`crate::document::vectors`]).
     Vector(String),
     /// Any other type: its text output as a JSON string.
     Other,
@@ -214,7 +214,7 @@ impl DocumentShape {
             .collect();
         let geo_column = columns
             .iter()
-            .position(|column| column.name == crate::geo::POINT_FIELD);
+            .position(|column| column.name == crate::document::geo::POINT_FIELD);
         let has_vectors = columns
             .iter()
             .any(|column| matches!(column.kind, ValueKind::Vector(_)));
@@ -418,7 +418,7 @@ fn check_geo(shape: &DocumentShape, values: &[ColumnValue]) -> Result<(), Encode
     };
     let invalid = |reason: String| Err(EncodeError::InvalidGeo { reason });
     if shape.columns[index].kind == ValueKind::Geometry {
-        return crate::geo::from_postgis_text(text)
+        return crate::document::geo::from_postgis_text(text)
             .map(|_| ())
             .or_else(|error| invalid(error.to_string()));
     }
@@ -551,14 +551,14 @@ fn write_vectors(out: &mut Vec<u8>, shape: &DocumentShape, values: &[ColumnValue
             if !first {
                 out.push(b',');
             }
-            write_string(out, crate::vectors::VECTORS_FIELD);
+            write_string(out, crate::document::vectors::VECTORS_FIELD);
             out.extend_from_slice(b":{");
             opened = true;
         }
         write_string(out, embedder);
         out.push(b':');
         match value {
-            ColumnValue::Text(text) => crate::vectors::write_embedding(out, text),
+            ColumnValue::Text(text) => crate::document::vectors::write_embedding(out, text),
             _ => out.extend_from_slice(b"null"),
         }
     }
@@ -571,9 +571,9 @@ fn write_vectors(out: &mut Vec<u8>, shape: &DocumentShape, values: &[ColumnValue
 /// A value that cannot be either is written as `_geo` holding its text, for the dead letter that
 /// [`check_geo`] makes of the row.
 fn write_geometry(out: &mut Vec<u8>, point_prefix: &[u8], text: &str) {
-    match crate::geo::from_postgis_text(text) {
+    match crate::document::geo::from_postgis_text(text) {
         Ok(value) => {
-            if value.field() == crate::geo::POINT_FIELD {
+            if value.field() == crate::document::geo::POINT_FIELD {
                 out.extend_from_slice(point_prefix);
             } else {
                 write_string(out, value.field());

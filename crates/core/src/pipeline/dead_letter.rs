@@ -1,12 +1,12 @@
 //! The dead letter of a row that is never sent: no valid document id, a `_geo` Meilisearch would
-//! refuse (both found by [`crate::encode::encode_row`]), or a change the mapper could not follow.
+//! refuse (both found by [`crate::document::encode::encode_row`]), or a change the mapper could not follow.
 //! [`DeadLetter::unsent_row`] is the one constructor the copy, the stream and view renders use.
 //! The type, and the dead letters of documents Meilisearch refused, are the dispatcher's.
 
 use serde_json::Value;
 
-use crate::batch::Operation;
-use crate::dispatch::{item_id, DeadLetter};
+use crate::pipeline::batch::Operation;
+use crate::pipeline::dispatch::{item_id, DeadLetter};
 
 impl DeadLetter {
     /// `document` as far as it was encoded (empty when the row has no id; the dead letter's id is
@@ -35,7 +35,7 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::encode::{encode_row, Column, ColumnValue, DocumentShape, ValueKind};
+    use crate::document::encode::{encode_row, Column, ColumnValue, DocumentShape, ValueKind};
 
     fn shape() -> DocumentShape {
         let columns =

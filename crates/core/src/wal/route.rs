@@ -9,8 +9,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::pgoutput::{self, Message, ParseError};
-use crate::state_change;
+use crate::wal::pgoutput::{self, Message, ParseError};
+use crate::wal::state_change;
 
 pub type TaskId = i64;
 
