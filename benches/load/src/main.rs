@@ -817,7 +817,10 @@ impl Session {
         let mut line = String::new();
         loop {
             line.clear();
-            let read = self.output.read_line(&mut line).expect("read psql's answer");
+            let read = self
+                .output
+                .read_line(&mut line)
+                .expect("read psql's answer");
             assert!(read > 0, "psql ended (ON_ERROR_STOP) running: {sql}");
             if line.trim_end() == "statement-done" {
                 return;
