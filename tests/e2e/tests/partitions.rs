@@ -127,14 +127,18 @@ fn wait_partitions_recorded(cluster: &Cluster, task: i64, partition: &str) {
 }
 
 /// The rows a task logged as sent for partitions attached, the last time.
-fn rows_sent_for_partitions_attached(log: &str) -> Option<u64> {
-    log.lines().rev().find_map(|line| {
-        let (_, after) = line.split_once(": sent ")?;
-        let (count, rest) = after.split_once(' ')?;
-        rest.starts_with("rows of the partitions attached")
-            .then(|| count.parse().ok())
-            .flatten()
-    })
+/// The rows sent for each attach the log tells of ("sent N rows of the partitions attached"), in
+/// order. (A partition created empty is an attach of 0 rows.)
+fn rows_sent_for_partitions_attached(log: &str) -> Vec<u64> {
+    log.lines()
+        .filter_map(|line| {
+            let (_, after) = line.split_once(": sent ")?;
+            let (count, rest) = after.split_once(' ')?;
+            rest.starts_with("rows of the partitions attached")
+                .then(|| count.parse().ok())
+                .flatten()
+        })
+        .collect()
 }
 
 /// A view whose documents are events with the label of their kind (a lookup table, followed by
@@ -230,6 +234,7 @@ fn a_view_follows_the_partitions_of_its_table(decoding: &str) {
     assert!(!documents.contains_key("904") && documents.contains_key("7001"));
 
     // ATTACH of a table with rows: they come into the view's index while writes go on.
+    let attaches_before = rows_sent_for_partitions_attached(&cluster.server_log()).len();
     cluster.psql("ALTER TABLE events ATTACH PARTITION events_2026_03 FOR VALUES FROM ('2026-03-01') TO ('2026-04-01')");
     cluster.psql("INSERT INTO events VALUES (7002, '2026-03-05', 'after the attach')");
     wait_index_matches_view(&cluster, &meili, &index);
@@ -347,6 +352,7 @@ fn streams_through_every_partition(decoding: &str) {
 
     // ATTACH of a table with rows: they were never changes, so the task sends them once the index
     // has everything before the ATTACH, while writes to the table go on.
+    let attaches_before = rows_sent_for_partitions_attached(&cluster.server_log()).len();
     cluster.psql("ALTER TABLE events ATTACH PARTITION events_2026_03 FOR VALUES FROM ('2026-03-01') TO ('2026-04-01')");
     cluster.psql("INSERT INTO events VALUES (7002, '2026-03-05', 'after the attach')");
     cluster.psql("UPDATE events SET body = 'updated after the attach' WHERE id = 6001");
@@ -360,8 +366,11 @@ fn streams_through_every_partition(decoding: &str) {
     );
     // Only the attached partition was read: its 41 rows, and the row inserted after the ATTACH
     // if it was there first.
+    // The documents are readable a moment before the worker notices their confirmation and logs.
     let sent = wait_for("the log of the rows attached", CONVERGE, || {
         rows_sent_for_partitions_attached(&cluster.server_log())
+            .get(attaches_before)
+            .copied()
     });
     assert!((41..=42).contains(&sent), "{sent} rows sent");
     assert!(
