@@ -25,9 +25,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 if ! cargo pgrx --version 2>/dev/null | grep -q "0.18.1"; then
-    echo "setup: installing cargo-pgrx 0.18.1 (takes a few minutes)"
-    # Unoptimised: it only drives cargo and copies files, and builds in half the time.
-    cargo install cargo-pgrx --version =0.18.1 --locked --debug
+    echo "setup: installing cargo-pgrx 0.18.1 (takes several minutes)"
+    cargo install cargo-pgrx --version =0.18.1 --locked
 fi
 
 # The end-to-end tiers run under cargo nextest (a machine of this project's kind has it).
