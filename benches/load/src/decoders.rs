@@ -20,8 +20,7 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::products;
-use serde_json::json;
+use pg_meili_sync_e2e::{products, TaskStart};
 
 const PUBLICATION: &str = "bench_decoders_pub";
 const MARKER: &str = "--decoders-bench-done--";
@@ -264,16 +263,6 @@ fn allow_plugins(cluster: &Cluster) -> String {
     }
 }
 
-fn start_task(cluster: &Cluster, meili: &Meili, index: &str) -> i64 {
-    let options = meili.options(json!({}));
-    cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('products', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id")
-}
-
 fn ratio(ours: Option<f64>, theirs: Option<f64>) -> Option<f64> {
     ours.zip(theirs)
         .filter(|(_, theirs)| *theirs > 0.0)
@@ -312,8 +301,12 @@ pub fn run(rows: i64, per_transaction: i64) {
 
     let streaming_index = meili.unique_index("products_decoders_stream");
     let backlog_index = meili.unique_index("products_decoders_backlog");
-    let streaming = start_task(&cluster, &meili, &streaming_index);
-    let backlog = start_task(&cluster, &meili, &backlog_index);
+    let (_, streaming) = TaskStart::on("products")
+        .into_index(&streaming_index)
+        .start(&cluster, &meili);
+    let (_, backlog) = TaskStart::on("products")
+        .into_index(&backlog_index)
+        .start(&cluster, &meili);
     let mut monitor = Session::open(&cluster);
     wait_state(&cluster, &mut monitor, streaming, "streaming", true);
     wait_state(&cluster, &mut monitor, backlog, "streaming", true);

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::{Meili, Method};
-use pg_meili_sync_e2e::{products, wait_for};
+use pg_meili_sync_e2e::{products, start_with_options, wait_for, TaskStart};
 use serde_json::json;
 
 /// utime + stime of a process, in seconds (from /proc/PID/stat).
@@ -89,14 +89,10 @@ fn setup(rows: i64, options: serde_json::Value) -> Setup {
         cluster.psql(&products::insert_sql(1, rows));
     }
     cluster.psql("VACUUM ANALYZE products");
-    let index = meili.unique_index("products_load");
-    let options = meili.options(options);
-    let task: i64 = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('products', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
+    let (index, task) = TaskStart::on("products")
+        .index_named("products_load")
+        .options(options)
+        .start(&cluster, &meili);
     Setup {
         meili,
         cluster,
@@ -531,12 +527,7 @@ fn start_on_tables(
     for n in 0..count {
         cluster.psql(&create(n));
         let index = meili.unique_index(&format!("{prefix}{n}"));
-        let task: i64 = cluster
-            .psql(&format!(
-                "SELECT meili_sync_start('{prefix}_{n}', '{index}', '{options}')"
-            ))
-            .parse()
-            .expect("task id");
+        let task = start_with_options(cluster, None, &format!("{prefix}_{n}"), &index, options);
         tasks.push(task);
         indexes.push(index);
     }

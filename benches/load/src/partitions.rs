@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::wait_for;
+use pg_meili_sync_e2e::{wait_for, TaskStart};
 
 use crate::ceiling_of;
 
@@ -38,15 +38,9 @@ pub fn attach(rows: i64, attached: i64) {
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql_script(&create_events(rows));
     cluster.psql("VACUUM ANALYZE");
-    let index = meili.unique_index("attach_load");
-    let options = meili.options(serde_json::json!({}));
-    let task: i64 = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('events', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
-    cluster.wait_snapshot_done(task, Duration::from_secs(3600));
+    let (index, task) = TaskStart::on("events")
+        .index_named("attach_load")
+        .start_copied(&cluster, &meili, Duration::from_secs(3600));
     wait_for("the copy in the index", Duration::from_secs(3600), || {
         (meili.document_count(&index) == Some(rows as u64)).then_some(())
     });

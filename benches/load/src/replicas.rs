@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::{products, wait_for};
+use pg_meili_sync_e2e::{products, start_with_options, wait_for};
 use serde_json::{json, Value};
 
 use crate::ndjson_bodies;
@@ -90,12 +90,7 @@ pub fn start_on_products(
     cluster.psql("VACUUM ANALYZE products");
     let index = first.unique_index(prefix);
     let started = Instant::now();
-    let task: i64 = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('products', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
+    let task = start_with_options(&cluster, None, "products", &index, &options.to_string());
     (cluster, task, index, started)
 }
 

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::wait_for;
+use pg_meili_sync_e2e::{wait_for, TaskStart};
 
 const HOUR: Duration = Duration::from_secs(3600);
 
@@ -22,16 +22,10 @@ pub fn drop_column(rows: i64) {
            FROM generate_series(1, {rows}) i;
          VACUUM ANALYZE items;"
     ));
-    let index = meili.unique_index("schema_load");
-    let options = meili.options(serde_json::json!({}));
     let started = Instant::now();
-    let task: i64 = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('items', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
-    cluster.wait_snapshot_done(task, HOUR);
+    let (index, task) = TaskStart::on("items")
+        .index_named("schema_load")
+        .start_copied(&cluster, &meili, HOUR);
     wait_for("the copy in the index", HOUR, || {
         (meili.document_count(&index) == Some(rows as u64)).then_some(())
     });

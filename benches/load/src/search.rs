@@ -9,7 +9,7 @@ use std::time::Duration;
 use crate::{children_cpu_seconds, cpu_seconds};
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::{products, wait_for};
+use pg_meili_sync_e2e::{products, wait_for, TaskStart};
 use serde_json::json;
 
 /// The query mix of an autocomplete benchmark, over the `products` data set.
@@ -290,15 +290,9 @@ pub fn search(rows: i64, seconds: u64, clients: usize, split: bool) {
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, rows));
-    let index = meili.unique_index("search_load");
-    let options = meili.options(json!({}));
-    let task: i64 = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('products', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
-    cluster.wait_snapshot_done(task, Duration::from_secs(3600));
+    let (index, task) = TaskStart::on("products")
+        .index_named("search_load")
+        .start_copied(&cluster, &meili, Duration::from_secs(3600));
     wait_for("every row in the index", Duration::from_secs(3600), || {
         (meili.document_count(&index) == Some(rows as u64)).then_some(())
     });

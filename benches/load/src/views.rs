@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::{Meili, Method};
-use pg_meili_sync_e2e::{products, wait_for};
+use pg_meili_sync_e2e::{products, wait_for, TaskStart};
 use serde_json::json;
 
 use crate::{ceiling_of, ceiling_over, meili_batches};
@@ -65,15 +65,10 @@ fn start(
     source: &str,
     options: serde_json::Value,
 ) -> (String, i64) {
-    let index = meili.unique_index("view_load");
-    let options = meili.options(options);
-    let task: i64 = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('{source}', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
-    (index, task)
+    TaskStart::on(source)
+        .index_named("view_load")
+        .options(options)
+        .start(cluster, meili)
 }
 
 fn target(meili: &Meili) -> String {

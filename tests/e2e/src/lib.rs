@@ -146,8 +146,88 @@ pub fn refused_views(
     refusals
 }
 
-/// Starts a task that syncs `source` into a new index of `meili` (the options name the server;
-/// `extra` is merged into them), as `role` when given; returns the index and the task id.
+/// Starts a task: the one way the suites and the load command get a task to work with (a start
+/// that must be refused goes through [`refusal`] instead).
+///
+/// ```text
+/// let (index, task) = TaskStart::on("products").options(json!({"decoding": "own"})).start(&cluster, &meili);
+/// ```
+///
+/// The task syncs `source` into a new index of `meili` named after the source (or
+/// [`index_named`](Self::index_named)'s prefix, or exactly [`into_index`](Self::into_index)'s), with
+/// the server's url and key merged into the options, as [`as_role`](Self::as_role)'s role when given.
+pub struct TaskStart<'a> {
+    source: &'a str,
+    index: Index<'a>,
+    role: Option<&'a str>,
+    extra: serde_json::Value,
+}
+
+enum Index<'a> {
+    /// A new index: the prefix, then the process and a clock reading (`Meili::unique_index`).
+    Unique(String),
+    Exactly(&'a str),
+}
+
+impl<'a> TaskStart<'a> {
+    pub fn on(source: &'a str) -> Self {
+        TaskStart {
+            source,
+            index: Index::Unique(source.replace('.', "_")),
+            role: None,
+            extra: serde_json::json!({}),
+        }
+    }
+
+    /// A new index whose uid starts with `prefix`.
+    pub fn index_named(mut self, prefix: &str) -> Self {
+        self.index = Index::Unique(prefix.to_owned());
+        self
+    }
+
+    /// The index `uid` itself.
+    pub fn into_index(mut self, uid: &'a str) -> Self {
+        self.index = Index::Exactly(uid);
+        self
+    }
+
+    /// Started by `role` (`SET ROLE`), when given.
+    pub fn as_role(mut self, role: Option<&'a str>) -> Self {
+        self.role = role;
+        self
+    }
+
+    /// Options beside the server's url and key (a JSON object; its fields win).
+    pub fn options(mut self, extra: serde_json::Value) -> Self {
+        self.extra = extra;
+        self
+    }
+
+    /// Starts the task; returns its index and id.
+    pub fn start(self, cluster: &cluster::Cluster, meili: &meili::Meili) -> (String, i64) {
+        let index = match self.index {
+            Index::Unique(prefix) => meili.unique_index(&prefix),
+            Index::Exactly(uid) => uid.to_owned(),
+        };
+        let options = meili.options(self.extra);
+        let task = start_with_options(cluster, self.role, self.source, &index, &options);
+        (index, task)
+    }
+
+    /// Starts the task and waits until its copy is done; returns its index and id.
+    pub fn start_copied(
+        self,
+        cluster: &cluster::Cluster,
+        meili: &meili::Meili,
+        timeout: Duration,
+    ) -> (String, i64) {
+        let (index, task) = self.start(cluster, meili);
+        cluster.wait_snapshot_done(task, timeout);
+        (index, task)
+    }
+}
+
+/// `TaskStart::on(source).as_role(role).options(extra).start(cluster, meili)`.
 pub fn start_task(
     cluster: &cluster::Cluster,
     meili: &meili::Meili,
@@ -155,14 +235,15 @@ pub fn start_task(
     source: &str,
     extra: serde_json::Value,
 ) -> (String, i64) {
-    let index = meili.unique_index(&source.replace('.', "_"));
-    let options = meili.options(extra);
-    let task = start_with_options(cluster, role, source, &index, &options);
-    (index, task)
+    TaskStart::on(source)
+        .as_role(role)
+        .options(extra)
+        .start(cluster, meili)
 }
 
 /// `meili_sync_start(source, index, options)` (options as SQL-quoted JSON), as `role` when given;
-/// returns the task id.
+/// returns the task id. [`TaskStart`] builds the options; this is for callers that hold them
+/// already (one options text for many tasks).
 pub fn start_with_options(
     cluster: &cluster::Cluster,
     role: Option<&str>,

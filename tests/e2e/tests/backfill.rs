@@ -6,7 +6,7 @@ use std::time::Duration;
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
 use pg_meili_sync_e2e::products::{self, diff_index};
-use pg_meili_sync_e2e::wait_for;
+use pg_meili_sync_e2e::{wait_for, TaskStart};
 use serde_json::json;
 
 const ROWS: i64 = 200_000;
@@ -20,16 +20,6 @@ fn setup(rows: i64) -> (Cluster, Meili) {
     (cluster, Meili::from_env())
 }
 
-fn start(cluster: &Cluster, meili: &Meili, index: &str, extra: serde_json::Value) -> i64 {
-    let options = meili.options(extra);
-    cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('products', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id")
-}
-
 fn assert_index_matches(cluster: &Cluster, meili: &Meili, index: &str, rows: i64) {
     meili.wait_idle(index, LONG);
     let documents = meili.all_documents(index);
@@ -41,13 +31,9 @@ fn assert_index_matches(cluster: &Cluster, meili: &Meili, index: &str, rows: i64
 #[test]
 fn backfill_copies_every_row_exactly() {
     let (cluster, meili) = setup(ROWS);
-    let index = meili.unique_index("products");
-    let task = start(
-        &cluster,
-        &meili,
-        &index,
-        json!({"settings": {"filterableAttributes": ["category"]}}),
-    );
+    let (index, task) = TaskStart::on("products")
+        .options(json!({"settings": {"filterableAttributes": ["category"]}}))
+        .start(&cluster, &meili);
     cluster.wait_snapshot_done(task, LONG);
     assert_index_matches(&cluster, &meili, &index, ROWS);
 
@@ -124,13 +110,10 @@ fn documents_sent(meili: &Meili) -> Option<usize> {
 #[test]
 fn backfill_resumes_after_the_worker_is_killed() {
     let (cluster, meili) = setup(ROWS);
-    let index = meili.unique_index("products_kill");
-    let task = start(
-        &cluster,
-        &meili,
-        &index,
-        json!({"batch_size": 2000, "max_inflight": 2}),
-    );
+    let (index, task) = TaskStart::on("products")
+        .index_named("products_kill")
+        .options(json!({"batch_size": 2000, "max_inflight": 2}))
+        .start(&cluster, &meili);
     let pid = mid_copy(&cluster, task);
     cluster.kill_worker(task, pid);
     cluster.wait_snapshot_done(task, LONG);
@@ -147,13 +130,10 @@ fn backfill_resumes_after_the_worker_is_killed() {
 #[test]
 fn backfill_resumes_after_an_immediate_shutdown() {
     let (cluster, meili) = setup(ROWS);
-    let index = meili.unique_index("products_crash");
-    let task = start(
-        &cluster,
-        &meili,
-        &index,
-        json!({"batch_size": 2000, "max_inflight": 2}),
-    );
+    let (index, task) = TaskStart::on("products")
+        .index_named("products_crash")
+        .options(json!({"batch_size": 2000, "max_inflight": 2}))
+        .start(&cluster, &meili);
     mid_copy(&cluster, task);
     cluster.pg_ctl_stop("immediate");
     cluster.pg_ctl_start();
@@ -187,14 +167,9 @@ fn copying_wide_rows_keeps_the_worker_memory_bounded() {
          INSERT INTO wide SELECT i, repeat(md5(i::text), 32768) FROM generate_series(1, 300) i",
     );
     let meili = Meili::from_env();
-    let index = meili.unique_index("wide");
-    let options = meili.options(json!({"max_inflight": 2}));
-    let task: i64 = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('wide', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
+    let (index, task) = TaskStart::on("wide")
+        .options(json!({"max_inflight": 2}))
+        .start(&cluster, &meili);
     let pid = wait_for("the worker", LONG, || {
         cluster
             .status(task)

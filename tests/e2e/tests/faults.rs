@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::{Meili, Method};
-use pg_meili_sync_e2e::{products, wait_for, wait_index_matches_table};
+use pg_meili_sync_e2e::{products, start_task, wait_for, wait_index_matches_table};
 use serde_json::json;
 
 const CONVERGE: Duration = Duration::from_secs(600);
@@ -51,18 +51,6 @@ fn with_meili(fits: impl Fn(&Meili) -> bool, why_not: &str) -> Option<(Cluster, 
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     Some((cluster, meili))
-}
-
-fn start(cluster: &Cluster, meili: &Meili, extra: serde_json::Value) -> (String, i64) {
-    let index = meili.unique_index("faults");
-    let options = meili.options(extra);
-    let task = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('products', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
-    (index, task)
 }
 
 fn converge(cluster: &Cluster, meili: &Meili, index: &str) {
@@ -131,9 +119,11 @@ fn meilisearch_unreachable_during_backfill() {
         None => (100_000, 2),
     };
     cluster.psql(&products::insert_sql(1, rows));
-    let (index, task) = start(
+    let (index, task) = start_task(
         &cluster,
         &meili,
+        None,
+        "products",
         json!({"batch_size": 1000, "max_inflight": 2, "snapshot_depth": depth}),
     );
     wait_for("the copy to start", CONVERGE, || {
@@ -173,7 +163,7 @@ fn meilisearch_unreachable_during_streaming() {
         return;
     };
     cluster.psql(&products::insert_sql(1, 1000));
-    let (index, task) = start(&cluster, &meili, json!({}));
+    let (index, task) = start_task(&cluster, &meili, None, "products", json!({}));
     cluster.wait_snapshot_done(task, CONVERGE);
     meili.go_down();
     cluster.psql(&products::insert_sql(1001, 3000));
@@ -196,7 +186,13 @@ fn storms_of_5xx_and_429_and_dropped_connections() {
         return;
     };
     cluster.psql(&products::insert_sql(1, 5000));
-    let (index, task) = start(&cluster, &meili, json!({"batch_size": 500}));
+    let (index, task) = start_task(
+        &cluster,
+        &meili,
+        None,
+        "products",
+        json!({"batch_size": 500}),
+    );
     faults(&meili).fail_next_requests(15, 503);
     cluster.wait_snapshot_done(task, CONVERGE);
     converge(&cluster, &meili, &index);
@@ -216,9 +212,11 @@ fn slow_task_processing() {
     };
     cluster.psql(&products::insert_sql(1, 20_000));
     faults(&meili).set_task_delay(Duration::from_millis(300));
-    let (index, task) = start(
+    let (index, task) = start_task(
         &cluster,
         &meili,
+        None,
+        "products",
         json!({"batch_size": 1000, "max_inflight": 4}),
     );
     cluster.psql("UPDATE products SET version = 5 WHERE id % 4 = 0");
@@ -232,7 +230,13 @@ fn failed_tasks_are_resent_without_losing_documents() {
         return;
     };
     cluster.psql(&products::insert_sql(1, 10_000));
-    let (index, task) = start(&cluster, &meili, json!({"batch_size": 10000}));
+    let (index, task) = start_task(
+        &cluster,
+        &meili,
+        None,
+        "products",
+        json!({"batch_size": 10000}),
+    );
     faults(&meili).fail_next_tasks(3, "internal");
     cluster.wait_snapshot_done(task, CONVERGE);
     converge(&cluster, &meili, &index);
@@ -253,9 +257,11 @@ fn a_deep_copy_queue_reads_failed_batches_again_from_the_table() {
     // enough for the copy to enqueue more than max_inflight behind it (at 100 ms a fast copy
     // could be indexed in a few batches that never left more than 2 waiting).
     faults(&meili).set_task_delay(Duration::from_secs(1));
-    let (index, task) = start(
+    let (index, task) = start_task(
         &cluster,
         &meili,
+        None,
+        "products",
         json!({"batch_size": 1000, "max_inflight": 2, "snapshot_depth": 16}),
     );
     let waiting = wait_queue_fills(&meili, &index);
@@ -293,9 +299,11 @@ fn deep_stream_queue_reads_failed_batches_again(decoding: &str) {
         return;
     };
     cluster.psql(&products::insert_sql(1, 1000));
-    let (index, task) = start(
+    let (index, task) = start_task(
         &cluster,
         &meili,
+        None,
+        "products",
         json!({"batch_size": 200, "max_inflight": 2, "stream_depth": 16, "decoding": decoding}),
     );
     cluster.wait_snapshot_done(task, CONVERGE);
@@ -329,7 +337,7 @@ fn a_server_failing_tasks_for_its_own_reasons_never_drains_the_stream_into_dead_
         return;
     };
     cluster.psql(&products::insert_sql(1, 100));
-    let (index, task) = start(&cluster, &meili, json!({}));
+    let (index, task) = start_task(&cluster, &meili, None, "products", json!({}));
     cluster.wait_snapshot_done(task, CONVERGE);
     converge(&cluster, &meili, &index);
     // Seven failures in a row: enough, before, for halves of halves of one 4-document batch to
@@ -367,9 +375,11 @@ fn poison_documents_go_to_dead_letters_and_the_rest_flows() {
     cluster.psql(
         r#"UPDATE products SET _geo = '{"lat": "north", "lng": 2}' WHERE id IN (17, 4242, 9999)"#,
     );
-    let (index, task) = start(
+    let (index, task) = start_task(
         &cluster,
         &meili,
+        None,
+        "products",
         json!({"batch_size": 10000, "settings": {"filterableAttributes": ["_geo"]}}),
     );
     cluster.wait_snapshot_done(task, CONVERGE);
@@ -417,7 +427,7 @@ fn an_index_deleted_by_someone_else_stops_the_task_with_an_error() {
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, 100));
-    let (index, task) = start(&cluster, &meili, json!({}));
+    let (index, task) = start_task(&cluster, &meili, None, "products", json!({}));
     cluster.wait_snapshot_done(task, CONVERGE);
     meili.delete_index(&index);
     let status = cluster.wait_error(task, CONVERGE);
@@ -438,7 +448,7 @@ fn a_deletion_meilisearch_fails_is_an_error_and_drops_nothing() {
         return;
     };
     cluster.psql(&products::insert_sql(1, 100));
-    let (index, task) = start(&cluster, &meili, json!({}));
+    let (index, task) = start_task(&cluster, &meili, None, "products", json!({}));
     cluster.wait_snapshot_done(task, CONVERGE);
     // Before, the finished task's status was never read: the task was dropped and the index kept.
     faults(&meili).fail_next_tasks(1, "internal");
@@ -486,7 +496,13 @@ fn a_wrong_key_waits_for_meili_sync_alter_and_loses_nothing() {
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, 2000));
-    let (index, task) = start(&cluster, &meili, json!({"api_key": "not-the-key"}));
+    let (index, task) = start_task(
+        &cluster,
+        &meili,
+        None,
+        "products",
+        json!({"api_key": "not-the-key"}),
+    );
     let status = wait_for("the task to report the refused key", CONVERGE, || {
         let status = cluster.status(task);
         let error = status.get("last_error").cloned().unwrap_or_default();
@@ -538,7 +554,13 @@ fn crash_loop_ends_in_state_error(decoding: &str, verdict: &str) {
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, 100));
-    let (_index, task) = start(&cluster, &meili, json!({ "decoding": decoding }));
+    let (_index, task) = start_task(
+        &cluster,
+        &meili,
+        None,
+        "products",
+        json!({ "decoding": decoding }),
+    );
     cluster.wait_snapshot_done(task, CONVERGE);
     let publication =
         cluster.psql("SELECT pubname FROM pg_publication WHERE pubname LIKE 'meili\\_sync\\_%'");
@@ -590,9 +612,11 @@ fn a_lock_timeout_while_streaming_is_retried_in_place_not_a_crash() {
     ));
     cluster.psql("ALTER TABLE products ADD COLUMN _geo jsonb");
     cluster.psql(&products::insert_sql(1, 1000));
-    let (index, task) = start(
+    let (index, task) = start_task(
         &cluster,
         &meili,
+        None,
+        "products",
         json!({"settings": {"filterableAttributes": ["_geo"]}}),
     );
     cluster.wait_snapshot_done(task, CONVERGE);
@@ -674,7 +698,7 @@ fn lag_is_reported_while_meilisearch_stalls() {
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, 1000));
-    let (index, task) = start(&cluster, &meili, json!({}));
+    let (index, task) = start_task(&cluster, &meili, None, "products", json!({}));
     cluster.wait_snapshot_done(task, CONVERGE);
     converge(&cluster, &meili, &index);
     let quiet = cluster.status(task);
@@ -730,7 +754,7 @@ fn a_resync_whose_index_was_made_by_a_lost_request_makes_it_again() {
         return;
     };
     cluster.psql(&products::insert_sql(1, 500));
-    let (index, task) = start(&cluster, &meili, json!({}));
+    let (index, task) = start_task(&cluster, &meili, None, "products", json!({}));
     cluster.wait_snapshot_done(task, CONVERGE);
     converge(&cluster, &meili, &index);
     faults(&meili).lose_next_answers(1, "POST", "/indexes");
@@ -761,7 +785,13 @@ fn a_resync_helper_killed_during_the_swap_finishes_it_after_the_restart() {
         return;
     };
     cluster.psql(&products::insert_sql(1, 5000));
-    let (index, task) = start(&cluster, &meili, json!({"batch_size": 1000}));
+    let (index, task) = start_task(
+        &cluster,
+        &meili,
+        None,
+        "products",
+        json!({"batch_size": 1000}),
+    );
     cluster.wait_snapshot_done(task, CONVERGE);
     converge(&cluster, &meili, &index);
     // A stray document: if the old index came back (a second swap), the check below would see it.

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::{assert_no_crash, products, refusal, wait_for};
+use pg_meili_sync_e2e::{assert_no_crash, products, refusal, wait_for, TaskStart};
 use serde_json::{json, Value};
 
 const CONVERGE: Duration = Duration::from_secs(300);
@@ -22,7 +22,6 @@ fn searchable(extra: Value) -> (Cluster, Meili, String, i64) {
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, ROWS));
     let meili = Meili::from_env();
-    let index = meili.unique_index("search");
     let mut options = json!({"settings": {
         "filterableAttributes": ["category", "id"],
         "sortableAttributes": ["id"],
@@ -32,14 +31,10 @@ fn searchable(extra: Value) -> (Cluster, Meili, String, i64) {
             target.insert(name.clone(), value.clone());
         }
     }
-    let options = meili.options(options);
-    let task: i64 = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('products', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
-    cluster.wait_snapshot_done(task, CONVERGE);
+    let (index, task) = TaskStart::on("products")
+        .index_named("search")
+        .options(options)
+        .start_copied(&cluster, &meili, CONVERGE);
     wait_for("every row in the index", CONVERGE, || {
         (meili.document_count(&index) == Some(ROWS as u64)).then_some(())
     });

@@ -7,7 +7,8 @@ use std::time::Duration;
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
 use pg_meili_sync_e2e::{
-    assert_no_crash, products, refusal, refused_views, wait_for, wait_index_matches_table,
+    assert_no_crash, products, refusal, refused_views, start_task, wait_for,
+    wait_index_matches_table, TaskStart,
 };
 use serde_json::json;
 
@@ -57,23 +58,6 @@ CREATE FUNCTION public.trap_eq(bigint, bigint) RETURNS boolean LANGUAGE sql AS
     $$ SELECT public.trap('=(bigint,bigint)') AND $1 OPERATOR(pg_catalog.=) $2 $$;
 CREATE OPERATOR public.= (LEFTARG = bigint, RIGHTARG = bigint, FUNCTION = public.trap_eq);
 "#;
-
-fn start_task(
-    cluster: &Cluster,
-    meili: &Meili,
-    table: &str,
-    extra: serde_json::Value,
-) -> (String, i64) {
-    let index = meili.unique_index("security");
-    let options = meili.options(extra);
-    let task = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('{table}', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
-    (index, task)
-}
 
 /// Runs SQL as a client named `attack` (see `TRAP_LOG`).
 fn as_attack_client(cluster: &Cluster, sql: &str) -> String {
@@ -207,6 +191,7 @@ fn a_table_owners_code_runs_as_the_owner_never_as_superuser() {
     let (index, task) = start_task(
         &cluster,
         &meili,
+        None,
         "items",
         json!({"batch_size": 300, "settings": {"filterableAttributes": ["_geo"]}}),
     );
@@ -297,17 +282,10 @@ fn the_worker_checks_again_that_the_tasks_owner_may_read_the_table() {
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, 500));
     cluster.psql("CREATE ROLE ops IN ROLE meili_sync_admin; GRANT SELECT ON products TO ops");
-    let index = meili.unique_index("owner");
-    let options = meili.options(json!({}));
-    let task: i64 = cluster
-        .psql(&format!(
-            "SET ROLE ops; SELECT meili_sync_start('products', '{index}', '{options}')"
-        ))
-        .lines()
-        .last()
-        .and_then(|line| line.parse().ok())
-        .expect("task id");
-    cluster.wait_snapshot_done(task, CONVERGE);
+    let (index, task) = TaskStart::on("products")
+        .index_named("owner")
+        .as_role(Some("ops"))
+        .start_copied(&cluster, &meili, CONVERGE);
     assert_eq!(
         cluster.psql(&format!(
             "SELECT owner FROM meili_sync.tasks WHERE id = {task}"
@@ -391,7 +369,13 @@ fn sigterm_to_each_thread_of_a_busy_worker_never_restarts_the_server() {
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, 2000));
-    let (index, task) = start_task(&cluster, &meili, "products", json!({"batch_size": 200}));
+    let (index, task) = start_task(
+        &cluster,
+        &meili,
+        None,
+        "products",
+        json!({"batch_size": 200}),
+    );
     cluster.wait_snapshot_done(task, CONVERGE);
     let postmaster_start = cluster.psql("SELECT pg_postmaster_start_time()");
     let worker: i32 = cluster.status(task)["worker_pid"]
@@ -648,9 +632,14 @@ fn publications_claimed_first_are_never_adopted_and_changed_ones_are_mended() {
     cluster.psql(&products::insert_sql(1, 300));
     cluster.psql("CREATE TABLE products_own (LIKE products INCLUDING ALL)");
     cluster.psql("INSERT INTO products_own SELECT * FROM products");
-    let (shared_index, shared_task) = start_task(&cluster, &meili, "products", json!({}));
-    let (own_index, own_task) =
-        start_task(&cluster, &meili, "products_own", json!({"decoding": "own"}));
+    let (shared_index, shared_task) = start_task(&cluster, &meili, None, "products", json!({}));
+    let (own_index, own_task) = start_task(
+        &cluster,
+        &meili,
+        None,
+        "products_own",
+        json!({"decoding": "own"}),
+    );
     assert_eq!(own_task, 2, "the claimed name is the second task's");
     cluster.wait_snapshot_done(shared_task, CONVERGE);
     cluster.wait_snapshot_done(own_task, CONVERGE);
@@ -757,7 +746,7 @@ fn empty_databases_never_use_up_the_table_of_databases() {
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, 200));
-    let (index, task) = start_task(&cluster, &meili, "products", json!({}));
+    let (index, task) = start_task(&cluster, &meili, None, "products", json!({}));
     cluster.wait_snapshot_done(task, Duration::from_secs(60));
     cluster.psql("DELETE FROM products WHERE id <= 10");
     wait_index_matches_table(&cluster, &meili, &index, "products", CONVERGE);
@@ -770,14 +759,14 @@ fn a_database_waits_for_a_place_with_a_warning_and_a_reason_then_streams() {
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, 100));
-    let (_, first) = start_task(&cluster, &meili, "products", json!({}));
+    let (_, first) = start_task(&cluster, &meili, None, "products", json!({}));
     cluster.wait_snapshot_done(first, CONVERGE);
     cluster.psql("CREATE DATABASE second");
     cluster.use_database("second");
     cluster.psql("CREATE EXTENSION pg_meili_sync");
     cluster.psql(products::CREATE_TABLE);
     cluster.psql(&products::insert_sql(1, 100));
-    let (index, waiting) = start_task(&cluster, &meili, "products", json!({}));
+    let (index, waiting) = start_task(&cluster, &meili, None, "products", json!({}));
     let status = wait_for("the waiting task to say why", CONVERGE, || {
         let status = cluster.status(waiting);
         status

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::{products, wait_for, wait_index_matches_table};
+use pg_meili_sync_e2e::{products, wait_for, wait_index_matches_table, TaskStart};
 use serde_json::{json, Value};
 
 const CONVERGE: Duration = Duration::from_secs(300);
@@ -34,34 +34,23 @@ fn setup_with(settings: &[&str]) -> (Cluster, Meili) {
     (cluster, Meili::from_env())
 }
 
-/// Starts a shared task on `table` and waits until it streams; returns its index and id.
+/// Starts a shared task on `table` and waits for its copy; returns its index and id.
 fn start_shared(cluster: &Cluster, meili: &Meili, table: &str) -> (String, i64) {
-    start_task(cluster, meili, table, "shared")
-}
-
-fn start_task(cluster: &Cluster, meili: &Meili, table: &str, decoding: &str) -> (String, i64) {
-    start_with(
+    start_copied(
         cluster,
         meili,
         table,
-        json!({"decoding": decoding, "batch_size": 500}),
+        json!({"decoding": "shared", "batch_size": 500}),
     )
 }
 
-/// Starts a task on `table` with `options` (and the server's url and key), and waits until it
-/// streams; returns its index and id.
-fn start_with(cluster: &Cluster, meili: &Meili, table: &str, options: Value) -> (String, i64) {
+/// Starts a task on `table` with `options` and waits for its copy; returns its index and id.
+fn start_copied(cluster: &Cluster, meili: &Meili, table: &str, options: Value) -> (String, i64) {
     let decoding = options["decoding"].as_str().unwrap_or("shared");
-    let index = meili.unique_index(&format!("{decoding}_{table}"));
-    let options = meili.options(options);
-    let task: i64 = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('{table}', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
-    cluster.wait_snapshot_done(task, CONVERGE);
-    (index, task)
+    TaskStart::on(table)
+        .index_named(&format!("{decoding}_{table}"))
+        .options(options)
+        .start_copied(cluster, meili, CONVERGE)
 }
 
 fn converge(cluster: &Cluster, meili: &Meili, index: &str, table: &str) {
@@ -238,8 +227,8 @@ fn tasks_over_the_decoders_memory_budget_send_one_request_at_a_time_and_lose_not
     // the slow confirmations, so that the documents held surely pass the budget (with a deep
     // queue the test server enqueues them all at once, and the budget is reached or not by luck).
     let options = json!({"decoding": "shared", "batch_size": 500, "stream_depth": 1});
-    let (products_index, _) = start_with(&cluster, &meili, "products", options.clone());
-    let (notes_index, _) = start_with(&cluster, &meili, "notes", options);
+    let (products_index, _) = start_copied(&cluster, &meili, "products", options.clone());
+    let (notes_index, _) = start_copied(&cluster, &meili, "notes", options);
     // 40 requests of 500 rows, about 3 MB of products alone: over the budget, the two tasks
     // go on one request each at a time.
     std::thread::scope(|scope| {
@@ -440,7 +429,12 @@ fn a_paused_shared_task_holding_the_slot_back_is_named_in_the_wal_warning() {
 
 /// Starts a task with a slot of its own on `table` and waits until it streams.
 fn start_own(cluster: &Cluster, meili: &Meili, table: &str) -> (String, i64) {
-    start_task(cluster, meili, table, "own")
+    start_copied(
+        cluster,
+        meili,
+        table,
+        json!({"decoding": "own", "batch_size": 500}),
+    )
 }
 
 fn own_slot_exists(cluster: &Cluster, task: i64) -> bool {

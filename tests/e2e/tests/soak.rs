@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
-use pg_meili_sync_e2e::{assert_no_crash, wait_for, wait_index_matches_table};
+use pg_meili_sync_e2e::{assert_no_crash, wait_for, wait_index_matches_table, TaskStart};
 use serde_json::json;
 
 const CONVERGE: Duration = Duration::from_secs(600);
@@ -278,13 +278,10 @@ fn a_soak_with_random_faults_loses_nothing_and_every_task_catches_up() {
         ),
     ] {
         let index = format!("soak_{name}_{}", seed % 1_000_000);
-        let task: i64 = cluster
-            .psql(&format!(
-                "SELECT meili_sync_start('{source}', '{index}', '{}')",
-                meili.options(options)
-            ))
-            .parse()
-            .expect("a task id");
+        let (_, task) = TaskStart::on(source)
+            .into_index(&index)
+            .options(options)
+            .start(&cluster, &meili);
         tasks.insert(name, task);
     }
     for task in tasks.values() {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::Meili;
 use pg_meili_sync_e2e::{
-    assert_no_crash, products, start_task, wait_for, wait_index_matches_table,
+    assert_no_crash, products, start_task, wait_for, wait_index_matches_table, TaskStart,
 };
 use serde_json::json;
 
@@ -33,16 +33,10 @@ fn streaming_task_with(
 
 /// Starts a task on `products` and waits for its copy.
 fn start_copied_task(cluster: &Cluster, meili: &Meili, extra: serde_json::Value) -> (String, i64) {
-    let index = meili.unique_index("stream");
-    let options = meili.options(extra);
-    let task: i64 = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('products', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
-    cluster.wait_snapshot_done(task, CONVERGE);
-    (index, task)
+    TaskStart::on("products")
+        .index_named("stream")
+        .options(extra)
+        .start_copied(cluster, meili, CONVERGE)
 }
 
 fn converge(cluster: &Cluster, meili: &Meili, index: &str) {

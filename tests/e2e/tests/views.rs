@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use pg_meili_sync_e2e::cluster::Cluster;
 use pg_meili_sync_e2e::meili::{Meili, Method};
 use pg_meili_sync_e2e::{
-    assert_no_crash, products, refusal, wait_for, wait_index_matches_table, Refusal,
+    assert_no_crash, products, refusal, wait_for, wait_index_matches_table, Refusal, TaskStart,
 };
 use serde_json::{json, Value};
 
@@ -102,16 +102,10 @@ fn view_options(extra: Value) -> Value {
 /// Starts a task on `source` with `options` (merged with the server's url and key) and waits
 /// for its copy; returns its index and id.
 fn start_task(cluster: &Cluster, meili: &Meili, source: &str, options: Value) -> (String, i64) {
-    let index = meili.unique_index("views");
-    let options = meili.options(options);
-    let task: i64 = cluster
-        .psql(&format!(
-            "SELECT meili_sync_start('{source}', '{index}', '{options}')"
-        ))
-        .parse()
-        .expect("task id");
-    cluster.wait_snapshot_done(task, CONVERGE);
-    (index, task)
+    TaskStart::on(source)
+        .index_named("views")
+        .options(options)
+        .start_copied(cluster, meili, CONVERGE)
 }
 
 /// A task on `product_documents` with the usual options and `extra`, copied.
