@@ -6,12 +6,16 @@
 # differs from 16 on) and failover slots. The core crate has no Postgres in
 # it: tier 0b covers it for every major. (The #[pg_test]s run on 15 only: building them for
 # another major takes longer than CI can spare.)
+#
+#   bash scripts/test-major.sh 17               build and install for 17, then test
+#   bash scripts/test-major.sh 17 --installed   test what is installed (scripts/test.sh builds it
+#                                               in the background while tier 4 runs)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PG_MAJOR=$1
 source scripts/pg-config.sh
 
-bash scripts/install.sh
+[ "${2:-}" = "--installed" ] || bash scripts/install.sh
 echo "== $(date -u +%H:%M:%S) PostgreSQL $PG_MAJOR: golden SQL files"
 bash scripts/regress.sh
 

@@ -9,6 +9,48 @@ bash scripts/setup.sh
 # The tests build with the ci profile: release without link-time optimisation (Cargo.toml).
 export PG_MEILI_SYNC_PROFILE=ci
 
+# Builds that no tier needs at once run in the background, at the lowest CPU and I/O priority and
+# in target directories of their own (so that they never wait for the foreground's build lock, nor
+# it for theirs): they take the cores while the end-to-end tiers wait on PostgreSQL and Meilisearch,
+# and yield them whenever a test computes. A failure is reported where the result is needed.
+mkdir -p target/background
+declare -A background_pid
+in_background() {
+    local name=$1
+    shift
+    (
+        renice -n 19 -p "$BASHPID" > /dev/null
+        ionice -c 3 -p "$BASHPID"
+        "$@"
+    ) > "target/background/$name.log" 2>&1 &
+    background_pid[$name]=$!
+    echo "== $(date -u +%H:%M:%S) background: $name started"
+}
+await_background() {
+    local name=$1
+    if wait "${background_pid[$name]}"; then
+        echo "== $(date -u +%H:%M:%S) background: $name done"
+    else
+        cat "target/background/$name.log"
+        echo "== $(date -u +%H:%M:%S) background: $name FAILED (its output is above)"
+        exit 1
+    fi
+}
+# On the way out (a failed tier), what still runs in the background stops with the run.
+stop_background() {
+    local pid
+    for pid in "${background_pid[@]}"; do
+        pkill -TERM -P "$pid" 2> /dev/null || true
+        kill "$pid" 2> /dev/null || true
+    done
+}
+build_majors() {
+    for major in 16 17 18; do
+        echo "== $(date -u +%H:%M:%S) PostgreSQL $major: build and install"
+        PG_MAJOR=$major CARGO_TARGET_DIR="$PWD/target/majors" bash scripts/install.sh
+    done
+}
+
 echo "== $(date -u +%H:%M:%S) tier 0: no cycle among the modules of the extension and of the core crate"
 python3 scripts/check-module-cycles.py
 
@@ -16,9 +58,10 @@ echo "== $(date -u +%H:%M:%S) tier 0: the docs name only what exists, and docs/r
 python3 scripts/check-docs.py
 python3 scripts/check-docs.py --self-test > /dev/null
 
-echo "== $(date -u +%H:%M:%S) tier 0: cargo fmt --check and cargo clippy -D warnings, every crate of the workspace"
+echo "== $(date -u +%H:%M:%S) tier 0: cargo fmt --check (cargo clippy runs in the background)"
 cargo fmt --all --check
-cargo clippy --workspace --release --all-targets -- -D warnings
+# The 0.1.0 library, for the upgrade test in tier 4.
+in_background library bash scripts/build-0.1.0.sh
 
 echo "== $(date -u +%H:%M:%S) tier 0b: the pure core crate under plain cargo test (no Postgres)"
 cargo test --profile ci -p pg_meili_sync_core
@@ -28,29 +71,33 @@ cargo test --profile ci -p meili-test-server
 
 echo "== $(date -u +%H:%M:%S) tier 1b+2: the extension's plain #[test]s and #[pg_test]s inside PostgreSQL"
 pgdata=$(mktemp -d /tmp/pg_meili_sync_pgrx.XXXXXX)
-trap 'rm -rf "$pgdata"' EXIT
+trap 'rm -rf "$pgdata"; stop_background' EXIT
 rmdir "$pgdata"
 if [ "$(id -u)" -eq 0 ]; then
-    cargo pgrx test pg15 --runas postgres --pgdata "$pgdata"
+    cargo pgrx test pg15 --profile ci --runas postgres --pgdata "$pgdata"
 else
-    cargo pgrx test pg15
+    cargo pgrx test pg15 --profile ci
 fi
 
-# The 0.1.0 library for the upgrade test, built before this build's install (which then puts its own
-# library back in target/release).
-bash scripts/build-0.1.0.sh
 bash scripts/install.sh
 echo "== $(date -u +%H:%M:%S) tier 3: golden SQL files (tests/pg_regress)"
 bash scripts/regress.sh
 
 echo "== $(date -u +%H:%M:%S) tier 4: end to end (two tests at a time: .config/nextest.toml)"
+await_background library
+# The extension for 16, 17 and 18, while tier 4 waits (their tiers follow it).
+in_background majors build_majors
 cargo nextest run --cargo-profile ci -p pg_meili_sync_e2e
 
 # PostgreSQL 16, 17 and 18: the extension built for each, the golden SQL files, and an end-to-end
 # set (see scripts/test-major.sh).
+await_background majors
+# The lints, whose result decides only the end.
+in_background clippy env CARGO_TARGET_DIR="$PWD/target/clippy" \
+    cargo clippy --workspace --release --all-targets -- -D warnings
 for major in 16 17 18; do
     echo "== $(date -u +%H:%M:%S) tiers 3 and 4 on PostgreSQL $major"
-    bash scripts/test-major.sh "$major"
+    bash scripts/test-major.sh "$major" --installed
 done
 
 # With a real Meilisearch binary (MEILI_BIN; .ci/run sets it) and no MEILI_URL: the suite again,
@@ -75,4 +122,5 @@ if [ -n "${MEILI_BIN:-}" ] && [ -z "${MEILI_URL:-}" ]; then
     E2E_MEILI=real cargo nextest run --cargo-profile ci -p pg_meili_sync_e2e \
         -E 'binary(views) & test(/^a_view_over_a_hot_lookup_table/)'
 fi
+await_background clippy
 echo "== $(date -u +%H:%M:%S) done"
