@@ -53,6 +53,16 @@ Fails (exit 1, one line per problem) when:
   g) a setting (every c"meili_sync.<name>" in src/gucs.rs) has no entry in settings.md, or
      settings.md has an entry for a setting that does not exist.
   h) README.md has 5,000 words or more (README_MAX_WORDS), counted as `wc -w` counts them.
+  i) ARCHITECTURE.md is a map that cannot drift (MAP_FILE):
+     - its folder map (the list items under the heading `## Folders`, each opening with a code
+       span that names a folder, `- `src/worker/` — what it holds`) has no line for a folder
+       under src/ or crates/core/src/ (MAP_ROOTS, every depth), or for a top-level folder of the
+       repository (a line for one of its subfolders will do: `crates/core/src/` covers crates/);
+       or a line of it names a folder that does not exist;
+     - it names in backticks a path that does not exist relative to the repository root: any
+       token with a `/` (not leading) made of path characters, or ending in .rs .sh .py .sql .md
+       (STRICT_PATH_EXTENSIONS), `path.rs::item` included. Unlike a), no other base directory is
+       tried: the map spells every path in full (`src/worker/stream.rs`, not `worker/stream.rs`).
 
     python3 scripts/check-docs.py              check this checkout
     python3 scripts/check-docs.py --root DIR   check another tree (say, a copy with a bogus path)
@@ -60,7 +70,9 @@ Fails (exit 1, one line per problem) when:
     python3 scripts/check-docs.py --self-test  check the checks: the tree as it is must pass, and a
                                                copy of it broken for each check (an entry removed,
                                                an entry for nothing, an alter group line broken, a
-                                               long README, a bogus path or anchor) must fail
+                                               long README, a bogus path or anchor, a source folder
+                                               missing from the map, a map path not spelled from the
+                                               root) must fail
 """
 
 import argparse
@@ -149,6 +161,15 @@ ALTER_GROUPS = {
 # (runs of characters other than ASCII whitespace).
 README_MAX_WORDS = 5000
 WORD = re.compile(r"[^ \t\n\r\f\v]+")
+
+# The map (check i): the file, the heading of its folder list, the folders whose every subfolder
+# needs a line, and the extensions that make a token without `/` a path.
+MAP_FILE = "ARCHITECTURE.md"
+MAP_HEADING = "Folders"
+MAP_ROOTS = ["src", "crates/core/src"]
+STRICT_PATH_EXTENSIONS = ("rs", "sh", "py", "sql", "md")
+STRICT_PATH = re.compile(r"^(\./)?[A-Za-z0-9_.*@+-]+(/[A-Za-z0-9_.*@+-]+)*/?$")
+MAP_LINE = re.compile(r"^[-*][ \t]+`([^`\s]+)`")
 
 MODULE_PATH = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(::[A-Za-z_][A-Za-z0-9_]*)+(\(\))?$")
 PATH_CHARS = r"[A-Za-z0-9_.*@+-]"
@@ -602,10 +623,88 @@ class Checker:
                                       "user's entry; move detail to docs/ or docs/reference/"
                          % (words, README_MAX_WORDS))
 
+    # ---- (i): the map --------------------------------------------------------------------------
+
+    def map_lines(self, text):
+        """(line number, folder) of each item of the map's folder list."""
+        found, inside = [], False
+        for number, line in enumerate(self.blank_fences(text).split("\n"), 1):
+            heading = re.match(r"^(#{1,6})\s+(.*?)\s*#*\s*$", line)
+            if heading:
+                inside = heading.group(1) == "##" and heading.group(2) == MAP_HEADING
+                continue
+            entry = MAP_LINE.match(line) if inside else None
+            if entry:
+                found.append((number, entry.group(1)))
+        return found
+
+    def folders_needing_a_line(self):
+        """Every folder under MAP_ROOTS (the roots too), as `a/b/`."""
+        needed = []
+        for top in MAP_ROOTS:
+            for directory, subdirs, _ in os.walk(os.path.join(self.root, top)):
+                subdirs[:] = sorted(d for d in subdirs if d not in SKIP_DIRS)
+                needed.append(os.path.relpath(directory, self.root).replace(os.sep, "/") + "/")
+        return needed
+
+    @staticmethod
+    def strict_path(token):
+        """The path a code span of the map names (`path.rs::item` gives `path.rs`), or None."""
+        with_item = PATH_AND_ITEM.match(token)
+        if with_item:
+            token = with_item.group("path")
+        if not STRICT_PATH.match(token):
+            return None
+        if "/" in token.rstrip("/") or token.endswith("/"):
+            return token
+        if token.rsplit(".", 1)[-1] in STRICT_PATH_EXTENSIONS and "." in token:
+            return token
+        return None
+
+    def check_map(self):
+        if not os.path.exists(os.path.join(self.root, MAP_FILE)):
+            self.problem(MAP_FILE, "missing: the map of the folders and the rules of every change")
+            return
+        text = self.read(MAP_FILE)
+        lines = self.map_lines(text)
+        self.note("%s: %d folder lines" % (MAP_FILE, len(lines)))
+        if not lines:
+            self.problem(MAP_FILE, "no folder map: a heading `## %s` followed by one list item per folder, "
+                                   "each opening with the folder in backticks" % MAP_HEADING)
+        mapped = set()
+        for number, folder in lines:
+            name = folder if folder.endswith("/") else folder + "/"
+            mapped.add(name)
+            if not os.path.isdir(os.path.join(self.root, name)):
+                self.problem("%s:%d" % (MAP_FILE, number), "the folder map has a line for `%s`, which names "
+                             "no folder of the repository (spelled from its root)" % folder)
+        for folder in self.folders_needing_a_line():
+            if folder not in mapped:
+                self.problem(MAP_FILE, "`%s` has no line in the folder map (`## %s`): add `- `%s` — what it "
+                                       "holds`" % (folder, MAP_HEADING, folder))
+        for top in sorted(self.top_dirs):
+            if top.startswith("."):
+                continue
+            if not any(name == top + "/" or name.startswith(top + "/") for name in mapped):
+                self.problem(MAP_FILE, "the top-level folder `%s/` has no line in the folder map (`## %s`), "
+                                       "nor does any folder under it" % (top, MAP_HEADING))
+        for line, token in self.code_spans(self.blank_fences(text)):
+            path = self.strict_path(token)
+            if path is None:
+                continue
+            self.checked["paths"] += 1
+            candidate = os.path.normpath(os.path.join(self.root, path))
+            exists = (glob.glob(candidate) if "*" in path
+                      else os.path.isdir(candidate) if path.endswith("/") else os.path.exists(candidate))
+            if not candidate.startswith(self.root) or not exists:
+                self.problem("%s:%d" % (MAP_FILE, line), "`%s` names no file or folder relative to the "
+                             "repository root: the map spells every path in full" % path)
+
     def run(self):
         self.check_markdown()
         self.check_reference()
         self.check_readme_length()
+        self.check_map()
         self.note("checked %(paths)d paths, %(items)d Rust items and %(links)d links" % self.checked)
         return self.problems
 
@@ -652,6 +751,10 @@ def self_test_cases():
             replace_in(path, line, line.replace(old, new, 1))
         return edit
 
+    def new_source_folder(root):
+        os.makedirs(os.path.join(root, "src", "bogus_folder"))
+        append_to(os.path.join(root, "src", "bogus_folder", "mod.rs"), "//! Nothing.\n")
+
     def long_readme(root):
         append_to(os.path.join(root, "README.md"), "\n" + "word " * README_MAX_WORDS + "\n")
 
@@ -692,6 +795,21 @@ def self_test_cases():
         ("a path that does not exist in a reference page",
          lambda root: append_to(ref(root, "README.md"), "\nSee `src/api/bogus.rs`.\n"),
          "`src/api/bogus.rs` names no file"),
+        ("a source folder without a line in the map", new_source_folder, "`src/bogus_folder/` has no line"),
+        ("a core folder without a line in the map",
+         lambda root: replace_in(os.path.join(root, MAP_FILE), "- `crates/core/src/wal/`", "- wal:"),
+         "`crates/core/src/wal/` has no line"),
+        ("a map line for a folder that does not exist",
+         lambda root: replace_in(os.path.join(root, MAP_FILE), "- `docker/`", "- `dockers/`"),
+         "has a line for `dockers/`"),
+        ("a top-level folder without a line in the map",
+         lambda root: os.makedirs(os.path.join(root, "bogus_top")), "`bogus_top/` has no line"),
+        ("a map path spelled from a search directory",
+         lambda root: append_to(os.path.join(root, MAP_FILE), "\nSee `worker/stream.rs`.\n"),
+         "`worker/stream.rs` names no file or folder relative to the repository root"),
+        ("a map path without a slash that does not exist",
+         lambda root: append_to(os.path.join(root, MAP_FILE), "\nSee `stream.rs::Streamer`.\n"),
+         "`stream.rs` names no file or folder relative to the repository root"),
         ("a link to a section that does not exist",
          lambda root: append_to(ref(root, "README.md"), "\nSee [x](views.md#bogus-section).\n"),
          "has no section with the anchor #bogus-section"),

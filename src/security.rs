@@ -8,6 +8,13 @@
 //! - Writes to the extension's catalog run as the catalog's owner: `meili_sync_admin` may read
 //!   the catalog but not write it, so a task can only come from a function that checked the
 //!   caller's privileges.
+//!
+//! Every switch goes through the one `run_as`, which also opens a GUC nest level
+//! (`NewGUCNestLevel`), restricts `search_path` inside it, and rolls it back
+//! (`AtEOXact_GUC(false, …)`) when it drops, as REFRESH MATERIALIZED VIEW does: nothing user code
+//! sets, `set_config(…, false)` included, survives the switch. No caller may span a commit inside
+//! it. `pin_worker_settings` pins `search_path` to `pg_catalog, pg_temp` and `jit = off`
+//! (`PGC_S_OVERRIDE`) right after a worker connects.
 
 use std::ffi::CString;
 

@@ -2,6 +2,11 @@
 //! search (and `meili_sync_wait`), dead letters, verify/repair, and statistics. This module holds
 //! what they share: the checks of who may call them and of the server's settings, and the wake-up
 //! of the launcher at COMMIT.
+//!
+//! Only searches, `verify`, `repair`, the dead-letter retry and `drop(drop_index => true)` call
+//! Meilisearch from the backend; every other function writes the catalog and lets the workers act.
+//! The wake-up (`shmem::wake_launcher_at_commit`) happens at COMMIT only: an aborted transaction
+//! wakes nobody. Without it a launcher's next round comes within its round interval.
 
 mod dead_letters;
 mod search;

@@ -1,5 +1,11 @@
 //! This install of the extension: the version of its SQL objects against the library's, and the
 //! token that tells this install's tasks from tasks restored out of another's dump.
+//!
+//! The library serves only the SQL objects of its own version (`LIBRARY_VERSION` against
+//! `pg_extension.extversion`): with others the launcher starts no task and marks each active one as
+//! waiting for `ALTER EXTENSION pg_meili_sync UPDATE`, and the SQL functions refuse to manage
+//! tasks. `sql/` keeps the install script of every earlier version and one update script per step;
+//! a catalog or SQL API change bumps the version and adds the next update script.
 
 use pgrx::prelude::*;
 

@@ -1,5 +1,14 @@
 //! Replication slots and publications: creating, checking, and dropping them, and finding those
 //! whose task is gone.
+//!
+//! `check_publication` decides whether a publication is ours: made by this install (its OID as
+//! recorded in `meili_sync.publications`), owned by the catalog's owner, publishing whole rows of
+//! its tables with every operation. One another role made first is dropped and made anew, and the
+//! options are set explicitly whenever we make or change one. It runs when a task is created, at
+//! each start of the shared decoder and of an own-slot worker, and, without changing anything, at
+//! every refresh of the shared decoder and every 0.5 s of an own-slot stream. A publication found
+//! changed after a slot decoded with it means changes went out wrongly or not at all: the slot is
+//! made anew and its tasks copy their tables again, with a `last_error` saying so.
 
 use pgrx::prelude::*;
 use pgrx::spi::quote_identifier;

@@ -1,5 +1,9 @@
 //! The source tables: what a table is (columns, key, owner), whether a task may sync it, how its
 //! types become JSON, and reading it: keyset pages, keys that are gone, rows locked for repair.
+//!
+//! A column's type becomes a `ValueKind` in one place, `value_kind`: domains resolve to their base
+//! type, arrays to their element's kind, enums to `Text`, and `builtin_kind` maps the built-in
+//! OIDs; a type it does not know is sent as its text output, a JSON string (`ValueKind::Other`).
 
 use std::ffi::CStr;
 

@@ -3,8 +3,38 @@
 //! worker's whole life, fed WAL as it is flushed, and our own write callback receiving pgoutput's
 //! messages in memory. Every FFI call of the project's decoding lives here.
 //!
-//! Read ARCHITECTURE.md ("Rules for the decoding code") before changing this file: a mistake here
-//! takes the whole cluster down (a segfault in any backend restarts all of them).
+//! Read the rules below before changing this file: a mistake here takes the whole cluster down
+//! (a segfault in any backend restarts all of them).
+//!
+//!
+//! - **Order of setup.** The slot is acquired (`ReplicationSlotAcquire`) after
+//!   `CheckLogicalDecodingRequirements`; the plugin options (`proto_version` 1, the publication,
+//!   `messages`) and the reader routine are built in a memory context that outlives transactions;
+//!   one `CreateDecodingContext` with our own prepare-write, write and update-progress callbacks; one
+//!   `XLogBeginRead` at the slot's `restart_lsn`, then cache invalidation.
+//! - **Memory contexts.** `XLogReadRecord` allocates the reader's decode buffer lazily in the current
+//!   memory context, so reading and `LogicalDecodingProcessRecord` run with the long-lived context
+//!   current, never one that is reset per round.
+//! - **The page reader** is the blocking `read_local_xlog_page`, and a round reads only up to the
+//!   flush position taken when it starts (`GetFlushRecPtr`), so the reader never waits at the end of
+//!   WAL. The no-wait reader cannot be used as it is: it writes its end-of-WAL flag into the
+//!   reader's `private_data`, which for a decoding context is the context itself.
+//! - **Bindings.** pgrx does not bind `LogicalDecodingProcessRecord`, and its `pg_sys` functions are
+//!   Rust wrappers: the C functions handed over as callbacks (page reader, segment open/close) are
+//!   declared as raw `extern "C-unwind"` symbols, and calls cross the FFI boundary guard.
+//! - **Confirming.** `LogicalConfirmReceivedLocation` is followed by `ReplicationSlotMarkDirty`
+//!   (without it PostgreSQL 15 forgets the position at a clean restart), and never goes backwards.
+//!   Only a Commit's end LSN is a safe point (pgoutput reports progress at other LSNs too); when
+//!   caught up and idle, the read position is confirmed so that `restart_lsn` can move.
+//! - **Caches after decoding.** Replaying a transaction fills the relation and catalog caches from
+//!   the catalog as it was at that point of the WAL. Every transaction of a worker starts with
+//!   `control::worker_transaction`, which empties them first if the process decoded since
+//!   (`forget_historic_catalog`, as `pg_logical_slot_get_changes` does after its loop); without it,
+//!   a worker that decoded a change of `meili_sync.tasks` from before an `ALTER EXTENSION … UPDATE`
+//!   wrote the task's row without the new columns.
+//! - **Stopping.** A big transaction replays inside one `LogicalDecodingProcessRecord` call; the
+//!   write callback checks for SIGTERM and leaves with an ERROR, the only way out (the worker logs it
+//!   as a stop, and the slot has not moved past that transaction).
 
 use std::ffi::{c_char, c_int, CStr, CString};
 use std::ptr;

@@ -5,6 +5,13 @@
 //! again when a SQL function there asks for it (`shmem::wake_launcher`). Template databases, and
 //! databases that refuse connections, are not served: a launcher connected to a template would
 //! block `CREATE DATABASE` from it.
+//!
+//! It is registered by `_PG_init` only when the library is in `shared_preload_libraries`, starts
+//! after recovery, and is restarted 5 s after it exits; a new one adopts the launchers that kept
+//! running. It starts a database's launcher again after that launcher exited with work left (with
+//! a backoff) or when SQL asked for it; it keeps out of a database that `ddl_guard` paused, and
+//! forgets the shared-memory entries of dropped databases. Only databases with the extension and
+//! tasks (or leftovers to drop) hold an entry, so empty databases cannot fill the table.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

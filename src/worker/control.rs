@@ -3,6 +3,27 @@
 //! progress to the status view and the dead letters; also a task's dispatcher, and the life of a
 //! worker process around its work. The phases (snapshot, stream, resync) and the workers (`task`,
 //! `shared`) import it; it imports none of them.
+//!
+//! Threads: `start_writer` blocks every signal (`BackgroundWorkerBlockSignals`) before
+//! `Writer::start` and unblocks them after, so the writer threads inherit the mask; a SIGTERM or
+//! SIGHUP handled on an HTTP thread would call Postgres there, panic, abort the process, and make the
+//! postmaster restart the whole cluster. Any new thread in a Postgres process must start the same
+//! way (the core's client resolves host names on the calling thread for the same reason).
+//!
+//! ERRORs: an ERROR raised inside SPI or FFI unwinds as a panic to the nearest `PgTryBuilder`.
+//! `in_transaction`, through which every catalog transaction of a task worker's phases runs, catches
+//! only the ERRORs that pass by themselves (`55P03`, `40001`, `40P01`, `57014`): it aborts the
+//! transaction, shows the error (phase `retrying`), waits with backoff and runs it again; the slot
+//! stays acquired (Postgres releases slots only at top-level error recovery). An ERROR of
+//! `PERMANENT_CLASSES` fails the same way on every try, so it stops the task (`Stop::Failed`) instead
+//! of a crash loop; every other ERROR, and every panic, propagates, and `worker_main` records it
+//! and rethrows so that the launcher restarts the worker. `in_user_transaction` (the user's SQL:
+//! renders, mapping queries) stops the task on any other ERROR too. None of them runs inside a
+//! decoding callback, whose transaction is the decoding's own. An `Err(SyncError)` from the catalog
+//! is permanent: `Stop: From<SyncError>` keeps its message and hint as the task's `last_error`.
+//!
+//! `report_progress` stores the dead letters (in their own transaction) and updates shared memory
+//! before the checkpoint they pass is confirmed.
 
 use std::panic::AssertUnwindSafe;
 use std::time::Duration;

@@ -9,6 +9,14 @@
 //! (`shared::SharedDecoder`) is the `Pass` they implement; what differs between a table task's
 //! stream (`stream::Streamer`) and a view task's (`render::ViewStream`) is the `TaskStream` they
 //! implement, in either pass.
+//!
+//! Rewinds: a table task's stream lets a batch's body go once Meilisearch enqueued it. When
+//! Meilisearch then fails such a batch, the dispatcher asks for a rewind (`needs_rewind`): the loop
+//! logs it (`log_rewind`), gives the stream a fresh mapper and a rewound dispatcher (every
+//! unconfirmed batch dropped), and reads again from the slot's confirmed position, holding the
+//! batches of what it had read so that they are repaired as usual. `IndexWatch` compares the index's
+//! `createdAt` every `meili_sync.index_check_interval` (a deleted or re-created index is a permanent
+//! error); its client waits `LOOK_TIMEOUT` at most, since it runs on the main thread.
 
 use std::time::{Duration, Instant};
 

@@ -4,6 +4,26 @@
 //! dropped tasks. It also logs a WARNING when a task's slot holds too much WAL or its changes wait
 //! too long for Meilisearch. It exits when its database has no task and nothing to clean up, and
 //! the cluster launcher starts it again when a SQL function asks for it.
+//!
+//! A round (at least every `GUARD_INTERVAL`, at once when a SQL function or a commit wakes it): read the
+//! catalog, reap exited workers, start and stop task workers (`start_worker`: the task id as
+//! argument, the database OID in `bgw_extra`), the shared decoder while any shared task exists and
+//! a rebalance worker while a shard is being added, drop the slots and publications of tasks that
+//! no longer exist (or of a dropped extension), release tasks held by an abandoned resync, fail the
+//! tasks whose source was dropped, and warn about retained WAL and lag. A worker whose generation is
+//! stale is terminated; a restarted launcher adopts the workers still running
+//! (`shmem::attached_workers`) instead of starting second ones.
+//!
+//! Crashes: `reap` counts a crash and restarts the task after `meili_sync.restart_backoff` × 2ⁿ (at
+//! most `MAX_BACKOFF`); `CRASH_LOOP` crashes in a row, each within `HEALTHY_RUN` of its start, set
+//! state `error` (`stop_crash_loop`). A round that fails is caught by `survive`, which logs a
+//! WARNING, aborts the transaction and goes on with the next round. The launcher owns every
+//! restart: workers never restart themselves.
+//!
+//! Before it registers, a launcher checks that the database has work for it
+//! (`has_work_for_a_launcher`); when `meili_sync.max_databases` databases hold an entry it waits for
+//! a place (`wait_for_a_place`), showing it on its active tasks. A database copied with `CREATE
+//! DATABASE … TEMPLATE` holds the original's install row: its launcher runs no task and says why.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};

@@ -9,6 +9,17 @@
 //! A render reads the present state, never an older one than the changes it follows, and renders
 //! reach Meilisearch in order, so a later render never loses to an earlier one. The slot is
 //! confirmed to a window's last commit only once its documents are confirmed.
+//!
+//! A window is rendered when due (caught up: Meilisearch idle, the flush interval, or `batch_size`
+//! keys; behind: half the key limit, or the flush interval with Meilisearch idle), in one
+//! transaction: `catalog::wait_for_transactions` (a commit record is decoded before the transaction
+//! is visible), the mapping queries, then `catalog::canonical_keys`; a `Rendering` then renders a
+//! batch's worth of keys per round while the dispatcher has room. The plan is made again at each
+//! render, so the fields follow `CREATE OR REPLACE VIEW`. A view that now reads a table the stream
+//! does not follow makes the stream ask for a new plan once (`follow_new_tables`: a new generation,
+//! announced in the WAL). Decoding stops while `COLLECTED_BATCHES` batches' worth of keys wait; in
+//! the shared pass a task that holds that many and cannot render leaves the pass, keeping what it
+//! rendered (`hand_over_held`).
 
 use std::borrow::BorrowMut;
 use std::time::Instant;

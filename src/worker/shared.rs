@@ -9,6 +9,14 @@
 //! (paused, dropped, failed, altered) leaves; its position holds the slot back until it returns or
 //! is dropped. Task workers still do the copies: a shared task gets its position from the decoder
 //! (the slot's confirmed position, before its copy starts) and hands over when the copy is done.
+//!
+//! Stalls: while a task's queue is full, `Streamer::send_ready` blocks the shared read. A task whose
+//! server answered nothing for `stream::UNANSWERED_LIMIT`, or finished no batch for `STALL_LIMIT`,
+//! leaves the pass (`check_stalls`, which logs why) and joins again, reading from its own position,
+//! once what it sent is confirmed. A task never leaves sooner while its server works: a transaction
+//! larger than its queue gets through only while the reader waits. While the tasks' held bytes
+//! exceed `meili_sync.decoder_memory`, every dispatcher is squeezed (`share_memory`): it has room
+//! only with nothing unresolved.
 
 use std::collections::{HashMap, HashSet};
 use std::time::{Duration, Instant};

@@ -6,6 +6,16 @@
 //! with a large fixed cost, so the copy keeps `snapshot_depth` batches enqueued, not only the
 //! `max_inflight` it holds in memory: a batch's body is let go once Meilisearch enqueued it, and a
 //! batch that fails is read again from the table by its key range.
+//!
+//! A page is one transaction as the table's owner; `PageSizer` reads 100 rows first, then about
+//! 32 MiB of values, at most `batch_size` clamped to 100–10,000 rows. Each batch notes its key range
+//! (after the previous batch's last key, through its own), and a failed batch whose body was let go
+//! is read again by that range (`reread_failed`). The checkpoint is the page number: when the
+//! watermark releases a page, `Copy::settle` stores its dead letters, then saves that page's last
+//! key and row count. When the copy is done and the index held documents before it, `verify::prune`
+//! deletes the documents whose rows are gone, then streaming begins. The copy and the stream give
+//! the same bytes because both read each value's text output, with the output settings fixed for
+//! the worker's session (`catalog::set_output_formats`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};

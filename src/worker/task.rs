@@ -1,5 +1,14 @@
 //! A task worker: sets up the slot and the index, runs the snapshot copy, then streams changes.
 //! Its main thread is the only one that calls Postgres; HTTP runs on the writer's threads.
+//!
+//! The order of setup: `ensure_slot` creates the slot first, in its own transaction, so that
+//! streaming later starts exactly at the slot's creation point; then the index and its settings,
+//! then the plan, the copy and the stream. A streaming task whose slot is missing or `lost` never
+//! starts afresh: it stops in state `error` and asks for `meili_sync_snapshot`; a copy in progress
+//! starts over on a new slot (`copy_over`). The publication is checked at each start
+//! (`check_own_publication`). A shared task's worker waits for its position, copies, and exits (the
+//! shared decoder streams it); a moving task's worker streams from its own slot until it hands over
+//! (`worker::handover`).
 
 use std::time::Duration;
 
