@@ -105,8 +105,8 @@ unsafe extern "C-unwind" fn leave_database_first(
     }
 }
 
-/// Whether `node` may change what a task's documents look like without changing rows, so that
-/// the launcher compares each task's shape at its commit (`catalog::show_tasks_out_of_shape`)
+/// Whether `node` may change what a task's documents look like without changing rows, so that the
+/// launcher compares each task's shape at its commit (`catalog::tasks::show_tasks_out_of_shape`)
 /// rather than at its next round: an `ALTER TABLE` (of a table, a view or a composite type), a
 /// rename (of a column or an attribute), `ALTER TYPE … RENAME VALUE`, `CREATE OR REPLACE VIEW`.
 ///

@@ -65,7 +65,7 @@ fn pg_stat_meili_sync_reset(task: default!(Option<i64>, "NULL")) -> bool {
             None => shmem::reset_counters(None),
             Some(id) => {
                 shmem::reset_counters(Some(id));
-                for member in crate::catalog::replicas_of(id)? {
+                for member in crate::catalog::tasks::replicas_of(id)? {
                     shmem::reset_counters(Some(member.id));
                 }
             }

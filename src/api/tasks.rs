@@ -18,7 +18,11 @@ use super::{
     require_admin, require_launcher_database, require_logical_wal, require_preloaded,
     require_select, require_task, required, wake_launcher_at_commit,
 };
-use crate::catalog::{self, NewTask, RelationInfo, TaskState};
+use crate::catalog::{
+    self,
+    source::RelationInfo,
+    tasks::{NewTask, TaskState},
+};
 use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::{gucs, plan, resync_request, security};
 
@@ -73,7 +77,7 @@ fn resolve_key(
         let Some(column) = info.columns.iter().find(|column| &column.name == name) else {
             continue;
         };
-        let kind = catalog::value_kind(column.type_oid)?;
+        let kind = catalog::source::value_kind(column.type_oid)?;
         if !kind.can_be_document_id() {
             return Err(SyncError::new(
                 ErrorKind::UnsupportedType,
@@ -92,7 +96,7 @@ fn checked_source(
     relid: pg_sys::Oid,
     options: &TaskOptions,
 ) -> Result<(RelationInfo, Vec<String>, Vec<String>), SyncError> {
-    let info = catalog::syncable_source(relid, security::current_role())?;
+    let info = catalog::source::syncable_source(relid, security::current_role())?;
     if let Some(columns) = &options.columns {
         check_column_names(&info, "columns", columns)?;
     }
@@ -114,7 +118,7 @@ fn option_column<'a>(
     rules: &plan::ColumnRules,
     option: &str,
     name: &str,
-) -> Result<&'a catalog::ColumnInfo, SyncError> {
+) -> Result<&'a catalog::source::ColumnInfo, SyncError> {
     let table = &info.qualified_name;
     let column = info
         .columns
@@ -347,14 +351,14 @@ fn start_task(
         )
         .hint("The key columns identify each document and are always sent."));
     }
-    catalog::require_task_room(servers.len())?;
+    catalog::tasks::require_task_room(servers.len())?;
     for server in &servers {
         refuse_index_in_use(&server.url, index_uid, None)?;
     }
     // The first server is the task's own row; each other replica or shard gets a row of its own.
     let mut id = None;
     for (position, server) in servers.iter().enumerate() {
-        let inserted = catalog::insert_task(
+        let inserted = catalog::tasks::insert_task(
             NewTask {
                 relid: source.oid(),
                 owner: security::current_role(),
@@ -435,7 +439,7 @@ fn refuse_index_in_use(
     index_uid: &str,
     this_task: Option<i64>,
 ) -> Result<(), SyncError> {
-    let Some((existing, table)) = catalog::index_owner_task(url, index_uid)? else {
+    let Some((existing, table)) = catalog::tasks::index_owner_task(url, index_uid)? else {
         return Ok(());
     };
     if Some(existing) == this_task {
@@ -454,7 +458,7 @@ fn refuse_index_in_use(
 /// back has no such hand-over: a new slot of its own would start at the present and skip what the
 /// shared slot still holds for the task.
 fn refuse_leaving_shared_decoding(
-    record: &catalog::TaskRecord,
+    record: &catalog::tasks::TaskRecord,
     decoding: Option<&serde_json::Value>,
 ) -> Result<(), SyncError> {
     if !record.shared || decoding.and_then(|value| value.as_str()) != Some("own") {
@@ -471,11 +475,11 @@ fn refuse_leaving_shared_decoding(
 }
 
 /// A task held for the swap of its resync changes only through the helper, for a moment.
-fn refuse_while_swapping(record: &catalog::TaskRecord) -> Result<(), SyncError> {
+fn refuse_while_swapping(record: &catalog::tasks::TaskRecord) -> Result<(), SyncError> {
     if record.state != TaskState::Swapping {
         return Ok(());
     }
-    let helper = catalog::resync_helper(record.id)?.unwrap_or_default();
+    let helper = catalog::tasks::resync_helper(record.id)?.unwrap_or_default();
     Err(SyncError::new(
         ErrorKind::Prerequisite,
         format!(
@@ -544,14 +548,14 @@ fn meili_sync_preview(
         }
         let parsed = TaskOptions::parse(&options.0)?;
         let (_, key, _) = checked_source(source.oid(), &parsed)?;
-        catalog::set_output_formats(true)?;
+        catalog::source::set_output_formats(true)?;
         let plan = plan::source_plan(source.oid(), &key, &parsed)?;
         let width = plan.shape.columns().len();
         // Read as a task reads: as the table's (or view's) owner under
         // SECURITY_RESTRICTED_OPERATION, never as the caller, who may be a superuser and whose
         // SELECT was checked above.
         let rows = security::as_table_owner(plan.table_owner, || {
-            catalog::read_page(&plan.first_page_query, None, limit as usize, width)
+            catalog::source::read_page(&plan.first_page_query, None, limit as usize, width)
         })?;
         let mut documents = Vec::with_capacity(rows.len());
         let mut body = Vec::new();
@@ -583,7 +587,7 @@ fn meili_sync_stop(task: Option<i64>) -> bool {
     let result = (|| {
         require_admin()?;
         let record = require_task(task)?;
-        catalog::set_state(record.id, TaskState::Stopped)?;
+        catalog::tasks::set_state(record.id, TaskState::Stopped)?;
         wake_launcher_at_commit();
         Ok(true)
     })();
@@ -597,7 +601,7 @@ fn meili_sync_pause(task: Option<i64>) -> bool {
         require_admin()?;
         let record = require_task(task)?;
         refuse_while_swapping(&record)?;
-        catalog::set_state(record.id, TaskState::Paused)?;
+        catalog::tasks::set_state(record.id, TaskState::Paused)?;
         wake_launcher_at_commit();
         Ok(true)
     })();
@@ -611,7 +615,7 @@ fn meili_sync_resume(task: Option<i64>) -> bool {
         require_admin()?;
         let record = require_task(task)?;
         refuse_while_swapping(&record)?;
-        catalog::resume(record.id)?;
+        catalog::tasks::resume(record.id)?;
         wake_launcher_at_commit();
         Ok(true)
     })();
@@ -652,7 +656,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
             changes,
         ))?;
         if parsed.geo.is_some() {
-            check_geo_write_mode(&catalog::relation_info(record.relid)?, &parsed)?;
+            check_geo_write_mode(&catalog::source::relation_info(record.relid)?, &parsed)?;
         }
         require_select(&record)?;
         if option_altered_as(changes, Alter::ByOwner).is_some() && !catalog::acts_as(record.owner)?
@@ -690,7 +694,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
         } else {
             None
         };
-        catalog::alter_task(
+        catalog::tasks::alter_task(
             record.id,
             &url,
             parsed.api_key.as_deref().or(own_key.as_deref()),
@@ -707,7 +711,7 @@ fn meili_sync_alter(task: Option<i64>, options: Option<JsonB>) -> bool {
 /// `url`, `api_key` or `replicas` would leave the others' network behind. A task that is not
 /// sharded does not become so.
 fn refuse_server_change_of_shards(
-    record: &catalog::TaskRecord,
+    record: &catalog::tasks::TaskRecord,
     changes: &serde_json::Map<String, serde_json::Value>,
 ) -> Result<(), SyncError> {
     let sharded = record.shard.is_some();
@@ -740,7 +744,7 @@ fn refuse_server_change_of_shards(
 /// A replica's row takes its options from its task, and has no resync of its own;
 /// `hint(task)` says what to do instead.
 fn refuse_on_replica(
-    record: &catalog::TaskRecord,
+    record: &catalog::tasks::TaskRecord,
     hint: impl Fn(i64) -> String,
 ) -> Result<(), SyncError> {
     let Some(task) = record.replica_of else {
@@ -762,7 +766,7 @@ fn refuse_on_replica(
 /// gets a replica row (its worker copies the table into it while the others stream on), and each
 /// replica left out is removed. The task's own server stays. Returns the key given for it.
 fn change_replicas(
-    record: &catalog::TaskRecord,
+    record: &catalog::tasks::TaskRecord,
     parsed: &TaskOptions,
 ) -> Result<Option<String>, SyncError> {
     let Some(own) = parsed
@@ -780,7 +784,7 @@ fn change_replicas(
         .detail("A task's own row writes to its first server; its other replicas have rows of their own.")
         .hint("Keep that server in \"replicas\"; to move the task to another server, alter its \"url\" on its own."));
     };
-    let existing = catalog::replicas_of(record.id)?;
+    let existing = catalog::tasks::replicas_of(record.id)?;
     refuse_while_resyncing(record, &existing, "replicas")?;
     let adding: Vec<&Replica> = parsed
         .replicas
@@ -789,7 +793,7 @@ fn change_replicas(
             replica.url != record.url && !existing.iter().any(|row| row.url == replica.url)
         })
         .collect();
-    catalog::require_task_room(adding.len())?;
+    catalog::tasks::require_task_room(adding.len())?;
     for replica in &adding {
         refuse_index_in_use(&replica.url, &record.index_uid, None)?;
     }
@@ -801,11 +805,11 @@ fn change_replicas(
         {
             Some(kept) => {
                 if let Some(key) = &kept.api_key {
-                    catalog::set_replica_key(row.id, key)?;
+                    catalog::tasks::set_replica_key(row.id, key)?;
                 }
             }
             None => {
-                catalog::delete_task(row)?;
+                catalog::tasks::delete_task(row)?;
                 warning!(
                     "pg_meili_sync task {}: replica {} at {} is removed; index \"{}\" there is no longer kept in step, and its position no longer holds back WAL",
                     record.id, row.id, row.url, row.index_uid
@@ -832,12 +836,12 @@ fn change_replicas(
 /// The servers of a task do not change while a resync rebuilds one of them: its helper copies with
 /// the task's list (a shard's, the ids its shard keeps) and swaps on that server alone.
 fn refuse_while_resyncing(
-    record: &catalog::TaskRecord,
-    members: &[catalog::TaskRecord],
+    record: &catalog::tasks::TaskRecord,
+    members: &[catalog::tasks::TaskRecord],
     servers: &str,
 ) -> Result<(), SyncError> {
     for row in std::iter::once(record).chain(members) {
-        if let Some(helper) = catalog::resync_helper(row.id)? {
+        if let Some(helper) = catalog::tasks::resync_helper(row.id)? {
             return Err(SyncError::new(
                 ErrorKind::Prerequisite,
                 format!(
@@ -856,14 +860,14 @@ fn refuse_while_resyncing(
 /// Inserts a row of the task for another of its servers (a replica, or the shard named in
 /// `shard` with the task's shard list), with the task's options and search key.
 fn insert_member(
-    record: &catalog::TaskRecord,
+    record: &catalog::tasks::TaskRecord,
     parsed: &TaskOptions,
     url: &str,
     api_key: &Option<String>,
     shard: Option<(&str, &[String])>,
     published: &[String],
 ) -> Result<i64, SyncError> {
-    catalog::insert_task(
+    catalog::tasks::insert_task(
         NewTask {
             relid: record.relid,
             owner: record.owner,
@@ -886,14 +890,14 @@ fn insert_member(
 /// stream on and keep all theirs; then the task's rebalance worker moves the task to the new list
 /// (`worker::rebalance`). Returns the key given for the task's own shard.
 fn change_shards(
-    record: &catalog::TaskRecord,
+    record: &catalog::tasks::TaskRecord,
     parsed: &TaskOptions,
 ) -> Result<Option<String>, SyncError> {
-    let existing: Vec<catalog::TaskRecord> = std::iter::once(record.clone())
-        .chain(catalog::replicas_of(record.id)?)
+    let existing: Vec<catalog::tasks::TaskRecord> = std::iter::once(record.clone())
+        .chain(catalog::tasks::replicas_of(record.id)?)
         .collect();
     refuse_while_resyncing(record, &existing[1..], "shards")?;
-    if catalog::shard_rebalance_pending(record.id)? {
+    if catalog::tasks::shard_rebalance_pending(record.id)? {
         return Err(SyncError::new(
             ErrorKind::Prerequisite,
             format!("a shard is still being added to task {}", record.id),
@@ -918,12 +922,12 @@ fn change_shards(
     }
     for (entry, row) in parsed.shards.iter().zip(&existing).skip(1) {
         if let Some(key) = &entry.api_key {
-            catalog::set_replica_key(row.id, key)?;
+            catalog::tasks::set_replica_key(row.id, key)?;
         }
     }
     let adding = &parsed.shards[existing.len()..];
     if !adding.is_empty() {
-        catalog::require_task_room(adding.len())?;
+        catalog::tasks::require_task_room(adding.len())?;
         for shard in adding {
             refuse_index_in_use(&shard.url, &record.index_uid, None)?;
         }
@@ -958,7 +962,7 @@ fn meili_sync_snapshot(task: Option<i64>) -> bool {
         let record = require_task(task)?;
         refuse_while_swapping(&record)?;
         require_select(&record)?;
-        catalog::reset_snapshot(record.id)?;
+        catalog::tasks::reset_snapshot(record.id)?;
         wake_launcher_at_commit();
         Ok(true)
     })();
@@ -996,7 +1000,7 @@ fn index_not_deleted(index_uid: &str, error: MeiliError) -> SyncError {
 
 /// The client of the task row's server, and whether the index is there.
 fn index_on_server(
-    record: &catalog::TaskRecord,
+    record: &catalog::tasks::TaskRecord,
     index_uid: &str,
 ) -> Result<(Client, bool), SyncError> {
     let failed = |error| index_not_deleted(index_uid, error);
@@ -1009,7 +1013,7 @@ fn index_on_server(
 /// Deletes the index and waits for Meilisearch to do it (a cancel stops the wait). A deletion
 /// Meilisearch refused is an error, and nothing is dropped; one still queued after
 /// [`TASK_WAIT`] is left to Meilisearch, with a notice naming its task.
-fn delete_index(record: &catalog::TaskRecord, index_uid: &str) -> Result<(), SyncError> {
+fn delete_index(record: &catalog::tasks::TaskRecord, index_uid: &str) -> Result<(), SyncError> {
     let failed = |error| index_not_deleted(index_uid, error);
     let (client, exists) = index_on_server(record, index_uid)?;
     if !exists {
@@ -1061,12 +1065,12 @@ fn meili_sync_drop(task: Option<i64>, drop_index: default!(Option<bool>, false))
             "drop_index",
             "Pass true to delete the Meilisearch index too, false to keep it.",
         )?;
-        let replicas = catalog::replicas_of(record.id)?;
+        let replicas = catalog::tasks::replicas_of(record.id)?;
         // The resync helpers of the row and of its replicas or shards, each with the row it
         // rebuilds.
         let mut helpers = Vec::new();
         for row in replicas.iter().chain(std::iter::once(&record)) {
-            if let Some(helper) = catalog::resync_helper(row.id)? {
+            if let Some(helper) = catalog::tasks::resync_helper(row.id)? {
                 helpers.push((row, helper));
             }
         }
@@ -1089,11 +1093,11 @@ fn meili_sync_drop(task: Option<i64>, drop_index: default!(Option<bool>, false))
         }
         // Before any row goes (and after the servers answered, which may take a while): the
         // rows are locked in the order of their ids, as the workers' writes of several rows are.
-        catalog::lock_task_rows(record.id)?;
+        catalog::tasks::lock_task_rows(record.id)?;
         for (_, helper) in helpers {
-            catalog::delete_task(&catalog::require_task(helper)?)?;
+            catalog::tasks::delete_task(&catalog::tasks::require_task(helper)?)?;
         }
-        catalog::delete_task(&record)?;
+        catalog::tasks::delete_task(&record)?;
         if let Some(task) = record.replica_of {
             warning!(
                 "pg_meili_sync task {task}: replica {} at {} is removed; index \"{}\" there is no longer kept in step{}",

@@ -268,8 +268,8 @@ fn insert_task_row(task: NewTask<'_>, published: &[String]) -> CatalogResult<i64
         // UPDATEs on the user's table would fail; the worker picks the columns itself. A
         // publication of this name that someone made first is not ours, and is made anew.
         let name = object_name(install, id);
-        if let super::PublicationCheck::Mended(why) =
-            super::check_publication(&name, &relids, &[], true)?
+        if let super::replication::PublicationCheck::Mended(why) =
+            super::replication::check_publication(&name, &relids, &[], true)?
         {
             warning!("pg_meili_sync task {id}: publication \"{name}\" {why}; it was made anew");
         }
@@ -751,7 +751,7 @@ pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
                 .get::<i32>(1)
         })?;
         if !task.shared || task.moving {
-            super::forget_publication(&task.publication_name)?;
+            super::replication::forget_publication(&task.publication_name)?;
         }
         // A generation no stream runs: every stream of the task ends at this commit.
         match deleted {
@@ -1239,8 +1239,8 @@ pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
 /// with `message` as its last error. The copy re-sends every row and deletes the documents of
 /// rows that are gone.
 pub fn copy_again(task_id: i64, slot: &str, message: &str) -> CatalogResult<()> {
-    if super::slot_wal_status(slot)?.is_some() {
-        super::drop_slot(slot)?;
+    if super::replication::slot_wal_status(slot)?.is_some() {
+        super::replication::drop_slot(slot)?;
     }
     Spi::run_with_args(
         &format!(

@@ -1,7 +1,7 @@
 //! Columns added to a table task's table (`ALTER TABLE … ADD COLUMN`, whatever the default) change
 //! no row in the WAL, yet every document should get them. When that is the only change of the
-//! table's shape since its documents were copied (`catalog::columns_added`), the task's stream
-//! sends each row's values of them as partial updates, once Meilisearch has everything the
+//! table's shape since its documents were copied (`catalog::tasks::columns_added`), the task's
+//! stream sends each row's values of them as partial updates, once Meilisearch has everything the
 //! stream read before the change, instead of the launcher rebuilding the index by a resync.
 
 use pgrx::prelude::*;
@@ -9,7 +9,10 @@ use pgrx::prelude::*;
 use pg_meili_sync_core::pipeline::due::Due;
 use pg_meili_sync_core::task::failure::Advice;
 
-use crate::catalog::{self, ColumnsAdded, TaskRecord};
+use crate::catalog::{
+    self,
+    tasks::{ColumnsAdded, TaskRecord},
+};
 use crate::error::ErrorKind;
 use crate::shmem::{self, LiveStatus};
 use crate::worker::control::{
@@ -47,15 +50,12 @@ impl ColumnsAddedWatch {
         }
         self.seen = Some(changes);
         let task_id = self.task.id;
-        let found =
-            in_transaction(
-                live,
-                "looking for columns added",
-                || match catalog::columns_added(task_id)? {
-                    Some(added) => Ok(Some((added, catalog::wal_insert_position()?))),
-                    None => Ok(None),
-                },
-            )?;
+        let found = in_transaction(live, "looking for columns added", || {
+            match catalog::tasks::columns_added(task_id)? {
+                Some(added) => Ok(Some((added, catalog::source::wal_insert_position()?))),
+                None => Ok(None),
+            }
+        })?;
         let Some((added, now)) = found else {
             return Ok(());
         };
@@ -101,7 +101,7 @@ impl DueWork for ColumnsAddedWatch {
             || crate::verify::send_added_columns(task.clone(), &added.columns),
         )?;
         in_transaction(live, "recording the columns added", || {
-            catalog::record_columns_added(task.id, &added)
+            catalog::tasks::record_columns_added(task.id, &added)
         })?;
         log!(
             "pg_meili_sync task {}: sent the columns added ({}) to {sent} documents",

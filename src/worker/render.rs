@@ -58,21 +58,21 @@ fn collector(view: &ViewPlan) -> AffectedKeys {
         .map(|(relid, routes)| (relid.to_u32(), routes.clone()))
         .collect();
     AffectedKeys::new(planned, view.mappings.len())
-        .with_partition_ancestors(Box::new(catalog::partition_ancestors))
+        .with_partition_ancestors(Box::new(catalog::source::partition_ancestors))
 }
 
-/// The view reads tables the task's plan does not follow (it was replaced to read them): asks for
-/// a new plan, which stops the task's stream at this transaction's commit and starts it again
-/// following them (`catalog::follow_new_tables`). Their changes until then were not followed, so
-/// the task is out of shape until its documents are brought in line.
+/// The view reads tables the task's plan does not follow (it was replaced to read them): asks for a
+/// new plan, which stops the task's stream at this transaction's commit and starts it again
+/// following them (`catalog::tasks::follow_new_tables`). Their changes until then were not
+/// followed, so the task is out of shape until its documents are brought in line.
 pub fn follow_new_tables(
-    task: &catalog::TaskRecord,
+    task: &catalog::tasks::TaskRecord,
     view: &str,
     missing: &[String],
     live: LiveStatus,
 ) -> Result<(), Stop> {
     let asked = in_transaction(live, "following the tables the view reads now", || {
-        catalog::follow_new_tables(task.id, task.generation)
+        catalog::tasks::follow_new_tables(task.id, task.generation)
     })?;
     if asked {
         log!(
@@ -88,7 +88,7 @@ pub fn follow_new_tables(
 /// Its dispatcher is borrowed in a task worker (which used it for the copy first) and owned in the
 /// shared decoder.
 pub struct ViewStream<D: BorrowMut<Dispatcher>> {
-    task: catalog::TaskRecord,
+    task: catalog::tasks::TaskRecord,
     live: LiveStatus,
     dispatcher: D,
     view: ViewPlan,
@@ -129,7 +129,7 @@ enum RenderingWhat {
 
 impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
     pub fn new(
-        task: &catalog::TaskRecord,
+        task: &catalog::tasks::TaskRecord,
         live: LiveStatus,
         dispatcher: D,
         view: ViewPlan,
@@ -275,14 +275,14 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
             "rendering documents from the view",
             render_advice(),
             || {
-                if !catalog::wait_for_transactions(&window.xids, should_stop) {
+                if !catalog::view::wait_for_transactions(&window.xids, should_stop) {
                     return Ok(None);
                 }
                 let mut keys = window.documents.clone();
                 for (mapping, input) in view.mappings.iter().zip(&window.mapped) {
                     for chunk in input.chunks(RENDER_CHUNK) {
                         keys.extend(security::as_table_owner(view.mapping_role, || {
-                            catalog::run_mapping(
+                            catalog::view::run_mapping(
                                 &mapping.table,
                                 &mapping.query,
                                 mapping.params,
@@ -296,13 +296,13 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
                 // REPLACE VIEW; a view that lost its key column stops the task.
                 let plan = plan::source_plan(task.relid, &task.primary_key, options)?;
                 let unfollowed = view.unfollowed_tables(task.relid)?;
-                catalog::refuse_rows_by_who_asks(
+                catalog::reader_dependence::refuse_rows_by_who_asks(
                     task.relid,
                     &view.view,
                     options.reader_independent.then_some(task.owner),
                 )?;
                 let keys = security::as_table_owner(plan.table_owner, || {
-                    catalog::canonical_keys(&view.key, &keys)
+                    catalog::view::canonical_keys(&view.key, &keys)
                 })?;
                 Ok(Some((plan, keys, unfollowed)))
             },
@@ -324,7 +324,7 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
         let task = &self.task;
         let options = &self.options;
         let plan = in_transaction(self.live, "planning the view", || {
-            if !catalog::wait_for_transactions(&window.xids, should_stop) {
+            if !catalog::view::wait_for_transactions(&window.xids, should_stop) {
                 return Ok(None);
             }
             plan::source_plan(task.relid, &task.primary_key, options).map(Some)
@@ -393,7 +393,9 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
                 security::as_table_owner(plan.table_owner, || {
                     let mut rows = Vec::new();
                     for chunk in keys.chunks(RENDER_CHUNK) {
-                        rows.extend(catalog::render_rows(&view.view, columns, &view.key, chunk)?);
+                        rows.extend(catalog::view::render_rows(
+                            &view.view, columns, &view.key, chunk,
+                        )?);
                     }
                     Ok(rows)
                 })
@@ -436,7 +438,7 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
             render_advice(),
             || {
                 security::as_table_owner(plan.table_owner, || {
-                    catalog::read_page(query, key, plan.page_rows, width)
+                    catalog::source::read_page(query, key, plan.page_rows, width)
                 })
             },
         )?;

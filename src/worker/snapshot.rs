@@ -69,7 +69,7 @@ impl Copy<'_> {
         };
         self.page_ends = self.page_ends.split_off(&(page + 1));
         in_transaction(self.live, "saving the copy's progress", || {
-            catalog::save_snapshot_progress(self.task_id, &key, rows)
+            catalog::tasks::save_snapshot_progress(self.task_id, &key, rows)
         })?;
         self.rows_confirmed = rows;
         self.live.set_progress(
@@ -110,7 +110,7 @@ impl Copy<'_> {
             let through = range.through.as_slice();
             let rows = in_transaction(self.live, "reading a batch of the table again", || {
                 security::as_table_owner(plan.table_owner, || {
-                    catalog::read_range(query, after, through, plan.shape.columns().len())
+                    catalog::source::read_range(query, after, through, plan.shape.columns().len())
                 })
             })?;
             log!(
@@ -156,7 +156,7 @@ fn encode_rows(plan: &SnapshotPlan, rows: &[Vec<Option<String>>]) -> Vec<u8> {
 }
 
 pub fn run(
-    task: &catalog::TaskRecord,
+    task: &catalog::tasks::TaskRecord,
     plan: &SnapshotPlan,
     dispatcher: &mut Dispatcher,
     live: LiveStatus,
@@ -182,7 +182,7 @@ pub fn run(
     let shard = task.shard_filter();
     live.set_phase(Phase::Snapshot);
     in_transaction(live, "starting the copy", || {
-        catalog::mark_snapshot_started(
+        catalog::tasks::mark_snapshot_started(
             task.id,
             (!plan.partitioned_roots.is_empty()).then_some(plan.partitions.as_slice()),
         )
@@ -210,7 +210,7 @@ pub fn run(
             let limit = pages.rows();
             let rows = in_transaction(live, "reading a page of the table", || {
                 security::as_table_owner(plan.table_owner, || {
-                    catalog::read_page(query, key, limit, column_count)
+                    catalog::source::read_page(query, key, limit, column_count)
                 })
             })?;
             pages.read(&rows);

@@ -72,7 +72,7 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
 
 impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     pub fn new(
-        task: &catalog::TaskRecord,
+        task: &catalog::tasks::TaskRecord,
         live: LiveStatus,
         dispatcher: D,
         rules: ColumnRules,
