@@ -13,7 +13,7 @@ use crate::catalog;
 use crate::error::{ErrorKind, SyncError};
 use crate::{gucs, security};
 
-pub(super) use crate::shmem::wake_launcher_at_commit;
+pub(super) use crate::shmem::commits::wake_launcher_at_commit;
 
 /// The caller manages tasks: it must be an admin, and the installed SQL objects must be this
 /// library's (a task written by another version's functions could be misread).

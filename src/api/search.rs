@@ -16,7 +16,7 @@ use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::jsonb::{BuiltJsonb, DirectJsonb, JsonbBuilder};
 use crate::materialized::TableIterator;
 use crate::search::ShardsFailed;
-use crate::shmem::Phase;
+use crate::shmem::live::Phase;
 use crate::{search, shmem};
 
 /// A task for any role that may read its table or view (`42501` otherwise): the search functions
@@ -83,7 +83,7 @@ fn on_a_server<T>(
             replica.api_key.as_deref(),
         )
     }))
-    .map(|(row, url, key)| (row, url, key, shmem::phase_of(row)))
+    .map(|(row, url, key)| (row, url, key, shmem::live::phase_of(row)))
     .collect();
     // A replica still copying holds part of the index (unless all do, as while a task starts:
     // then its search answers from a part, as a task without replicas does).
@@ -99,7 +99,7 @@ fn on_a_server<T>(
         let published: Vec<_> = servers
             .iter()
             .copied()
-            .filter(|(row, _, _, _)| shmem::confirmed_past(*row, lsn))
+            .filter(|(row, _, _, _)| shmem::live::confirmed_past(*row, lsn))
             .collect();
         servers = if published.is_empty() {
             // No worker has published a position past it yet (one restarted): the catalog's.
@@ -442,8 +442,12 @@ fn meili_sync_wait_at(
             .chain(target.replicas.iter().map(|replica| replica.task_id))
             .collect();
         let lsn = u64::try_from(lsn).unwrap_or(0);
-        let confirmed =
-            shmem::wait_confirmed(&tasks, lsn, Duration::from_millis(timeout_ms as u64), any);
+        let confirmed = shmem::waiters::wait_confirmed(
+            &tasks,
+            lsn,
+            Duration::from_millis(timeout_ms as u64),
+            any,
+        );
         if confirmed {
             // Read-your-writes: this session's searches through the task now ask only replicas
             // that have these changes.

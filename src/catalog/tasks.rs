@@ -51,8 +51,8 @@ impl ResyncPhase {
 }
 
 /// What a task should be doing: `meili_sync.tasks.state`, whose CHECK constraint allows exactly
-/// these. (Not to be confused with a worker's live [`crate::shmem::Phase`], nor with the status of a
-/// Meilisearch task.)
+/// these. (Not to be confused with a worker's live [`crate::shmem::live::Phase`], nor with the
+/// status of a Meilisearch task.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskState {
     /// Copying the table (or about to).
@@ -827,7 +827,7 @@ pub fn set_error_state(task_id: i64, message: &str) -> CatalogResult<()> {
 pub fn require_task_room(adding: usize) -> Result<(), SyncError> {
     let limit = crate::gucs::max_tasks();
     // The other databases' tasks that have run since the server started hold entries too.
-    let elsewhere = crate::shmem::entries_of_other_databases() as i64;
+    let elsewhere = crate::shmem::live::entries_of_other_databases() as i64;
     if task_count()? + elsewhere + adding as i64 <= limit as i64 {
         return Ok(());
     }

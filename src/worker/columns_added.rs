@@ -14,7 +14,7 @@ use crate::catalog::{
     tasks::{ColumnsAdded, TaskRecord},
 };
 use crate::error::ErrorKind;
-use crate::shmem::{self, LiveStatus};
+use crate::shmem::{self, live::LiveStatus};
 use crate::worker::control::{
     in_transaction, in_user_transaction, in_user_transaction_retrying, Stop,
 };
@@ -22,8 +22,8 @@ use crate::worker::drive::DueWork;
 
 pub struct ColumnsAddedWatch {
     task: TaskRecord,
-    /// `shmem::sources_changed` at the last look: None before the first, at the stream's start,
-    /// so that columns added while no worker ran are sent too.
+    /// `shmem::commits::sources_changed` at the last look: None before the first, at the stream's
+    /// start, so that columns added while no worker ran are sent too.
     seen: Option<u64>,
     /// Columns found added, sent once everything up to `due` is confirmed.
     added: Option<ColumnsAdded>,
@@ -44,7 +44,7 @@ impl ColumnsAddedWatch {
     /// columns were added, and only that. They are sent once everything the stream reads up to
     /// the WAL's end now (past the DDL's commit) is in the index.
     pub fn look(&mut self, live: LiveStatus) -> Result<(), Stop> {
-        let changes = shmem::sources_changed();
+        let changes = shmem::commits::sources_changed();
         if self.seen == Some(changes) {
             return Ok(());
         }
@@ -71,7 +71,7 @@ impl ColumnsAddedWatch {
 
     /// Columns added wait to be sent, or a look: the stream is not quiet.
     pub fn pending(&self) -> bool {
-        self.due.is_set() || self.seen != Some(shmem::sources_changed())
+        self.due.is_set() || self.seen != Some(shmem::commits::sources_changed())
     }
 }
 

@@ -23,7 +23,10 @@ use pg_meili_sync_core::task::options::TaskOptions;
 use crate::catalog::{self, tasks::TaskRecord};
 use crate::decode::session;
 use crate::error::SyncError;
-use crate::shmem::{self, LiveStatus, NoEntry, Phase, WorkerId};
+use crate::shmem::{
+    self,
+    live::{LiveStatus, NoEntry, Phase, WorkerId},
+};
 
 /// How long an enqueued Meilisearch task may be missing from its task list before its batch is
 /// sent again (at least once: it may have been applied before it vanished).
@@ -445,7 +448,7 @@ pub fn worker_main(worker: WorkerId, work: impl FnOnce(LiveStatus, i32) -> Resul
     crate::security::pin_worker_settings();
     // SAFETY: reading this process's own pid.
     let pid = unsafe { pg_sys::MyProcPid };
-    let index = match shmem::attach(worker, pid) {
+    let index = match shmem::live::attach(worker, pid) {
         Ok(index) => index,
         Err(NoEntry::Full) => {
             warning!(

@@ -26,7 +26,7 @@ use pg_meili_sync_core::task::failure::{Failure, FailureKind};
 use crate::catalog::{self, tasks::TaskRecord};
 use crate::decode::session::{DecodingSession, MessageSink};
 use crate::gucs;
-use crate::shmem::{LiveStatus, Phase};
+use crate::shmem::live::{LiveStatus, Phase};
 use crate::worker::control::{
     fail, in_transaction, reload_config_if_asked, report_progress, should_stop, Stop,
 };

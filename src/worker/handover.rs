@@ -8,7 +8,7 @@
 use pgrx::prelude::*;
 
 use crate::catalog::{self, tasks::TaskRecord};
-use crate::shmem::{self, LiveStatus};
+use crate::shmem::{self, live::LiveStatus};
 use crate::worker::control::{in_transaction, Stop};
 use crate::worker::drive::{Reading, SwapGate};
 
@@ -41,7 +41,7 @@ pub fn hand_over(task: &TaskRecord, live: LiveStatus, position: u64) -> Result<(
             task.id,
             catalog::format_lsn(position)
         );
-        shmem::wake_launcher();
+        shmem::launchers::wake_launcher();
     }
     Err(Stop::Terminated)
 }

@@ -18,7 +18,7 @@ use pg_meili_sync_core::pipeline::pacing::Throttle;
 use pg_meili_sync_core::task::pg_catalog::SlotStatus;
 
 use crate::catalog::{self, tasks::TaskSummary};
-use crate::shmem::WorkerId;
+use crate::shmem::live::WorkerId;
 use crate::worker::control::{database_of_worker, reload_config_if_asked};
 use crate::{gucs, resync_request, shmem};
 
@@ -220,7 +220,7 @@ impl Launcher {
     /// Follows the workers that run already: a launcher that exited (an ERROR, a kill) left them
     /// running, and starting a second worker for their task would fight over its slot.
     fn adopt_running_workers(&mut self) {
-        for (worker, pid, generation) in shmem::attached_workers() {
+        for (worker, pid, generation) in shmem::live::attached_workers() {
             if !shmem::backend_alive(pid) {
                 continue;
             }
@@ -239,7 +239,7 @@ impl Launcher {
 
     /// One round: read the catalog, reap, start and stop workers, drop orphans, check the slots.
     fn round(&mut self, guard: &mut WalGuard) -> Round {
-        shmem::launcher_round_begins();
+        shmem::launchers::launcher_round_begins();
         let Some(CatalogRead {
             tasks,
             orphans,
@@ -296,7 +296,7 @@ impl Launcher {
         }
         self.reap(&wanted);
         self.reconcile(&wanted);
-        shmem::release_missing(&existing);
+        shmem::live::release_missing(&existing);
         let idle =
             tasks.is_empty() && orphans.is_empty() && self.running.is_empty() && !waits_for_update;
         for (kind, name) in orphans {
@@ -395,7 +395,7 @@ impl WalGuard {
         if let Some(limit) = gucs::lag_warning() {
             // SAFETY: reads the transaction-independent wall clock.
             let now = unsafe { pg_sys::GetCurrentTimestamp() };
-            for live in shmem::live_tasks() {
+            for live in shmem::live::live_tasks() {
                 let Some(oldest) = live.oldest_unconfirmed_at.filter(|_| live.pid.is_some()) else {
                     continue;
                 };
@@ -522,7 +522,7 @@ fn stop_shared_crash_loop(crashes: u32) {
 }
 
 fn last_error_of(worker: WorkerId) -> String {
-    shmem::last_error(worker).unwrap_or_else(|| "unknown error".to_owned())
+    shmem::live::last_error(worker).unwrap_or_else(|| "unknown error".to_owned())
 }
 
 /// Sends SIGTERM to a task worker (its handler only sets a flag that the worker checks).
@@ -795,8 +795,8 @@ const PLACE_LOOK_INTERVAL: Duration = Duration::from_secs(1);
 fn wait_for_a_place(name: &str) -> bool {
     let mut warned: Option<Instant> = None;
     loop {
-        match shmem::register_launcher() {
-            shmem::Registration::Registered => {
+        match shmem::launchers::register_launcher() {
+            shmem::launchers::Registration::Registered => {
                 BackgroundWorker::transaction(|| {
                     read(
                         "the tasks that waited for a place",
@@ -808,11 +808,11 @@ fn wait_for_a_place(name: &str) -> bool {
                 );
                 return true;
             }
-            shmem::Registration::Refused => return false,
-            shmem::Registration::TableFull => {}
+            shmem::launchers::Registration::Refused => return false,
+            shmem::launchers::Registration::TableFull => {}
         }
         if warned.is_none_or(|at| at.elapsed() >= ROUND_FAILURE_LOG_INTERVAL) {
-            let (taken, usable) = shmem::databases_served();
+            let (taken, usable) = shmem::launchers::databases_served();
             let detail = format!(
                 "{taken} other databases run tasks, and meili_sync.max_databases is {usable}; this database's tasks start once one of them has no task left, or after meili_sync.max_databases is raised (it needs a restart)"
             );
@@ -848,16 +848,16 @@ pub extern "C-unwind" fn meili_sync_database_launcher_main(_arg: pg_sys::Datum) 
     // A database with nothing for us takes no place in the table of databases: empty databases,
     // which any role with CREATEDB can make, must not use it up.
     if !BackgroundWorker::transaction(has_work_for_a_launcher) {
-        shmem::release_unneeded_entry();
+        shmem::launchers::release_unneeded_entry();
         return;
     }
     let name = BackgroundWorker::transaction(catalog::current_database)
         .unwrap_or_else(|_| database.to_u32().to_string());
-    match shmem::register_launcher() {
-        shmem::Registration::Registered => {}
+    match shmem::launchers::register_launcher() {
+        shmem::launchers::Registration::Registered => {}
         // Another launcher of this database runs still, or a DDL command waits for the database.
-        shmem::Registration::Refused => return,
-        shmem::Registration::TableFull => {
+        shmem::launchers::Registration::Refused => return,
+        shmem::launchers::Registration::TableFull => {
             if !wait_for_a_place(&name) {
                 return;
             }
@@ -889,7 +889,7 @@ pub extern "C-unwind" fn meili_sync_database_launcher_main(_arg: pg_sys::Datum) 
     }
     // The task workers stream on: the next launcher follows them (adopt_running_workers), and
     // at shutdown the postmaster stops them itself.
-    shmem::unregister_launcher(idle);
+    shmem::launchers::unregister_launcher(idle);
     if idle {
         log!("pg_meili_sync launcher of database \"{name}\" exits: no task to run");
     }

@@ -16,14 +16,14 @@ use pg_meili_sync_core::task::options::TaskOptions;
 use crate::catalog::{self, tasks::TaskRecord};
 use crate::error::ErrorKind;
 use crate::plan::{check_task_source, SnapshotPlan};
-use crate::shmem::{self, LiveStatus};
+use crate::shmem::{self, live::LiveStatus};
 use crate::worker::control::{
     in_transaction, in_user_transaction, in_user_transaction_retrying, Stop,
 };
 use crate::worker::drive::DueWork;
 
 /// How often a task looks for partitions detached, dropped or attached, besides at once after a
-/// commit that may have changed some (`shmem::note_sources_changed_at_commit`).
+/// commit that may have changed some (`shmem::commits::note_sources_changed_at_commit`).
 const LOOK_INTERVAL: Duration = Duration::from_secs(2);
 
 pub struct PartitionWatch {
@@ -50,7 +50,7 @@ pub struct PartitionWatch {
     /// (`catalog::tasks::save_partitions`).
     stored: Option<Vec<u32>>,
     next_look: Instant,
-    /// `shmem::sources_changed` at the last look: when it moves, the next look is now.
+    /// `shmem::commits::sources_changed` at the last look: when it moves, the next look is now.
     changes_seen: u64,
 }
 
@@ -83,7 +83,7 @@ impl PartitionWatch {
                 .unwrap_or_else(|| plan.partitions.clone()),
             stored: task.partitions.clone(),
             next_look: Instant::now(),
-            changes_seen: shmem::sources_changed(),
+            changes_seen: shmem::commits::sources_changed(),
         })
     }
 
@@ -120,7 +120,7 @@ impl PartitionWatch {
     /// key), then its rows are brought in by a repair, which sends what the index lacks. A new
     /// partition without pages (created ahead) streams like the others.
     pub fn look(&mut self, live: LiveStatus) -> Result<(), Stop> {
-        let changes = shmem::sources_changed();
+        let changes = shmem::commits::sources_changed();
         if Instant::now() < self.next_look && changes == self.changes_seen {
             return Ok(());
         }
@@ -196,7 +196,7 @@ impl PartitionWatch {
     pub fn pending(&self) -> bool {
         self.due.is_set()
             || Instant::now() >= self.next_look
-            || shmem::sources_changed() != self.changes_seen
+            || shmem::commits::sources_changed() != self.changes_seen
     }
 }
 

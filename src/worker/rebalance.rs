@@ -21,7 +21,10 @@ use pg_meili_sync_core::meili::network::{network_body, network_leader};
 use pg_meili_sync_core::task::failure::{Failure, FailureKind};
 
 use crate::catalog::{self, tasks::TaskRecord};
-use crate::shmem::{self, LiveStatus, Phase, WorkerId};
+use crate::shmem::{
+    self,
+    live::{LiveStatus, Phase, WorkerId},
+};
 use crate::worker::control::{
     await_meili_task, fail, in_transaction, should_stop, with_retry, worker_main, Stop,
 };
@@ -82,7 +85,7 @@ fn wait_passed(live: LiveStatus, rows: &[i64], lsn: u64) -> Result<(), Stop> {
     let mut waiting: Vec<i64> = rows.to_vec();
     let mut checks = 0u32;
     loop {
-        waiting.retain(|row| !shmem::confirmed_past(*row, lsn));
+        waiting.retain(|row| !shmem::live::confirmed_past(*row, lsn));
         if !waiting.is_empty() && checks.is_multiple_of(10) {
             let stored = in_transaction(live, "reading the shards' positions", || {
                 catalog::tasks::stored_positions(&waiting)

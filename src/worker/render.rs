@@ -27,7 +27,7 @@ use crate::catalog;
 use crate::decode::session::MessageSink;
 use crate::plan::{self, SnapshotPlan, ViewPlan};
 use crate::security;
-use crate::shmem::{self, LiveStatus};
+use crate::shmem::{self, live::LiveStatus};
 use crate::worker::control::{in_transaction, in_user_transaction, should_stop, Stop};
 use crate::worker::drive::{DueWork, PassStream, Settlement, TaskStream};
 use crate::worker::partitions::PartitionWatch;
@@ -102,7 +102,8 @@ pub struct ViewStream<D: BorrowMut<Dispatcher>> {
     ended: bool,
     /// The partitions of the partitioned tables the view reads.
     partitioned: Option<PartitionWatch>,
-    /// `shmem::sources_changed` when the tables the view reads were last compared with the plan's.
+    /// `shmem::commits::sources_changed` when the tables the view reads were last compared with the
+    /// plan's.
     sources_seen: Option<u64>,
     /// A new plan was asked for (`follow_new_tables`): this stream ends at its commit.
     replanned: bool,
@@ -162,7 +163,7 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
     /// reads with those this stream follows, so that a new table is followed without waiting for
     /// a render.
     fn look_at_tables(&mut self) -> Result<(), Stop> {
-        let changes = shmem::sources_changed();
+        let changes = shmem::commits::sources_changed();
         if self.replanned || self.sources_seen == Some(changes) {
             return Ok(());
         }

@@ -26,7 +26,10 @@ use crate::catalog::{
     self,
     tasks::{ResyncPhase, TaskRecord, TaskState},
 };
-use crate::shmem::{self, LiveStatus, Phase};
+use crate::shmem::{
+    self,
+    live::{LiveStatus, Phase},
+};
 use crate::worker::control::{
     await_meili_task, in_transaction, meili_task_succeeded, should_stop, with_retry,
     worker_transaction, Stop,
@@ -163,7 +166,7 @@ impl SwapGate for ResyncGate {
                 in_transaction(live, "holding the task for the swap", || {
                     catalog::tasks::hold_for_swap(held_task)
                 })?;
-                shmem::wake_launcher();
+                shmem::launchers::wake_launcher();
                 log!(
                     "pg_meili_sync task {}: resync caught up; the task is held for the swap",
                     held_task
@@ -173,7 +176,7 @@ impl SwapGate for ResyncGate {
             TaskState::Swapping => {
                 // A shared task is let go by the shared decoder, which stores its position first.
                 let still_streamed = if held.shared {
-                    shmem::attached_pid(held_task).is_some_and(shmem::backend_alive)
+                    shmem::live::attached_pid(held_task).is_some_and(shmem::backend_alive)
                 } else {
                     held.slot_active
                 };
@@ -307,7 +310,7 @@ impl Swap<'_> {
         in_transaction(self.live, "handing the swapped index over", || {
             catalog::tasks::finish_swap(helper.id, held, position)
         })?;
-        shmem::wake_launcher();
+        shmem::launchers::wake_launcher();
         log!(
             "pg_meili_sync task {}: resync swapped in the new index \"{}\"; streaming goes on from {}",
             held.id,
@@ -337,7 +340,7 @@ impl Swap<'_> {
             }
             Ok(())
         })?;
-        shmem::wake_launcher();
+        shmem::launchers::wake_launcher();
         Ok(())
     }
 }

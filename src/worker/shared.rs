@@ -26,7 +26,10 @@ use crate::catalog::{self, shared::SharedTask, tasks::TaskRecord};
 use crate::decode::session::{DecodingSession, MessageSink};
 use crate::error::SyncError;
 use crate::plan::{build_plan, recheck_source, ColumnRules, ViewPlan};
-use crate::shmem::{self, LiveStatus, Phase, WorkerId};
+use crate::shmem::{
+    self,
+    live::{LiveStatus, Phase, WorkerId},
+};
 use crate::worker::control::{
     fail, in_transaction, in_user_transaction, open_dispatcher, worker_main, worker_transaction,
     Stop,
@@ -103,7 +106,8 @@ struct SharedDecoder {
     /// Tables the shared publication holds, as last made.
     published: Vec<pg_sys::Oid>,
     last_refresh: Option<Instant>,
-    /// `shmem::tasks_changed` at the last refresh: a task resumed or started joins at once.
+    /// `shmem::commits::tasks_changed` at the last refresh: a task resumed or started joins at
+    /// once.
     tasks_seen: Option<u64>,
     last_store: Instant,
     /// See `load_lowest_elsewhere`; read again whenever tasks join, leave or get a position.
@@ -220,7 +224,7 @@ impl SharedDecoder {
             })
             // The task worker that did the copy may still be exiting: join once it is gone.
             .filter(|task| {
-                shmem::attached_pid(task.id)
+                shmem::live::attached_pid(task.id)
                     .is_none_or(|other| other == pid || !shmem::backend_alive(other))
             })
             .collect())
@@ -313,9 +317,9 @@ impl SharedDecoder {
         else {
             return Ok(None);
         };
-        let index = match shmem::attach(WorkerId::Task(task.id), self.pid) {
+        let index = match shmem::live::attach(WorkerId::Task(task.id), self.pid) {
             Ok(index) => index,
-            Err(shmem::NoEntry::Full) => {
+            Err(shmem::live::NoEntry::Full) => {
                 warning!(
                     "pg_meili_sync: no free shared-memory entry for task {} (meili_sync.max_tasks is {})",
                     task.id,
@@ -324,7 +328,7 @@ impl SharedDecoder {
                 return Ok(None);
             }
             // A DDL command waits for the database: this decoder is being stopped.
-            Err(shmem::NoEntry::DatabasePaused) => return Err(Stop::Terminated),
+            Err(shmem::live::NoEntry::DatabasePaused) => return Err(Stop::Terminated),
         };
         let live = LiveStatus::new(index);
         live.set_served_by_shared_decoder();
@@ -757,7 +761,7 @@ impl Pass for SharedDecoder {
         session: &mut DecodingSession,
         caught_up: bool,
     ) -> Result<Turn, Stop> {
-        let tasks_changed = shmem::tasks_changed();
+        let tasks_changed = shmem::commits::tasks_changed();
         if self.tasks_seen != Some(tasks_changed)
             || self
                 .last_refresh
@@ -820,7 +824,7 @@ impl Pass for SharedDecoder {
                 // backend waits in meili_sync_wait for the task's position to move, or the task
                 // has just become quiet (what Meilisearch confirmed last shows at once).
                 let awaited = pipeline.position != pipeline.published_position
-                    && shmem::has_waiters(*task_id);
+                    && shmem::waiters::has_waiters(*task_id);
                 if !awaited
                     && pipeline.published_quiet
                     && pipeline.published.elapsed() < QUIET_PUBLISH_INTERVAL

@@ -18,7 +18,7 @@ use pg_meili_sync_core::pipeline::dispatch::{DeadLetter, Dispatcher, Progress};
 use pg_meili_sync_core::task::failure::FailureKind;
 
 use crate::plan::{PageSizer, SnapshotPlan};
-use crate::shmem::{LiveStatus, Phase};
+use crate::shmem::live::{LiveStatus, Phase};
 use crate::worker::control::{fail, in_transaction, report_progress, should_stop, Stop};
 use crate::{catalog, security};
 

@@ -21,7 +21,7 @@ use pg_meili_sync_core::wal::state_change;
 use crate::catalog;
 use crate::decode::session::MessageSink;
 use crate::plan::ColumnRules;
-use crate::shmem::LiveStatus;
+use crate::shmem::live::LiveStatus;
 use crate::worker::columns_added::ColumnsAddedWatch;
 use crate::worker::control::{rewind_dispatcher, should_stop, Stop};
 use crate::worker::drive::{DueWork, PassStream, Settlement, TaskStream};

@@ -19,7 +19,10 @@ use crate::catalog::{
 };
 use crate::error::SyncError;
 use crate::plan::{build_plan, recheck_source, ColumnRules, SnapshotPlan, ViewPlan};
-use crate::shmem::{self, LiveStatus, Phase, WorkerId};
+use crate::shmem::{
+    self,
+    live::{LiveStatus, Phase, WorkerId},
+};
 use crate::worker::control::{
     await_meili_task, fail, in_transaction, open_dispatcher, with_retry, worker_main, Stop,
 };
@@ -478,7 +481,7 @@ fn copy_then_stream(
     }
     if task.shared && !task.moving {
         // The shared decoder streams it from here on.
-        shmem::wake_launcher();
+        shmem::launchers::wake_launcher();
         return Err(Stop::Terminated);
     }
     if let Some(view) = view {
