@@ -81,7 +81,7 @@ unsafe extern "C-unwind" fn leave_database_first(
     // SAFETY: as above.
     let database =
         unsafe { database_needed_alone(node) }.filter(|database| owns_database(*database));
-    match database.filter(|database| shmem::pause_database(*database)) {
+    match database.filter(|database| shmem::launchers::pause_database(*database)) {
         None => run(),
         Some(database) => {
             let run = std::panic::AssertUnwindSafe(run);
@@ -90,23 +90,23 @@ unsafe extern "C-unwind" fn leave_database_first(
                 leave(database);
                 (run.0)()
             })
-            .finally(|| shmem::resume_database(database))
+            .finally(|| shmem::launchers::resume_database(database))
             .execute()
         }
     }
     // SAFETY: as above.
     let changes_shape = unsafe { may_change_shape(node) } && extension_is_here();
     if wakes || changes_shape {
-        shmem::wake_launcher_at_commit();
+        shmem::commits::wake_launcher_at_commit();
     }
     // SAFETY: as above.
     if changes_shape || unsafe { may_change_partitions(node) } {
-        shmem::note_sources_changed_at_commit();
+        shmem::commits::note_sources_changed_at_commit();
     }
 }
 
-/// Whether `node` may change what a task's documents look like without changing rows, so that
-/// the launcher compares each task's shape at its commit (`catalog::show_tasks_out_of_shape`)
+/// Whether `node` may change what a task's documents look like without changing rows, so that the
+/// launcher compares each task's shape at its commit (`catalog::tasks::show_tasks_out_of_shape`)
 /// rather than at its next round: an `ALTER TABLE` (of a table, a view or a composite type), a
 /// rename (of a column or an attribute), `ALTER TYPE … RENAME VALUE`, `CREATE OR REPLACE VIEW`.
 ///
@@ -289,7 +289,7 @@ fn leave(database: pg_sys::Oid) {
     let deadline = Instant::now() + LEAVE_TIMEOUT;
     let mut told = Vec::new();
     loop {
-        let left: Vec<i32> = shmem::processes_in(database)
+        let left: Vec<i32> = shmem::launchers::processes_in(database)
             .into_iter()
             .filter(|pid| shmem::backend_alive(*pid))
             .collect();

@@ -16,6 +16,7 @@ mod jsonb;
 mod materialized;
 mod plan;
 mod resync_request;
+mod rules;
 mod search;
 mod security;
 mod shmem;

@@ -15,7 +15,7 @@ use pg_meili_sync_core::wal::affected::{KeyRoute, KeySource, TableRoutes};
 use pg_meili_sync_core::wal::changes::RelationShape;
 use pg_meili_sync_core::wal::pgoutput::Relation;
 
-use crate::catalog::{self, RelationInfo, TaskRecord};
+use crate::catalog::{self, source::RelationInfo, tasks::TaskRecord};
 use crate::error::{ErrorKind, SyncError};
 use crate::security;
 
@@ -48,7 +48,7 @@ impl ColumnRules {
     /// option's columns, which become entries of `_vectors`.
     pub fn document_column(&self, name: &str, type_oid: pg_sys::Oid) -> Result<Column, SyncError> {
         if let Some((embedder, _)) = self.vectors.iter().find(|(_, column)| column == name) {
-            if !catalog::is_pgvector_type(type_oid) {
+            if !catalog::source::is_pgvector_type(type_oid) {
                 return Err(SyncError::new(
                     ErrorKind::UnsupportedType,
                     format!(
@@ -66,10 +66,10 @@ impl ColumnRules {
         if self.geo.as_deref() != Some(name) {
             return Ok(Column {
                 name: name.to_owned(),
-                kind: catalog::value_kind(type_oid)?,
+                kind: catalog::source::value_kind(type_oid)?,
             });
         }
-        if !catalog::is_postgis_type(type_oid) {
+        if !catalog::source::is_postgis_type(type_oid) {
             return Err(SyncError::new(
                 ErrorKind::UnsupportedType,
                 format!(
@@ -137,7 +137,7 @@ pub struct SnapshotPlan {
     pub next_page_query: String,
     /// Batches of the copy enqueued in Meilisearch at once (the `snapshot_depth` option).
     pub depth: usize,
-    /// Key ranges, to read a batch of the copy again (see `catalog::PageQueries`).
+    /// Key ranges, to read a batch of the copy again (see `catalog::source::PageQueries`).
     pub first_range_query: String,
     pub next_range_query: String,
     /// Rows per page at most (pages of wide rows hold fewer, see [`PageSizer`]).
@@ -161,9 +161,9 @@ pub struct SnapshotPlan {
 /// partitions the task follows.
 pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPlan, SyncError> {
     let mut plan = source_plan(task.relid, &task.primary_key, options)?;
-    let info = catalog::relation_info(task.relid)?;
+    let info = catalog::source::relation_info(task.relid)?;
     plan.partitioned_roots = if info.is_view() {
-        catalog::base_tables(task.relid)?
+        catalog::view::base_tables(task.relid)?
             .into_iter()
             .filter(|table| table.relkind == RelationKind::PartitionedTable)
             .map(|table| table.relid.to_u32())
@@ -173,7 +173,7 @@ pub fn build_plan(task: &TaskRecord, options: &TaskOptions) -> Result<SnapshotPl
     } else {
         Vec::new()
     };
-    plan.partitions = catalog::leaves_of(&plan.partitioned_roots)?
+    plan.partitions = catalog::source::leaves_of(&plan.partitioned_roots)?
         .into_iter()
         .map(|(leaf, _)| leaf)
         .collect();
@@ -216,7 +216,7 @@ pub fn check_task_source(
     task: &TaskRecord,
     options: &TaskOptions,
 ) -> Result<(RelationInfo, Option<ViewPlan>), SyncError> {
-    let info = catalog::syncable_source(task.relid, task.owner)?;
+    let info = catalog::source::syncable_source(task.relid, task.owner)?;
     // The table's replica identity may have changed since the start, and a partition attached
     // since must carry the key in its old rows too.
     check_key_identity(&info, &task.primary_key)?;
@@ -240,7 +240,7 @@ pub fn source_plan(
     key: &[String],
     options: &TaskOptions,
 ) -> Result<SnapshotPlan, SyncError> {
-    let info = catalog::relation_info(relid)?;
+    let info = catalog::source::relation_info(relid)?;
     let relation = &info.qualified_name;
     if options.reader_independent && !info.is_view() {
         return Err(SyncError::new(
@@ -278,7 +278,7 @@ pub fn source_plan(
         )
     })?;
     let page_rows = options.batch_size.clamp(100, 10_000);
-    let queries = catalog::page_queries(&info.query_name(), &column_names, &key_types);
+    let queries = catalog::source::page_queries(&info.query_name(), &column_names, &key_types);
     Ok(SnapshotPlan {
         first_page_query: queries.first_page,
         next_page_query: queries.next_page,
@@ -334,9 +334,9 @@ impl ViewPlan {
 
     /// The tables the view reads now that this plan does not follow (a `CREATE OR REPLACE VIEW`
     /// since the plan was made), schema-qualified: their changes do not reach the task until a
-    /// new plan follows them (`catalog::follow_new_tables`).
+    /// new plan follows them (`catalog::tasks::follow_new_tables`).
     pub fn unfollowed_tables(&self, view: pg_sys::Oid) -> Result<Vec<String>, SyncError> {
-        Ok(catalog::base_tables(view)?
+        Ok(catalog::view::base_tables(view)?
             .into_iter()
             .filter(|table| !self.tables.iter().any(|(relid, _)| *relid == table.relid))
             .map(|table| table.qualified_name)
@@ -415,7 +415,7 @@ fn check_mapping(
 ) -> Result<(), SyncError> {
     PgTryBuilder::new(|| {
         security::as_table_owner(task_owner, || {
-            catalog::run_mapping(&mapping.table, &mapping.query, mapping.params, &[], width)
+            catalog::view::run_mapping(&mapping.table, &mapping.query, mapping.params, &[], width)
         })
         .map(|_| ())
     })
@@ -453,7 +453,7 @@ pub fn view_plan(
             )
             .hint("Name the view's key columns, as its select list names them."));
         };
-        if !catalog::value_kind(column.type_oid)?.can_be_document_id() {
+        if !catalog::source::value_kind(column.type_oid)?.can_be_document_id() {
             return Err(SyncError::new(
                 ErrorKind::UnsupportedType,
                 format!("key column \"{name}\" of view {view} has type {}, which cannot be a Meilisearch document id", column.type_name),
@@ -462,13 +462,13 @@ pub fn view_plan(
         }
         typed_key.push((name.clone(), column.type_name.clone()));
     }
-    let query = catalog::view_query(relid, view, key)?;
-    catalog::refuse_rows_by_who_asks(
+    let query = catalog::view::view_query(relid, view, key)?;
+    catalog::reader_dependence::refuse_rows_by_who_asks(
         relid,
         view,
         options.reader_independent.then_some(task_owner),
     )?;
-    let tables = catalog::base_tables(relid)?;
+    let tables = catalog::view::base_tables(relid)?;
     if let Some(table) = tables.iter().find(|table| {
         !matches!(
             table.relkind,
@@ -492,7 +492,7 @@ pub fn view_plan(
     for (name, sql) in &options.mappings {
         // A plain name is one of the view's tables by name; a qualified one is resolved.
         let relid = if name.contains('.') {
-            catalog::regclass_of(name)?
+            catalog::view::regclass_of(name)?
         } else {
             let mut named = tables.iter().filter(|table| &table.name == name);
             match (named.next(), named.next()) {
@@ -518,7 +518,7 @@ pub fn view_plan(
         // A mapping gets the changed keys of its table, so its author must be allowed to read
         // that table, whether or not the mapping's SQL reads it.
         if !catalog::may_select(task_owner, relid)? {
-            let table = catalog::relation_info(relid)?.qualified_name;
+            let table = catalog::source::relation_info(relid)?.qualified_name;
             let role = catalog::role_name(task_owner)?;
             return Err(SyncError::new(
                 ErrorKind::Privilege,
@@ -533,11 +533,11 @@ pub fn view_plan(
     let mut unmapped = Vec::new();
     let mut without_identity = Vec::new();
     for table in &tables {
-        let table_info = catalog::relation_info(table.relid)?;
+        let table_info = catalog::source::relation_info(table.relid)?;
         let name = table.qualified_name.clone();
         // A partitioned table's changes are its partitions', each with its own replica identity.
         let partitions = if table_info.is_partitioned() {
-            catalog::logged_partitions(table.relid, &name)?
+            catalog::source::logged_partitions(table.relid, &name)?
         } else {
             Vec::new()
         };
@@ -573,7 +573,11 @@ pub fn view_plan(
             if *root == table.relid {
                 by_columns.push(root_columns.clone());
             }
-            by_columns.extend(catalog::foreign_keys_to(table.relid, *root, root_columns)?);
+            by_columns.extend(catalog::view::foreign_keys_to(
+                table.relid,
+                *root,
+                root_columns,
+            )?);
             for columns in by_columns {
                 if partitions.is_empty() && !identity_carries(&table_info, &columns) {
                     without_identity.push(format!("{name} ({})", columns.join(", ")));
@@ -611,7 +615,7 @@ pub fn view_plan(
         let root = match &query.root {
             Some((root, _)) => format!(
                 "Its key comes from table {}; these tables have no foreign key to that key column.",
-                catalog::relation_info(*root)?.qualified_name
+                catalog::source::relation_info(*root)?.qualified_name
             ),
             None => "Its key is not a plain column of one table (a UNION, an expression or a subquery), so every table it reads needs a mapping.".to_owned(),
         };

@@ -6,7 +6,10 @@ use pgrx::prelude::*;
 
 use pg_meili_sync_core::task::options::{validate_index_uid, TaskOptions};
 
-use crate::catalog::{self, NewTask, TaskRecord, TaskState};
+use crate::catalog::{
+    self,
+    tasks::{NewTask, TaskRecord, TaskState},
+};
 use crate::error::{ErrorKind, SyncError};
 use crate::plan;
 
@@ -27,15 +30,15 @@ pub fn begin_resync(record: &TaskRecord) -> Result<Vec<i64>, SyncError> {
         )
         .hint(format!("Resync task {rebuilt} itself.")));
     }
-    let rows: Vec<catalog::TaskRecord> = if record.replica_of.is_some() {
+    let rows: Vec<catalog::tasks::TaskRecord> = if record.replica_of.is_some() {
         vec![record.clone()]
     } else {
         std::iter::once(record.clone())
-            .chain(catalog::replicas_of(record.id)?)
+            .chain(catalog::tasks::replicas_of(record.id)?)
             .collect()
     };
     let root = record.replica_of.unwrap_or(record.id);
-    if record.shard.is_some() && catalog::shard_rebalance_pending(root)? {
+    if record.shard.is_some() && catalog::tasks::shard_rebalance_pending(root)? {
         return Err(SyncError::new(
             ErrorKind::Prerequisite,
             format!("a shard is still being added to task {root}"),
@@ -57,7 +60,7 @@ pub fn begin_resync(record: &TaskRecord) -> Result<Vec<i64>, SyncError> {
         .hint("Index uids of tasks to resync must be at most 392 characters long.")
     })?;
     for row in &rows {
-        if let Some((existing, _)) = catalog::index_owner_task(&row.url, &fresh_uid)? {
+        if let Some((existing, _)) = catalog::tasks::index_owner_task(&row.url, &fresh_uid)? {
             return Err(SyncError::new(
                 ErrorKind::DuplicateTask,
                 format!("task {existing} already syncs into index \"{fresh_uid}\" at {}, the index a resync would build", row.url),
@@ -65,13 +68,13 @@ pub fn begin_resync(record: &TaskRecord) -> Result<Vec<i64>, SyncError> {
             .hint(format!("Drop task {existing} first.")));
         }
     }
-    catalog::require_task_room(rows.len())?;
+    catalog::tasks::require_task_room(rows.len())?;
     let options = TaskOptions::parse(&record.options)?;
     // Checked as the task's worker checks it: the helper copies with the owner's rights.
     let published = plan::published_tables(record, &options)?;
     let mut helpers = Vec::with_capacity(rows.len());
     for row in &rows {
-        helpers.push(catalog::insert_task(
+        helpers.push(catalog::tasks::insert_task(
             NewTask {
                 relid: row.relid,
                 // The helper acts for the task it rebuilds: its reads, mapping queries and the
@@ -107,9 +110,9 @@ pub fn begin_resync(record: &TaskRecord) -> Result<Vec<i64>, SyncError> {
 }
 
 /// A row can be resynced while it streams, outside a move, and without a resync under way.
-fn refuse_until_resyncable(row: &catalog::TaskRecord) -> Result<(), SyncError> {
+fn refuse_until_resyncable(row: &catalog::tasks::TaskRecord) -> Result<(), SyncError> {
     refuse_while_moving(row)?;
-    if let Some(helper) = catalog::resync_helper(row.id)? {
+    if let Some(helper) = catalog::tasks::resync_helper(row.id)? {
         return Err(SyncError::new(
             ErrorKind::DuplicateTask,
             format!("task {} is already being resynced by helper task {helper}", row.id),
@@ -136,7 +139,7 @@ fn refuse_until_resyncable(row: &catalog::TaskRecord) -> Result<(), SyncError> {
 
 /// A task moving into the shared decoding pass streams from its own slot for a moment more; a
 /// resync waits until it has moved.
-fn refuse_while_moving(record: &catalog::TaskRecord) -> Result<(), SyncError> {
+fn refuse_while_moving(record: &catalog::tasks::TaskRecord) -> Result<(), SyncError> {
     if !record.moving {
         return Ok(());
     }

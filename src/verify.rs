@@ -22,7 +22,7 @@ use pg_meili_sync_core::meili::client::{Client, MeiliError, HTTP_TIMEOUT, TASK_W
 use pg_meili_sync_core::pipeline::batch::Operation;
 use pg_meili_sync_core::task::options::{TaskOptions, WriteMode};
 
-use crate::catalog::{self, KeyMatch, TaskRecord};
+use crate::catalog::{self, source::KeyMatch, tasks::TaskRecord};
 use crate::error::{ErrorKind, SyncError};
 use crate::plan::{build_plan, PageSizer, SnapshotPlan};
 use crate::security;
@@ -173,9 +173,9 @@ struct Context {
 impl Context {
     fn new(task: TaskRecord) -> Result<Context, SyncError> {
         let options = TaskOptions::parse(&task.options)?;
-        catalog::set_output_formats(true)?;
+        catalog::source::set_output_formats(true)?;
         let plan = build_plan(&task, &options)?;
-        let info = catalog::relation_info(task.relid)?;
+        let info = catalog::source::relation_info(task.relid)?;
         let key: Vec<(String, String)> = task
             .primary_key
             .iter()
@@ -268,7 +268,7 @@ impl Context {
             };
             let limit = pages.rows();
             let rows = self.as_owner(|| {
-                catalog::read_page(query, key, limit, self.plan.shape.columns().len())
+                catalog::source::read_page(query, key, limit, self.plan.shape.columns().len())
             })?;
             pages.read(&rows);
             let page_rows = rows.len();
@@ -365,8 +365,9 @@ impl Context {
         }
         for (group, matching) in [(typed, KeyMatch::Typed), (as_text, KeyMatch::AsText)] {
             let keys: Vec<Vec<String>> = group.iter().map(|(_, values)| values.clone()).collect();
-            let missing = self
-                .as_owner(|| catalog::absent_keys(&self.relation, &self.key, &keys, &matching))?;
+            let missing = self.as_owner(|| {
+                catalog::source::absent_keys(&self.relation, &self.key, &keys, &matching)
+            })?;
             for index in missing {
                 if let Some((position, _)) = group.get(index) {
                     absent.push(*position);
@@ -436,7 +437,7 @@ impl Context {
     /// overtaken by sending it.
     fn locked_rows(&self, keys: Vec<Vec<String>>) -> Result<EncodedRows, SyncError> {
         let rows = self.as_owner(|| {
-            catalog::lock_rows(
+            catalog::source::lock_rows(
                 &self.relation,
                 self.is_view,
                 &self.column_names,
@@ -489,7 +490,7 @@ impl Context {
     /// Meilisearch's task uids, to wait for together (which lets Meilisearch batch them).
     fn enqueue_pages(
         &self,
-        query: &catalog::PageQueries,
+        query: &catalog::source::PageQueries,
         send: &PageSend<'_>,
     ) -> Result<(i64, Vec<u64>), SyncError> {
         let width = self.plan.shape.columns().len();
@@ -502,7 +503,8 @@ impl Context {
                 None => (&query.first_page, None),
             };
             let limit = pages.rows();
-            let rows = self.as_owner(|| catalog::read_page(page_query, key, limit, width))?;
+            let rows =
+                self.as_owner(|| catalog::source::read_page(page_query, key, limit, width))?;
             pages.read(&rows);
             let last = rows.last().map(|last| self.plan.shape.key_of_row(last));
             let full = rows.len() >= limit;
@@ -523,7 +525,7 @@ impl Context {
         if candidates.is_empty() {
             return Ok(0);
         }
-        self.as_owner(|| catalog::lock_table_against_writes(&self.relation))?;
+        self.as_owner(|| catalog::source::lock_table_against_writes(&self.relation))?;
         let mut deleted = 0;
         for chunk in candidates.chunks(PAGE_ROWS) {
             let texts: Vec<String> = chunk.iter().filter_map(id_text).collect();
@@ -637,17 +639,17 @@ pub fn wait_for_partition_writers(
     task: &TaskRecord,
     partitions: &[u32],
 ) -> Result<bool, SyncError> {
-    let owner = catalog::relation_info(task.relid)?.owner;
+    let owner = catalog::source::relation_info(task.relid)?.owner;
     let mut names = Vec::new();
     for &partition in partitions {
         let partition = pg_sys::Oid::from(partition);
         if !catalog::reads_like_its_root(partition, owner)? {
             return Ok(false);
         }
-        names.push(catalog::relation_info(partition)?.query_name());
+        names.push(catalog::source::relation_info(partition)?.query_name());
     }
     for name in &names {
-        security::as_table_owner(owner, || catalog::lock_table_against_writes(name))?;
+        security::as_table_owner(owner, || catalog::source::lock_table_against_writes(name))?;
     }
     Ok(true)
 }
@@ -675,8 +677,9 @@ pub fn repair_partitions(task: TaskRecord, partitions: &[u32]) -> Result<i64, Sy
     let mut sent = 0;
     let mut enqueued = Vec::new();
     for &partition in partitions {
-        let info = catalog::relation_info(pg_sys::Oid::from(partition))?;
-        let query = catalog::page_queries(&info.query_name(), &context.column_names, &context.key);
+        let info = catalog::source::relation_info(pg_sys::Oid::from(partition))?;
+        let query =
+            catalog::source::page_queries(&info.query_name(), &context.column_names, &context.key);
         let (pages_sent, uids) = context.enqueue_pages(&query, &whole)?;
         sent += pages_sent;
         enqueued.extend(uids);
@@ -691,9 +694,9 @@ pub fn repair_partitions(task: TaskRecord, partitions: &[u32]) -> Result<i64, Sy
 /// the task's table (with its partitions) against writes for that moment, as its owner, which
 /// waits for the writers whose commits the stream has read but which may not be visible yet.
 pub fn wait_for_writers(task: &TaskRecord) -> Result<(), SyncError> {
-    let info = catalog::relation_info(task.relid)?;
+    let info = catalog::source::relation_info(task.relid)?;
     security::as_table_owner(info.owner, || {
-        catalog::lock_table_against_writes(&info.qualified_name)
+        catalog::source::lock_table_against_writes(&info.qualified_name)
     })?;
     Ok(())
 }
@@ -708,9 +711,10 @@ pub fn wait_for_writers(task: &TaskRecord) -> Result<(), SyncError> {
 /// nothing: a partial update would make a document of the fields it names. Returns how many
 /// documents were updated.
 pub fn send_added_columns(task: TaskRecord, columns: &[String]) -> Result<i64, SyncError> {
-    let unsent: std::collections::HashSet<String> = catalog::dead_letter_ids(task.id, None)?
-        .into_iter()
-        .collect();
+    let unsent: std::collections::HashSet<String> =
+        catalog::dead_letters::dead_letter_ids(task.id, None)?
+            .into_iter()
+            .collect();
     let context = Context::new(task)?;
     let primary_key = context.primary_key().to_owned();
     let partial = |documents: PageDocuments| {
@@ -729,7 +733,8 @@ pub fn send_added_columns(task: TaskRecord, columns: &[String]) -> Result<i64, S
             });
         (Operation::Update, documents.collect())
     };
-    let query = catalog::page_queries(&context.relation, &context.column_names, &context.key);
+    let query =
+        catalog::source::page_queries(&context.relation, &context.column_names, &context.key);
     let (sent, enqueued) = context.enqueue_pages(&query, &partial)?;
     for uid in enqueued {
         context.wait_succeeded(uid, "sending the columns added")?;

@@ -19,11 +19,11 @@ fn meili_sync_retry_dead_letters(task: Option<i64>) -> i64 {
         require_select(&record)?;
         let mut resent = 0;
         for row in task_and_replicas(record)? {
-            let ids = catalog::dead_letter_ids(row.id, None)?;
+            let ids = catalog::dead_letters::dead_letter_ids(row.id, None)?;
             let task_id = row.id;
             resent += crate::verify::resend_dead_letters(row, &ids)?;
             // Only those re-sent: one the worker stores meanwhile stays for the next retry.
-            catalog::delete_dead_letters(task_id, Some(&ids))?;
+            catalog::dead_letters::delete_dead_letters(task_id, Some(&ids))?;
         }
         Ok(resent)
     })();
@@ -43,7 +43,7 @@ fn meili_sync_discard_dead_letters(
         require_select(&record)?;
         let mut deleted = 0;
         for row in task_and_replicas(record)? {
-            deleted += catalog::delete_dead_letters(row.id, document_ids.as_deref())?;
+            deleted += catalog::dead_letters::delete_dead_letters(row.id, document_ids.as_deref())?;
         }
         Ok(deleted)
     })();

@@ -5,7 +5,7 @@
 //!
 //! Only searches, `verify`, `repair`, the dead-letter retry and `drop(drop_index => true)` call
 //! Meilisearch from the backend; every other function writes the catalog and lets the workers act.
-//! The wake-up (`shmem::wake_launcher_at_commit`) happens at COMMIT only: an aborted transaction
+//! The wake-up (`shmem::commits::wake_launcher_at_commit`) happens at COMMIT only: an aborted transaction
 //! wakes nobody. Without it a launcher's next round comes within its round interval.
 
 mod dead_letters;
@@ -18,7 +18,7 @@ use crate::catalog;
 use crate::error::{ErrorKind, SyncError};
 use crate::{gucs, security};
 
-pub(super) use crate::shmem::wake_launcher_at_commit;
+pub(super) use crate::shmem::commits::wake_launcher_at_commit;
 
 /// The caller manages tasks: it must be an admin, and the installed SQL objects must be this
 /// library's (a task written by another version's functions could be misread).
@@ -30,7 +30,7 @@ pub(super) fn require_admin() -> Result<(), SyncError> {
         )
         .hint("Only superusers and members of the meili_sync_admin role can manage tasks."));
     }
-    if let Some(mismatch) = catalog::sql_version_mismatch()? {
+    if let Some(mismatch) = catalog::install::sql_version_mismatch()? {
         return Err(SyncError::new(ErrorKind::Prerequisite, mismatch)
             .hint("Run ALTER EXTENSION pg_meili_sync UPDATE, which brings the SQL objects to the library's version; then try again."));
     }
@@ -39,14 +39,14 @@ pub(super) fn require_admin() -> Result<(), SyncError> {
 
 /// The caller must be able to read the task's table: these functions copy, compare or re-send
 /// its rows, and a task must not be a way around the table's privileges.
-pub(super) fn require_select(record: &catalog::TaskRecord) -> Result<(), SyncError> {
+pub(super) fn require_select(record: &catalog::tasks::TaskRecord) -> Result<(), SyncError> {
     if catalog::may_select(security::current_role(), record.relid)? {
         return Ok(());
     }
     Err(select_denied(record)?)
 }
 
-pub(super) fn select_denied(record: &catalog::TaskRecord) -> Result<SyncError, SyncError> {
+pub(super) fn select_denied(record: &catalog::tasks::TaskRecord) -> Result<SyncError, SyncError> {
     let role = catalog::role_name(security::current_role())?;
     Ok(SyncError::new(
         ErrorKind::Privilege,
@@ -76,8 +76,8 @@ pub(super) fn required<T>(value: Option<T>, name: &str, hint: &str) -> Result<T,
 pub(super) const TASK_HINT: &str =
     "Pass a task id, as listed in the \"task\" column of meili_sync_status.";
 
-pub(super) fn require_task(task: Option<i64>) -> Result<catalog::TaskRecord, SyncError> {
-    catalog::require_task(required(task, "task", TASK_HINT)?)
+pub(super) fn require_task(task: Option<i64>) -> Result<catalog::tasks::TaskRecord, SyncError> {
+    catalog::tasks::require_task(required(task, "task", TASK_HINT)?)
 }
 
 pub(super) fn require_preloaded() -> Result<(), SyncError> {
@@ -106,7 +106,7 @@ pub(super) fn require_logical_wal() -> Result<(), SyncError> {
 /// database's only, and in a copy of another database (`CREATE DATABASE … TEMPLATE`) it runs
 /// none, as a new task's slot name could be one of the original's.
 pub(super) fn require_launcher_database() -> Result<(), SyncError> {
-    if let Some(original) = catalog::copied_from()? {
+    if let Some(original) = catalog::install::copied_from()? {
         return Err(SyncError::new(
             ErrorKind::Prerequisite,
             format!(
@@ -135,9 +135,9 @@ pub(super) fn require_launcher_database() -> Result<(), SyncError> {
 
 /// The task's row and its replicas' rows (on a replica's row: that replica alone).
 pub(super) fn task_and_replicas(
-    record: catalog::TaskRecord,
-) -> Result<Vec<catalog::TaskRecord>, SyncError> {
-    let mut rows = catalog::replicas_of(record.id)?;
+    record: catalog::tasks::TaskRecord,
+) -> Result<Vec<catalog::tasks::TaskRecord>, SyncError> {
+    let mut rows = catalog::tasks::replicas_of(record.id)?;
     rows.insert(0, record);
     Ok(rows)
 }

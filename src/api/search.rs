@@ -11,17 +11,18 @@ use pg_meili_sync_core::task::options::validate_index_uid;
 
 use super::{require_admin, required, select_denied, TASK_HINT};
 use crate::catalog;
+use crate::catalog::search_targets::SearchTarget;
 use crate::error::{ErrorKind, OrRaise, SyncError};
 use crate::jsonb::{BuiltJsonb, DirectJsonb, JsonbBuilder};
 use crate::materialized::TableIterator;
 use crate::search::ShardsFailed;
-use crate::shmem::Phase;
+use crate::shmem::live::Phase;
 use crate::{search, shmem};
 
 /// A task for any role that may read its table or view (`42501` otherwise): the search functions
 /// and `meili_sync_wait` are granted to PUBLIC. The task comes from the backend's cache and the
 /// privilege is checked on every call, both without SPI.
-fn readable_target(task: Option<i64>) -> Result<Rc<catalog::SearchTarget>, SyncError> {
+fn readable_target(task: Option<i64>) -> Result<Rc<SearchTarget>, SyncError> {
     let task_id = required(task, "task", TASK_HINT)?;
     let no_task = || {
         SyncError::new(
@@ -30,8 +31,8 @@ fn readable_target(task: Option<i64>) -> Result<Rc<catalog::SearchTarget>, SyncE
         )
         .hint("SELECT task FROM meili_sync_status lists the tasks (ask a meili_sync_admin member).")
     };
-    let target = catalog::search_target(task_id)?.ok_or_else(no_task)?;
-    if catalog::current_role_may_select(target.relid) {
+    let target = catalog::search_targets::search_target(task_id)?.ok_or_else(no_task)?;
+    if catalog::search_targets::current_role_may_select(target.relid) {
         if let Some(refusal) = &target.refusal {
             return Err(refusal.clone());
         }
@@ -40,7 +41,7 @@ fn readable_target(task: Option<i64>) -> Result<Rc<catalog::SearchTarget>, SyncE
     // Admins may read the catalog anyway: their refusal names the table and role. Any other role
     // learns nothing of a table it may not read.
     if catalog::current_role_is_admin()? {
-        let record = catalog::load_task_for_search(task_id)?.ok_or_else(no_task)?;
+        let record = catalog::tasks::load_task_for_search(task_id)?.ok_or_else(no_task)?;
         return Err(select_denied(&record)?);
     }
     Err(SyncError::new(
@@ -62,7 +63,7 @@ fn readable_target(task: Option<i64>) -> Result<Rc<catalog::SearchTarget>, SyncE
 /// other answer, a refusal too, is the answer.
 fn on_a_server<T>(
     task: Option<i64>,
-    mut request: impl FnMut(&Client, &catalog::SearchTarget) -> Result<T, SyncError>,
+    mut request: impl FnMut(&Client, &SearchTarget) -> Result<T, SyncError>,
 ) -> Result<T, SyncError> {
     let target = readable_target(task)?;
     if target.replicas.is_empty() {
@@ -82,7 +83,7 @@ fn on_a_server<T>(
             replica.api_key.as_deref(),
         )
     }))
-    .map(|(row, url, key)| (row, url, key, shmem::phase_of(row)))
+    .map(|(row, url, key)| (row, url, key, shmem::live::phase_of(row)))
     .collect();
     // A replica still copying holds part of the index (unless all do, as while a task starts:
     // then its search answers from a part, as a task without replicas does).
@@ -98,12 +99,12 @@ fn on_a_server<T>(
         let published: Vec<_> = servers
             .iter()
             .copied()
-            .filter(|(row, _, _, _)| shmem::confirmed_past(*row, lsn))
+            .filter(|(row, _, _, _)| shmem::live::confirmed_past(*row, lsn))
             .collect();
         servers = if published.is_empty() {
             // No worker has published a position past it yet (one restarted): the catalog's.
             let rows: Vec<i64> = servers.iter().map(|(row, _, _, _)| *row).collect();
-            let stored = catalog::stored_positions(&rows)?;
+            let stored = catalog::tasks::stored_positions(&rows)?;
             servers
                 .into_iter()
                 .filter(|(row, _, _, _)| {
@@ -441,8 +442,12 @@ fn meili_sync_wait_at(
             .chain(target.replicas.iter().map(|replica| replica.task_id))
             .collect();
         let lsn = u64::try_from(lsn).unwrap_or(0);
-        let confirmed =
-            shmem::wait_confirmed(&tasks, lsn, Duration::from_millis(timeout_ms as u64), any);
+        let confirmed = shmem::waiters::wait_confirmed(
+            &tasks,
+            lsn,
+            Duration::from_millis(timeout_ms as u64),
+            any,
+        );
         if confirmed {
             // Read-your-writes: this session's searches through the task now ask only replicas
             // that have these changes.
@@ -461,7 +466,7 @@ fn meili_sync_invalidate_search_targets<'a>(
     trigger: &'a PgTrigger<'a>,
 ) -> Result<Option<PgHeapTuple<'a, AllocatedByPostgres>>, std::convert::Infallible> {
     if let Ok(table) = trigger.relation() {
-        catalog::invalidate_search_targets(table.oid());
+        catalog::search_targets::invalidate_search_targets(table.oid());
     }
     Ok(None)
 }

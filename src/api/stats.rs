@@ -30,7 +30,7 @@ fn meili_sync_stats() -> TableIterator<
     ),
 > {
     let tasks = if crate::preloaded() {
-        shmem::task_counters()
+        shmem::live::task_counters()
     } else {
         Vec::new()
     };
@@ -62,11 +62,11 @@ fn pg_stat_meili_sync_reset(task: default!(Option<i64>, "NULL")) -> bool {
             return Ok(true);
         }
         match task {
-            None => shmem::reset_counters(None),
+            None => shmem::live::reset_counters(None),
             Some(id) => {
-                shmem::reset_counters(Some(id));
-                for member in crate::catalog::replicas_of(id)? {
-                    shmem::reset_counters(Some(member.id));
+                shmem::live::reset_counters(Some(id));
+                for member in crate::catalog::tasks::replicas_of(id)? {
+                    shmem::live::reset_counters(Some(member.id));
                 }
             }
         }
@@ -106,7 +106,7 @@ fn meili_sync_worker_state() -> TableIterator<
     ),
 > {
     let tasks = if crate::preloaded() {
-        shmem::live_tasks()
+        shmem::live::live_tasks()
     } else {
         Vec::new()
     };
@@ -174,7 +174,7 @@ fn meili_sync_waiting() -> TableIterator<
     ),
 > {
     let waiting = if crate::preloaded() {
-        shmem::waiting_backends()
+        shmem::waiters::waiting_backends()
     } else {
         Vec::new()
     };

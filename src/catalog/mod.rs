@@ -4,26 +4,16 @@
 //!
 //! Every function here expects to run inside a transaction (the caller's, or one a worker opened).
 
-mod dead_letters;
+pub mod dead_letters;
 mod fragments;
-mod install;
-mod reader_dependence;
-mod replication;
-mod search_targets;
-mod shared;
-mod source;
-mod tasks;
-mod view;
-
-pub use dead_letters::*;
-pub use install::*;
-pub use reader_dependence::*;
-pub use replication::*;
-pub use search_targets::*;
-pub use shared::*;
-pub use source::*;
-pub use tasks::*;
-pub use view::*;
+pub mod install;
+pub mod reader_dependence;
+pub mod replication;
+pub mod search_targets;
+pub mod shared;
+pub mod source;
+pub mod tasks;
+pub mod view;
 
 use pgrx::datum::DatumWithOid;
 use pgrx::prelude::*;

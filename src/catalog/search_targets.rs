@@ -79,10 +79,10 @@ pub fn search_target(task_id: i64) -> CatalogResult<Option<Rc<SearchTarget>>> {
     if cached.is_some() {
         return Ok(cached);
     }
-    let Some(record) = super::load_task_for_search(task_id)? else {
+    let Some(record) = super::tasks::load_task_for_search(task_id)? else {
         return Ok(None);
     };
-    let replicas = as_catalog_owner(|| super::replicas_of(record.id))?
+    let replicas = as_catalog_owner(|| super::tasks::replicas_of(record.id))?
         .into_iter()
         .map(|replica| ReplicaServer {
             task_id: replica.id,
@@ -96,16 +96,20 @@ pub fn search_target(task_id: i64) -> CatalogResult<Option<Rc<SearchTarget>>> {
         .and_then(serde_json::Value::as_bool)
         .unwrap_or(false)
         .then_some(record.owner);
-    let refusal = super::refuse_rows_by_who_asks(record.relid, &record.relation, declared_by)
-        .err()
-        .map(|error| {
-            let mut refused = SyncError::new(
-                error.kind,
-                format!("task {} cannot be searched: {}", record.id, error.message),
-            );
-            refused.hint = error.hint;
-            refused
-        });
+    let refusal = super::reader_dependence::refuse_rows_by_who_asks(
+        record.relid,
+        &record.relation,
+        declared_by,
+    )
+    .err()
+    .map(|error| {
+        let mut refused = SyncError::new(
+            error.kind,
+            format!("task {} cannot be searched: {}", record.id, error.message),
+        );
+        refused.hint = error.hint;
+        refused
+    });
     let target = Rc::new(SearchTarget {
         refusal,
         task_id: record.id,

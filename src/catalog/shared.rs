@@ -10,7 +10,7 @@ use super::fragments::{
 };
 use super::{ids_of, select_one, CatalogResult};
 
-/// The name of the shared slot and publication (see [`super::object_name`] for the install).
+/// The name of the shared slot and publication (see [`super::tasks::object_name`] for the install).
 pub fn shared_object_name(install: pg_sys::Oid) -> String {
     format!("meili_sync_{}_shared", install.to_u32())
 }
@@ -72,15 +72,15 @@ pub fn shared_tasks() -> CatalogResult<Vec<SharedTask>> {
 pub fn publish_exactly(
     name: &str,
     relids: &[pg_sys::Oid],
-) -> CatalogResult<super::PublicationCheck> {
-    let check = super::check_publication(name, relids, &[], true)?;
+) -> CatalogResult<super::replication::PublicationCheck> {
+    let check = super::replication::check_publication(name, relids, &[], true)?;
     let published = published_tables(name)?;
     let adding: Vec<pg_sys::Oid> = relids
         .iter()
         .filter(|relid| !published.contains(relid))
         .copied()
         .collect();
-    super::add_to_publication(name, &adding)?;
+    super::replication::add_to_publication(name, &adding)?;
     for relid in published.iter().filter(|relid| !relids.contains(relid)) {
         // A table dropped since the tasks were read is skipped: its task fails on its own.
         let Some(table) = qualified_name(*relid)? else {
@@ -284,8 +284,8 @@ pub fn hand_over(
     if moved == 0 {
         return Ok(false);
     }
-    super::drop_slot(own_object)?;
-    super::drop_publication(own_object)?;
+    super::replication::drop_slot(own_object)?;
+    super::replication::drop_publication(own_object)?;
     Ok(true)
 }
 

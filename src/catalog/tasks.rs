@@ -51,8 +51,8 @@ impl ResyncPhase {
 }
 
 /// What a task should be doing: `meili_sync.tasks.state`, whose CHECK constraint allows exactly
-/// these. (Not to be confused with a worker's live [`crate::shmem::Phase`], nor with the status of a
-/// Meilisearch task.)
+/// these. (Not to be confused with a worker's live [`crate::shmem::live::Phase`], nor with the
+/// status of a Meilisearch task.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskState {
     /// Copying the table (or about to).
@@ -268,8 +268,8 @@ fn insert_task_row(task: NewTask<'_>, published: &[String]) -> CatalogResult<i64
         // UPDATEs on the user's table would fail; the worker picks the columns itself. A
         // publication of this name that someone made first is not ours, and is made anew.
         let name = object_name(install, id);
-        if let super::PublicationCheck::Mended(why) =
-            super::check_publication(&name, &relids, &[], true)?
+        if let super::replication::PublicationCheck::Mended(why) =
+            super::replication::check_publication(&name, &relids, &[], true)?
         {
             warning!("pg_meili_sync task {id}: publication \"{name}\" {why}; it was made anew");
         }
@@ -751,7 +751,7 @@ pub fn delete_task(task: &TaskRecord) -> CatalogResult<()> {
                 .get::<i32>(1)
         })?;
         if !task.shared || task.moving {
-            super::forget_publication(&task.publication_name)?;
+            super::replication::forget_publication(&task.publication_name)?;
         }
         // A generation no stream runs: every stream of the task ends at this commit.
         match deleted {
@@ -827,7 +827,7 @@ pub fn set_error_state(task_id: i64, message: &str) -> CatalogResult<()> {
 pub fn require_task_room(adding: usize) -> Result<(), SyncError> {
     let limit = crate::gucs::max_tasks();
     // The other databases' tasks that have run since the server started hold entries too.
-    let elsewhere = crate::shmem::entries_of_other_databases() as i64;
+    let elsewhere = crate::shmem::live::entries_of_other_databases() as i64;
     if task_count()? + elsewhere + adding as i64 <= limit as i64 {
         return Ok(());
     }
@@ -1239,8 +1239,8 @@ pub fn list_tasks() -> CatalogResult<Vec<TaskSummary>> {
 /// with `message` as its last error. The copy re-sends every row and deletes the documents of
 /// rows that are gone.
 pub fn copy_again(task_id: i64, slot: &str, message: &str) -> CatalogResult<()> {
-    if super::slot_wal_status(slot)?.is_some() {
-        super::drop_slot(slot)?;
+    if super::replication::slot_wal_status(slot)?.is_some() {
+        super::replication::drop_slot(slot)?;
     }
     Spi::run_with_args(
         &format!(

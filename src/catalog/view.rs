@@ -9,7 +9,10 @@ use pgrx::PgList;
 use pg_meili_sync_core::task::pg_catalog::RelationKind;
 
 use super::fragments::RELATIONS_READ_SQL;
-use super::{key_arrays, page_text_values, CatalogResult};
+use super::{
+    source::{key_arrays, page_text_values},
+    CatalogResult,
+};
 use crate::error::{ErrorKind, SyncError};
 
 /// A table the view reads, directly or through other views.

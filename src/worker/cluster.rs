@@ -2,7 +2,7 @@
 //! and runs a launcher (`worker::launcher`) in each database that has tasks, as TimescaleDB's
 //! launcher runs a scheduler per database. After a start it looks into each database once (its
 //! launcher exits at once when there is nothing to do); later a database's launcher is started
-//! again when a SQL function there asks for it (`shmem::wake_launcher`). Template databases, and
+//! again when a SQL function there asks for it (`shmem::launchers::wake_launcher`). Template databases, and
 //! databases that refuse connections, are not served: a launcher connected to a template would
 //! block `CREATE DATABASE` from it.
 //!
@@ -72,7 +72,7 @@ impl Cluster {
     fn round(&mut self) {
         let databases = list_databases();
         let existing: Vec<pg_sys::Oid> = databases.iter().map(|database| database.oid).collect();
-        shmem::forget_databases_except(&existing);
+        shmem::launchers::forget_databases_except(&existing);
         let only = gucs::database();
         let served: Vec<&Database> = databases
             .iter()
@@ -94,7 +94,7 @@ impl Cluster {
             .count();
         let now = Instant::now();
         for database in served {
-            let state = shmem::launcher_state(database.oid);
+            let state = shmem::launchers::launcher_state(database.oid);
             let run = self.runs.entry(database.oid).or_default();
             if run.launcher.as_ref().is_some_and(Worker::has_exited) {
                 run.launcher = None;
@@ -206,7 +206,7 @@ pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
     // No database: pg_database is shared, and a connection would keep its database from being
     // dropped or copied.
     BackgroundWorker::connect_worker_to_spi_by_oid(None, None);
-    shmem::register_cluster_launcher();
+    shmem::launchers::register_cluster_launcher();
     match gucs::database() {
         Some(only) => log!("pg_meili_sync cluster launcher started; it serves database \"{only}\" only (meili_sync.database)"),
         None => log!("pg_meili_sync cluster launcher started; it serves every database that has tasks"),
@@ -220,7 +220,7 @@ pub extern "C-unwind" fn meili_sync_launcher_main(_arg: pg_sys::Datum) {
         wait = cluster.next_wake();
     }
     // The databases' launchers run on: the next cluster launcher follows them.
-    shmem::unregister_cluster_launcher();
+    shmem::launchers::unregister_cluster_launcher();
     // Exit non-zero so that the postmaster starts the launcher again if someone terminated it.
     // SAFETY: ends this background worker process the way Postgres expects.
     unsafe { pg_sys::proc_exit(1) };

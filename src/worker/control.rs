@@ -41,10 +41,13 @@ use pg_meili_sync_core::pipeline::dispatch::{Dispatcher, Progress};
 use pg_meili_sync_core::task::failure::{Advice, Failure, FailureKind};
 use pg_meili_sync_core::task::options::TaskOptions;
 
-use crate::catalog::{self, TaskRecord};
+use crate::catalog::{self, tasks::TaskRecord};
 use crate::decode::session;
 use crate::error::SyncError;
-use crate::shmem::{self, LiveStatus, NoEntry, Phase, WorkerId};
+use crate::shmem::{
+    self,
+    live::{LiveStatus, NoEntry, Phase, WorkerId},
+};
 
 /// How long an enqueued Meilisearch task may be missing from its task list before its batch is
 /// sent again (at least once: it may have been applied before it vanished).
@@ -366,7 +369,11 @@ pub fn report_progress(
     let dead_letters = dispatcher.take_dead_letters();
     if !dead_letters.is_empty() {
         in_transaction(live, "storing dead letters", || {
-            catalog::insert_dead_letters(task_id, &dead_letters, phase == Phase::Streaming)
+            catalog::dead_letters::insert_dead_letters(
+                task_id,
+                &dead_letters,
+                phase == Phase::Streaming,
+            )
         })?;
         live.add_dead_letters(dead_letters.len());
         let message = format!(
@@ -462,7 +469,7 @@ pub fn worker_main(worker: WorkerId, work: impl FnOnce(LiveStatus, i32) -> Resul
     crate::security::pin_worker_settings();
     // SAFETY: reading this process's own pid.
     let pid = unsafe { pg_sys::MyProcPid };
-    let index = match shmem::attach(worker, pid) {
+    let index = match shmem::live::attach(worker, pid) {
         Ok(index) => index,
         Err(NoEntry::Full) => {
             warning!(
@@ -512,7 +519,9 @@ pub fn worker_main(worker: WorkerId, work: impl FnOnce(LiveStatus, i32) -> Resul
             let Some(task_id) = worker.task() else {
                 return;
             };
-            if let Err(error) = worker_transaction(|| catalog::set_error_state(task_id, &message)) {
+            if let Err(error) =
+                worker_transaction(|| catalog::tasks::set_error_state(task_id, &message))
+            {
                 // The launcher then restarts the worker, which meets the same failure again.
                 warning!(
                     "pg_meili_sync {worker}: could not set state error: {}",

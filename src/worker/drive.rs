@@ -31,10 +31,10 @@ use pg_meili_sync_core::pipeline::meter::CommitAges;
 use pg_meili_sync_core::pipeline::pacing::{BusyNap, Throttle};
 use pg_meili_sync_core::task::failure::{Failure, FailureKind};
 
-use crate::catalog::{self, TaskRecord};
+use crate::catalog::{self, tasks::TaskRecord};
 use crate::decode::session::{DecodingSession, MessageSink};
 use crate::gucs;
-use crate::shmem::{LiveStatus, Phase};
+use crate::shmem::live::{LiveStatus, Phase};
 use crate::worker::control::{
     fail, in_transaction, reload_config_if_asked, report_progress, should_stop, Stop,
 };
@@ -461,9 +461,9 @@ impl<S: TaskStream> Pass for OwnSlot<'_, '_, S> {
             let check = in_transaction(
                 self.stream.live(),
                 "checking the task's publication",
-                || catalog::check_publication(publication, &[], &[], false),
+                || catalog::replication::check_publication(publication, &[], &[], false),
             )?;
-            if let catalog::PublicationCheck::Mended(what) = check {
+            if let catalog::replication::PublicationCheck::Mended(what) = check {
                 warning!(
                     "pg_meili_sync task {}: publication \"{publication}\" {what}; the worker starts again to mend it",
                     self.task_id

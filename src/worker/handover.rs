@@ -7,8 +7,8 @@
 
 use pgrx::prelude::*;
 
-use crate::catalog::{self, TaskRecord};
-use crate::shmem::{self, LiveStatus};
+use crate::catalog::{self, tasks::TaskRecord};
+use crate::shmem::{self, live::LiveStatus};
 use crate::worker::control::{in_transaction, Stop};
 use crate::worker::drive::{Reading, SwapGate};
 
@@ -20,7 +20,7 @@ impl SwapGate for MoveGate {
     fn ready_to_drain(&mut self, reading: &Reading) -> Result<bool, Stop> {
         let task_id = self.0;
         let position = in_transaction(reading.live, "reading the task's shared position", || {
-            catalog::stream_position(task_id)
+            catalog::shared::stream_position(task_id)
         })?;
         Ok(position.is_some_and(|position| position <= reading.position))
     }
@@ -30,10 +30,10 @@ impl SwapGate for MoveGate {
 /// shared decoder takes over from there. The worker exits either way; if the task changed
 /// meanwhile, the launcher starts it again as it now is.
 pub fn hand_over(task: &TaskRecord, live: LiveStatus, position: u64) -> Result<(), Stop> {
-    // A moving task's slot and publication are its own (see `catalog::load_task`).
+    // A moving task's slot and publication are its own (see `catalog::tasks::load_task`).
     let own_object = &task.slot_name;
     let moved = in_transaction(live, "handing over to the shared decoding pass", || {
-        catalog::hand_over(task.id, task.generation, position, own_object)
+        catalog::shared::hand_over(task.id, task.generation, position, own_object)
     })?;
     if moved {
         log!(
@@ -41,7 +41,7 @@ pub fn hand_over(task: &TaskRecord, live: LiveStatus, position: u64) -> Result<(
             task.id,
             catalog::format_lsn(position)
         );
-        shmem::wake_launcher();
+        shmem::launchers::wake_launcher();
     }
     Err(Stop::Terminated)
 }

@@ -12,7 +12,7 @@
 //! no longer exist (or of a dropped extension), release tasks held by an abandoned resync, fail the
 //! tasks whose source was dropped, and warn about retained WAL and lag. A worker whose generation is
 //! stale is terminated; a restarted launcher adopts the workers still running
-//! (`shmem::attached_workers`) instead of starting second ones.
+//! (`shmem::live::attached_workers`) instead of starting second ones.
 //!
 //! Crashes: `reap` counts a crash and restarts the task after `meili_sync.restart_backoff` × 2ⁿ (at
 //! most `MAX_BACKOFF`); `CRASH_LOOP` crashes in a row, each within `HEALTHY_RUN` of its start, set
@@ -37,8 +37,8 @@ use pgrx::prelude::*;
 use pg_meili_sync_core::pipeline::pacing::Throttle;
 use pg_meili_sync_core::task::pg_catalog::SlotStatus;
 
-use crate::catalog::{self, TaskSummary};
-use crate::shmem::WorkerId;
+use crate::catalog::{self, tasks::TaskSummary};
+use crate::shmem::live::WorkerId;
 use crate::worker::control::{database_of_worker, reload_config_if_asked};
 use crate::{gucs, resync_request, shmem};
 
@@ -240,7 +240,7 @@ impl Launcher {
     /// Follows the workers that run already: a launcher that exited (an ERROR, a kill) left them
     /// running, and starting a second worker for their task would fight over its slot.
     fn adopt_running_workers(&mut self) {
-        for (worker, pid, generation) in shmem::attached_workers() {
+        for (worker, pid, generation) in shmem::live::attached_workers() {
             if !shmem::backend_alive(pid) {
                 continue;
             }
@@ -259,7 +259,7 @@ impl Launcher {
 
     /// One round: read the catalog, reap, start and stop workers, drop orphans, check the slots.
     fn round(&mut self, guard: &mut WalGuard) -> Round {
-        shmem::launcher_round_begins();
+        shmem::launchers::launcher_round_begins();
         let Some(CatalogRead {
             tasks,
             orphans,
@@ -316,13 +316,13 @@ impl Launcher {
         }
         self.reap(&wanted);
         self.reconcile(&wanted);
-        shmem::release_missing(&existing);
+        shmem::live::release_missing(&existing);
         let idle =
             tasks.is_empty() && orphans.is_empty() && self.running.is_empty() && !waits_for_update;
         for (kind, name) in orphans {
             let dropped = BackgroundWorker::transaction(|| match kind.as_str() {
-                "slot" => catalog::drop_slot(&name),
-                _ => catalog::drop_publication(&name),
+                "slot" => catalog::replication::drop_slot(&name),
+                _ => catalog::replication::drop_publication(&name),
             });
             match dropped {
                 Ok(()) => {
@@ -381,7 +381,7 @@ impl WalGuard {
         if !self.checks.due(Instant::now()) {
             return;
         }
-        let health = match BackgroundWorker::transaction(catalog::slot_health) {
+        let health = match BackgroundWorker::transaction(catalog::replication::slot_health) {
             Ok(health) => health,
             Err(error) => {
                 warning!(
@@ -415,7 +415,7 @@ impl WalGuard {
         if let Some(limit) = gucs::lag_warning() {
             // SAFETY: reads the transaction-independent wall clock.
             let now = unsafe { pg_sys::GetCurrentTimestamp() };
-            for live in shmem::live_tasks() {
+            for live in shmem::live::live_tasks() {
                 let Some(oldest) = live.oldest_unconfirmed_at.filter(|_| live.pid.is_some()) else {
                     continue;
                 };
@@ -501,7 +501,7 @@ fn stop_crash_loop(task_id: i64, worker: WorkerId, crashes: u32) {
     );
     warning!("pg_meili_sync task {task_id} stopped: {message}");
     if let Err(error) =
-        BackgroundWorker::transaction(|| catalog::set_error_state(task_id, &message))
+        BackgroundWorker::transaction(|| catalog::tasks::set_error_state(task_id, &message))
     {
         warning!(
             "pg_meili_sync task {task_id}: could not set state error: {}",
@@ -516,7 +516,7 @@ fn stop_shared_crash_loop(crashes: u32) {
     let last_error = last_error_of(WorkerId::SharedDecoder);
     let stopped = BackgroundWorker::transaction(|| -> Result<Vec<i64>, crate::error::SyncError> {
         let mut stopped = Vec::new();
-        for task in catalog::shared_tasks()?
+        for task in catalog::shared::shared_tasks()?
             .into_iter()
             .filter(|task| task.streaming)
         {
@@ -524,7 +524,7 @@ fn stop_shared_crash_loop(crashes: u32) {
                 "the shared decoder crashed {crashes} times in a row; last error: {last_error}; fix the cause, then run SELECT meili_sync_resume({})",
                 task.id
             );
-            catalog::set_error_state(task.id, &message)?;
+            catalog::tasks::set_error_state(task.id, &message)?;
             stopped.push(task.id);
         }
         Ok(stopped)
@@ -542,13 +542,15 @@ fn stop_shared_crash_loop(crashes: u32) {
 }
 
 fn last_error_of(worker: WorkerId) -> String {
-    shmem::last_error(worker).unwrap_or_else(|| "unknown error".to_owned())
+    shmem::live::last_error(worker).unwrap_or_else(|| "unknown error".to_owned())
 }
 
 /// Sends SIGTERM to a task worker (its handler only sets a flag that the worker checks).
 fn terminate(handle: &Worker) {
     if let Some(pid) = handle.pid() {
-        if let Err(error) = BackgroundWorker::transaction(|| catalog::terminate_backend(pid)) {
+        if let Err(error) =
+            BackgroundWorker::transaction(|| catalog::replication::terminate_backend(pid))
+        {
             warning!(
                 "pg_meili_sync: could not signal the worker with pid {pid}: {}",
                 error.message
@@ -612,7 +614,7 @@ fn read_catalog() -> Option<CatalogRead> {
                 tasks: Vec::new(),
                 orphans: read(
                     "the slots left by a dropped extension",
-                    catalog::leftovers_without_extension(),
+                    catalog::replication::leftovers_without_extension(),
                 )?,
                 installed: false,
                 install: None,
@@ -621,10 +623,13 @@ fn read_catalog() -> Option<CatalogRead> {
         }
         // Another version's SQL objects (the library was replaced, and ALTER EXTENSION … UPDATE
         // has not run yet): no task runs, each shows why, and their slots keep their WAL.
-        if let Some(mismatch) = read("the extension's version", catalog::sql_version_mismatch())? {
+        if let Some(mismatch) = read(
+            "the extension's version",
+            catalog::install::sql_version_mismatch(),
+        )? {
             read(
                 "the tasks waiting for the update",
-                catalog::hold_tasks_for_update(&mismatch),
+                catalog::install::hold_tasks_for_update(&mismatch),
             );
             warn_once_a_minute(format!(
                 "no task runs: {mismatch}; run ALTER EXTENSION pg_meili_sync UPDATE in this database"
@@ -640,16 +645,19 @@ fn read_catalog() -> Option<CatalogRead> {
         }
         read(
             "the tasks that waited for the update",
-            catalog::release_tasks_held_for_update(),
+            catalog::install::release_tasks_held_for_update(),
         );
         // A copy of another database (CREATE DATABASE … TEMPLATE): its tasks are the original's,
         // slot names included, so none runs here, and nothing is dropped as an orphan.
-        if let Some(original) = read("whether this database is a copy", catalog::copied_from())? {
+        if let Some(original) = read(
+            "whether this database is a copy",
+            catalog::install::copied_from(),
+        )? {
             read(
                 "the tasks of the copied database",
-                catalog::hold_tasks_of_copy(original),
+                catalog::install::hold_tasks_of_copy(original),
             );
-            warn_once_a_minute(catalog::copy_message(original));
+            warn_once_a_minute(catalog::install::copy_message(original));
             return Some(CatalogRead {
                 tasks: Vec::new(),
                 orphans: Vec::new(),
@@ -661,7 +669,7 @@ fn read_catalog() -> Option<CatalogRead> {
         // Before any worker starts: a task restored from another install's dump.
         let restored = read(
             "the tasks restored from a dump",
-            catalog::stop_restored_tasks(),
+            catalog::install::stop_restored_tasks(),
         )?;
         for task_id in restored {
             warn_with_hint(
@@ -673,7 +681,7 @@ fn read_catalog() -> Option<CatalogRead> {
         // streams on (it re-sends from its own slot whatever the abandoned swap may have skipped).
         let released = read(
             "the tasks held for an abandoned swap",
-            catalog::release_held_tasks(),
+            catalog::tasks::release_held_tasks(),
         );
         for task_id in released.unwrap_or_default() {
             log!(
@@ -682,14 +690,14 @@ fn read_catalog() -> Option<CatalogRead> {
         }
         let failed = read(
             "the tasks whose table was dropped",
-            catalog::fail_tasks_of_dropped_sources(),
+            catalog::tasks::fail_tasks_of_dropped_sources(),
         );
         for task_id in failed.unwrap_or_default() {
             warning!("pg_meili_sync task {task_id} stopped: its table or view was dropped");
         }
         let out_of_shape = read(
             "the shape of the tasks' sources",
-            catalog::show_tasks_out_of_shape(),
+            catalog::tasks::show_tasks_out_of_shape(),
         );
         for task_id in out_of_shape.unwrap_or_default() {
             warn_with_hint(
@@ -698,8 +706,11 @@ fn read_catalog() -> Option<CatalogRead> {
             );
         }
         Some(CatalogRead {
-            tasks: read("the tasks", catalog::list_tasks())?,
-            orphans: read("the slots of dropped tasks", catalog::orphans())?,
+            tasks: read("the tasks", catalog::tasks::list_tasks())?,
+            orphans: read(
+                "the slots of dropped tasks",
+                catalog::replication::orphans(),
+            )?,
             installed: true,
             install: read("the extension's install", catalog::install_id())?,
             waits_for_update: false,
@@ -707,14 +718,14 @@ fn read_catalog() -> Option<CatalogRead> {
     })
 }
 
-/// Resyncs each task that a DDL put out of shape (`catalog::show_tasks_out_of_shape`), unless its
-/// option `"schema_changes"` is `"report"`, each in a transaction of its own: a task that cannot
-/// be resynced now (a shard being added, no room for its helpers) is told once a minute and asked
-/// again next round, and never holds up another.
+/// Resyncs each task that a DDL put out of shape (`catalog::tasks::show_tasks_out_of_shape`),
+/// unless its option `"schema_changes"` is `"report"`, each in a transaction of its own: a task
+/// that cannot be resynced now (a shard being added, no room for its helpers) is told once a minute
+/// and asked again next round, and never holds up another.
 fn resync_tasks_out_of_shape() {
     let Some(tasks) = read(
         "the tasks to resync for their shape",
-        BackgroundWorker::transaction(catalog::tasks_to_resync_for_their_shape),
+        BackgroundWorker::transaction(catalog::tasks::tasks_to_resync_for_their_shape),
     ) else {
         return;
     };
@@ -727,7 +738,7 @@ fn resync_tasks_out_of_shape() {
 }
 
 fn resync_for_shape(task_id: i64) {
-    let helpers = catalog::load_task(task_id).and_then(|record| match record {
+    let helpers = catalog::tasks::load_task(task_id).and_then(|record| match record {
         Some(record) => resync_request::begin_resync(&record),
         None => Ok(Vec::new()),
     });
@@ -788,7 +799,7 @@ fn warn_once_a_minute(message: String) {
 fn has_work_for_a_launcher() -> bool {
     match catalog::extension_installed() {
         Ok(true) => true,
-        Ok(false) => catalog::leftovers_without_extension()
+        Ok(false) => catalog::replication::leftovers_without_extension()
             .map(|leftovers| !leftovers.is_empty())
             .unwrap_or(true),
         Err(_) => true,
@@ -804,12 +815,12 @@ const PLACE_LOOK_INTERVAL: Duration = Duration::from_secs(1);
 fn wait_for_a_place(name: &str) -> bool {
     let mut warned: Option<Instant> = None;
     loop {
-        match shmem::register_launcher() {
-            shmem::Registration::Registered => {
+        match shmem::launchers::register_launcher() {
+            shmem::launchers::Registration::Registered => {
                 BackgroundWorker::transaction(|| {
                     read(
                         "the tasks that waited for a place",
-                        catalog::release_tasks_waiting_for_a_place(),
+                        catalog::install::release_tasks_waiting_for_a_place(),
                     )
                 });
                 log!(
@@ -817,11 +828,11 @@ fn wait_for_a_place(name: &str) -> bool {
                 );
                 return true;
             }
-            shmem::Registration::Refused => return false,
-            shmem::Registration::TableFull => {}
+            shmem::launchers::Registration::Refused => return false,
+            shmem::launchers::Registration::TableFull => {}
         }
         if warned.is_none_or(|at| at.elapsed() >= ROUND_FAILURE_LOG_INTERVAL) {
-            let (taken, usable) = shmem::databases_served();
+            let (taken, usable) = shmem::launchers::databases_served();
             let detail = format!(
                 "{taken} other databases run tasks, and meili_sync.max_databases is {usable}; this database's tasks start once one of them has no task left, or after meili_sync.max_databases is raised (it needs a restart)"
             );
@@ -832,7 +843,7 @@ fn wait_for_a_place(name: &str) -> bool {
             BackgroundWorker::transaction(|| {
                 read(
                     "the tasks that wait for a place",
-                    catalog::show_waiting_for_a_place(&detail),
+                    catalog::install::show_waiting_for_a_place(&detail),
                 )
             });
             warned = Some(Instant::now());
@@ -857,16 +868,16 @@ pub extern "C-unwind" fn meili_sync_database_launcher_main(_arg: pg_sys::Datum) 
     // A database with nothing for us takes no place in the table of databases: empty databases,
     // which any role with CREATEDB can make, must not use it up.
     if !BackgroundWorker::transaction(has_work_for_a_launcher) {
-        shmem::release_unneeded_entry();
+        shmem::launchers::release_unneeded_entry();
         return;
     }
     let name = BackgroundWorker::transaction(catalog::current_database)
         .unwrap_or_else(|_| database.to_u32().to_string());
-    match shmem::register_launcher() {
-        shmem::Registration::Registered => {}
+    match shmem::launchers::register_launcher() {
+        shmem::launchers::Registration::Registered => {}
         // Another launcher of this database runs still, or a DDL command waits for the database.
-        shmem::Registration::Refused => return,
-        shmem::Registration::TableFull => {
+        shmem::launchers::Registration::Refused => return,
+        shmem::launchers::Registration::TableFull => {
             if !wait_for_a_place(&name) {
                 return;
             }
@@ -898,7 +909,7 @@ pub extern "C-unwind" fn meili_sync_database_launcher_main(_arg: pg_sys::Datum) 
     }
     // The task workers stream on: the next launcher follows them (adopt_running_workers), and
     // at shutdown the postmaster stops them itself.
-    shmem::unregister_launcher(idle);
+    shmem::launchers::unregister_launcher(idle);
     if idle {
         log!("pg_meili_sync launcher of database \"{name}\" exits: no task to run");
     }

@@ -13,17 +13,17 @@ use pg_meili_sync_core::pipeline::due::Due;
 use pg_meili_sync_core::task::failure::{Advice, Failure, FailureKind};
 use pg_meili_sync_core::task::options::TaskOptions;
 
-use crate::catalog::{self, TaskRecord};
+use crate::catalog::{self, tasks::TaskRecord};
 use crate::error::ErrorKind;
 use crate::plan::{check_task_source, SnapshotPlan};
-use crate::shmem::{self, LiveStatus};
+use crate::shmem::{self, live::LiveStatus};
 use crate::worker::control::{
     in_transaction, in_user_transaction, in_user_transaction_retrying, Stop,
 };
 use crate::worker::drive::DueWork;
 
 /// How often a task looks for partitions detached, dropped or attached, besides at once after a
-/// commit that may have changed some (`shmem::note_sources_changed_at_commit`).
+/// commit that may have changed some (`shmem::commits::note_sources_changed_at_commit`).
 const LOOK_INTERVAL: Duration = Duration::from_secs(2);
 
 pub struct PartitionWatch {
@@ -46,10 +46,11 @@ pub struct PartitionWatch {
     prune: bool,
     /// The leaf partitions when last looked at, in OID order.
     leaves: Vec<u32>,
-    /// The leaf partitions the catalog says the index is in line with (`catalog::save_partitions`).
+    /// The leaf partitions the catalog says the index is in line with
+    /// (`catalog::tasks::save_partitions`).
     stored: Option<Vec<u32>>,
     next_look: Instant,
-    /// `shmem::sources_changed` at the last look: when it moves, the next look is now.
+    /// `shmem::commits::sources_changed` at the last look: when it moves, the next look is now.
     changes_seen: u64,
 }
 
@@ -82,7 +83,7 @@ impl PartitionWatch {
                 .unwrap_or_else(|| plan.partitions.clone()),
             stored: task.partitions.clone(),
             next_look: Instant::now(),
-            changes_seen: shmem::sources_changed(),
+            changes_seen: shmem::commits::sources_changed(),
         })
     }
 
@@ -94,7 +95,7 @@ impl PartitionWatch {
     /// inside the decoding callback, so the partitions are those of the truncating transaction.
     pub fn is_partial_truncate(&self, truncated: &[u32]) -> bool {
         self.roots.iter().any(|&root| {
-            let leaves = catalog::partition_leaves(root);
+            let leaves = catalog::source::partition_leaves(root);
             let emptied = leaves
                 .iter()
                 .filter(|leaf| truncated.contains(leaf))
@@ -119,7 +120,7 @@ impl PartitionWatch {
     /// key), then its rows are brought in by a repair, which sends what the index lacks. A new
     /// partition without pages (created ahead) streams like the others.
     pub fn look(&mut self, live: LiveStatus) -> Result<(), Stop> {
-        let changes = shmem::sources_changed();
+        let changes = shmem::commits::sources_changed();
         if Instant::now() < self.next_look && changes == self.changes_seen {
             return Ok(());
         }
@@ -127,7 +128,10 @@ impl PartitionWatch {
         self.changes_seen = changes;
         let roots = &self.roots;
         let (leaves, now) = in_transaction(live, "looking at the partitions", || {
-            Ok((catalog::leaves_of(roots)?, catalog::wal_insert_position()?))
+            Ok((
+                catalog::source::leaves_of(roots)?,
+                catalog::source::wal_insert_position()?,
+            ))
         })?;
         let attached: Vec<u32> = leaves
             .iter()
@@ -182,7 +186,7 @@ impl PartitionWatch {
         }
         let (task_id, leaves) = (self.task.id, &self.leaves);
         in_transaction(live, "recording the partitions", || {
-            catalog::save_partitions(task_id, leaves)
+            catalog::tasks::save_partitions(task_id, leaves)
         })?;
         self.stored = Some(self.leaves.clone());
         Ok(())
@@ -192,7 +196,7 @@ impl PartitionWatch {
     pub fn pending(&self) -> bool {
         self.due.is_set()
             || Instant::now() >= self.next_look
-            || shmem::sources_changed() != self.changes_seen
+            || shmem::commits::sources_changed() != self.changes_seen
     }
 }
 
@@ -234,7 +238,7 @@ fn repair_partitions(
     }
     // One detached or dropped since is pruned instead (its documents are gone too).
     let attached = in_transaction(live, "looking at the partitions attached", || {
-        let still = catalog::leaves_of(roots)?;
+        let still = catalog::source::leaves_of(roots)?;
         Ok(attached
             .iter()
             .copied()

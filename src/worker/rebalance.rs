@@ -20,8 +20,11 @@ use pg_meili_sync_core::meili::client::HTTP_TIMEOUT;
 use pg_meili_sync_core::meili::network::{network_body, network_leader};
 use pg_meili_sync_core::task::failure::{Failure, FailureKind};
 
-use crate::catalog::{self, TaskRecord};
-use crate::shmem::{self, LiveStatus, Phase, WorkerId};
+use crate::catalog::{self, tasks::TaskRecord};
+use crate::shmem::{
+    self,
+    live::{LiveStatus, Phase, WorkerId},
+};
 use crate::worker::control::{
     await_meili_task, fail, in_transaction, should_stop, with_retry, worker_main, Stop,
 };
@@ -71,8 +74,8 @@ pub fn set_network(
 
 /// The task's own row and its shards' rows.
 fn shard_rows(task_id: i64) -> Result<Vec<TaskRecord>, crate::error::SyncError> {
-    let mut rows: Vec<TaskRecord> = catalog::load_task(task_id)?.into_iter().collect();
-    rows.extend(catalog::replicas_of(task_id)?);
+    let mut rows: Vec<TaskRecord> = catalog::tasks::load_task(task_id)?.into_iter().collect();
+    rows.extend(catalog::tasks::replicas_of(task_id)?);
     Ok(rows)
 }
 
@@ -82,10 +85,10 @@ fn wait_passed(live: LiveStatus, rows: &[i64], lsn: u64) -> Result<(), Stop> {
     let mut waiting: Vec<i64> = rows.to_vec();
     let mut checks = 0u32;
     loop {
-        waiting.retain(|row| !shmem::confirmed_past(*row, lsn));
+        waiting.retain(|row| !shmem::live::confirmed_past(*row, lsn));
         if !waiting.is_empty() && checks.is_multiple_of(10) {
             let stored = in_transaction(live, "reading the shards' positions", || {
-                catalog::stored_positions(&waiting)
+                catalog::tasks::stored_positions(&waiting)
             })?;
             waiting.retain(|row| {
                 !stored
@@ -132,7 +135,7 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
             "task {task_id}: setting every shard's network, then the new shard list"
         ));
         let shards = in_transaction(live, "reading the task's shards", || {
-            catalog::shard_servers(task_id)
+            catalog::tasks::shard_servers(task_id)
         })?;
         for row in &rows {
             let client = Client::new(&row.url, row.api_key.as_deref(), HTTP_TIMEOUT)
@@ -140,7 +143,7 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
             set_network(live, &client, row, &shards)?;
         }
         let moved_from = in_transaction(live, "giving every shard the new shard list", || {
-            catalog::adopt_shard_names(task_id, &target)
+            catalog::tasks::adopt_shard_names(task_id, &target)
         })?;
         log!(
             "pg_meili_sync task {task_id}: every shard now has the shard list {}; shards {moved_from:?} keep only their own documents from here on",
@@ -148,7 +151,7 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
         );
     }
     let pending = in_transaction(live, "noting where the moved documents go", || {
-        catalog::note_prune_position(task_id)
+        catalog::tasks::note_prune_position(task_id)
     })?;
     for (row, after) in pending {
         // Every shard has passed the new list's commit: the old shard writes no moved id again,
@@ -158,7 +161,7 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
             catalog::format_lsn(after)
         ));
         wait_passed(live, &all, after)?;
-        let record = in_transaction(live, "reading the shard", || catalog::load_task(row))?
+        let record = in_transaction(live, "reading the shard", || catalog::tasks::load_task(row))?
             .ok_or(Stop::Terminated)?;
         live.report_step(&format!(
             "task {task_id}: deleting from shard \"{}\" the documents that moved",
@@ -166,7 +169,7 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
         ));
         prune_index(&record, live)?;
         in_transaction(live, "noting the moved documents deleted", || {
-            catalog::prune_done(row)
+            catalog::tasks::prune_done(row)
         })?;
         log!(
             "pg_meili_sync task {task_id}: shard \"{}\" holds only its own documents",

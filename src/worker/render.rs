@@ -12,8 +12,8 @@
 //!
 //! A window is rendered when due (caught up: Meilisearch idle, the flush interval, or `batch_size`
 //! keys; behind: half the key limit, or the flush interval with Meilisearch idle), in one
-//! transaction: `catalog::wait_for_transactions` (a commit record is decoded before the transaction
-//! is visible), the mapping queries, then `catalog::canonical_keys`; a `Rendering` then renders a
+//! transaction: `catalog::view::wait_for_transactions` (a commit record is decoded before the transaction
+//! is visible), the mapping queries, then `catalog::view::canonical_keys`; a `Rendering` then renders a
 //! batch's worth of keys per round while the dispatcher has room. The plan is made again at each
 //! render, so the fields follow `CREATE OR REPLACE VIEW`. A view that now reads a table the stream
 //! does not follow makes the stream ask for a new plan once (`follow_new_tables`: a new generation,
@@ -38,7 +38,7 @@ use crate::catalog;
 use crate::decode::session::MessageSink;
 use crate::plan::{self, SnapshotPlan, ViewPlan};
 use crate::security;
-use crate::shmem::{self, LiveStatus};
+use crate::shmem::{self, live::LiveStatus};
 use crate::worker::control::{in_transaction, in_user_transaction, should_stop, Stop};
 use crate::worker::drive::{DueWork, PassStream, Settlement, TaskStream};
 use crate::worker::partitions::PartitionWatch;
@@ -69,21 +69,21 @@ fn collector(view: &ViewPlan) -> AffectedKeys {
         .map(|(relid, routes)| (relid.to_u32(), routes.clone()))
         .collect();
     AffectedKeys::new(planned, view.mappings.len())
-        .with_partition_ancestors(Box::new(catalog::partition_ancestors))
+        .with_partition_ancestors(Box::new(catalog::source::partition_ancestors))
 }
 
-/// The view reads tables the task's plan does not follow (it was replaced to read them): asks for
-/// a new plan, which stops the task's stream at this transaction's commit and starts it again
-/// following them (`catalog::follow_new_tables`). Their changes until then were not followed, so
-/// the task is out of shape until its documents are brought in line.
+/// The view reads tables the task's plan does not follow (it was replaced to read them): asks for a
+/// new plan, which stops the task's stream at this transaction's commit and starts it again
+/// following them (`catalog::tasks::follow_new_tables`). Their changes until then were not
+/// followed, so the task is out of shape until its documents are brought in line.
 pub fn follow_new_tables(
-    task: &catalog::TaskRecord,
+    task: &catalog::tasks::TaskRecord,
     view: &str,
     missing: &[String],
     live: LiveStatus,
 ) -> Result<(), Stop> {
     let asked = in_transaction(live, "following the tables the view reads now", || {
-        catalog::follow_new_tables(task.id, task.generation)
+        catalog::tasks::follow_new_tables(task.id, task.generation)
     })?;
     if asked {
         log!(
@@ -99,7 +99,7 @@ pub fn follow_new_tables(
 /// Its dispatcher is borrowed in a task worker (which used it for the copy first) and owned in the
 /// shared decoder.
 pub struct ViewStream<D: BorrowMut<Dispatcher>> {
-    task: catalog::TaskRecord,
+    task: catalog::tasks::TaskRecord,
     live: LiveStatus,
     dispatcher: D,
     view: ViewPlan,
@@ -113,7 +113,8 @@ pub struct ViewStream<D: BorrowMut<Dispatcher>> {
     ended: bool,
     /// The partitions of the partitioned tables the view reads.
     partitioned: Option<PartitionWatch>,
-    /// `shmem::sources_changed` when the tables the view reads were last compared with the plan's.
+    /// `shmem::commits::sources_changed` when the tables the view reads were last compared with the
+    /// plan's.
     sources_seen: Option<u64>,
     /// A new plan was asked for (`follow_new_tables`): this stream ends at its commit.
     replanned: bool,
@@ -140,7 +141,7 @@ enum RenderingWhat {
 
 impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
     pub fn new(
-        task: &catalog::TaskRecord,
+        task: &catalog::tasks::TaskRecord,
         live: LiveStatus,
         dispatcher: D,
         view: ViewPlan,
@@ -173,7 +174,7 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
     /// reads with those this stream follows, so that a new table is followed without waiting for
     /// a render.
     fn look_at_tables(&mut self) -> Result<(), Stop> {
-        let changes = shmem::sources_changed();
+        let changes = shmem::commits::sources_changed();
         if self.replanned || self.sources_seen == Some(changes) {
             return Ok(());
         }
@@ -286,14 +287,14 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
             "rendering documents from the view",
             render_advice(),
             || {
-                if !catalog::wait_for_transactions(&window.xids, should_stop) {
+                if !catalog::view::wait_for_transactions(&window.xids, should_stop) {
                     return Ok(None);
                 }
                 let mut keys = window.documents.clone();
                 for (mapping, input) in view.mappings.iter().zip(&window.mapped) {
                     for chunk in input.chunks(RENDER_CHUNK) {
                         keys.extend(security::as_table_owner(view.mapping_role, || {
-                            catalog::run_mapping(
+                            catalog::view::run_mapping(
                                 &mapping.table,
                                 &mapping.query,
                                 mapping.params,
@@ -307,13 +308,13 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
                 // REPLACE VIEW; a view that lost its key column stops the task.
                 let plan = plan::source_plan(task.relid, &task.primary_key, options)?;
                 let unfollowed = view.unfollowed_tables(task.relid)?;
-                catalog::refuse_rows_by_who_asks(
+                catalog::reader_dependence::refuse_rows_by_who_asks(
                     task.relid,
                     &view.view,
                     options.reader_independent.then_some(task.owner),
                 )?;
                 let keys = security::as_table_owner(plan.table_owner, || {
-                    catalog::canonical_keys(&view.key, &keys)
+                    catalog::view::canonical_keys(&view.key, &keys)
                 })?;
                 Ok(Some((plan, keys, unfollowed)))
             },
@@ -335,7 +336,7 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
         let task = &self.task;
         let options = &self.options;
         let plan = in_transaction(self.live, "planning the view", || {
-            if !catalog::wait_for_transactions(&window.xids, should_stop) {
+            if !catalog::view::wait_for_transactions(&window.xids, should_stop) {
                 return Ok(None);
             }
             plan::source_plan(task.relid, &task.primary_key, options).map(Some)
@@ -404,7 +405,9 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
                 security::as_table_owner(plan.table_owner, || {
                     let mut rows = Vec::new();
                     for chunk in keys.chunks(RENDER_CHUNK) {
-                        rows.extend(catalog::render_rows(&view.view, columns, &view.key, chunk)?);
+                        rows.extend(catalog::view::render_rows(
+                            &view.view, columns, &view.key, chunk,
+                        )?);
                     }
                     Ok(rows)
                 })
@@ -447,7 +450,7 @@ impl<D: BorrowMut<Dispatcher>> ViewStream<D> {
             render_advice(),
             || {
                 security::as_table_owner(plan.table_owner, || {
-                    catalog::read_page(query, key, plan.page_rows, width)
+                    catalog::source::read_page(query, key, plan.page_rows, width)
                 })
             },
         )?;

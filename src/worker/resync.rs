@@ -22,8 +22,14 @@ use serde_json::Value;
 use pg_meili_sync_core::meili::client::{Client, TASK_WAIT};
 use pg_meili_sync_core::task::failure::{Failure, FailureKind};
 
-use crate::catalog::{self, ResyncPhase, TaskRecord, TaskState};
-use crate::shmem::{self, LiveStatus, Phase};
+use crate::catalog::{
+    self,
+    tasks::{ResyncPhase, TaskRecord, TaskState},
+};
+use crate::shmem::{
+    self,
+    live::{LiveStatus, Phase},
+};
 use crate::worker::control::{
     await_meili_task, in_transaction, meili_task_succeeded, should_stop, with_retry,
     worker_transaction, Stop,
@@ -138,7 +144,7 @@ impl SwapGate for ResyncGate {
         let live = reading.live;
         let held_task = self.0;
         let held = in_transaction(live, "reading the task to swap", || {
-            catalog::held_task(held_task)
+            catalog::tasks::held_task(held_task)
         })?
         .ok_or_else(|| {
             Failure::new(
@@ -158,9 +164,9 @@ impl SwapGate for ResyncGate {
         match held.state {
             TaskState::Streaming if reading.caught_up || abreast => {
                 in_transaction(live, "holding the task for the swap", || {
-                    catalog::hold_for_swap(held_task)
+                    catalog::tasks::hold_for_swap(held_task)
                 })?;
-                shmem::wake_launcher();
+                shmem::launchers::wake_launcher();
                 log!(
                     "pg_meili_sync task {}: resync caught up; the task is held for the swap",
                     held_task
@@ -170,7 +176,7 @@ impl SwapGate for ResyncGate {
             TaskState::Swapping => {
                 // A shared task is let go by the shared decoder, which stores its position first.
                 let still_streamed = if held.shared {
-                    shmem::attached_pid(held_task).is_some_and(shmem::backend_alive)
+                    shmem::live::attached_pid(held_task).is_some_and(shmem::backend_alive)
                 } else {
                     held.slot_active
                 };
@@ -231,7 +237,7 @@ impl Swap<'_> {
             .into());
         };
         in_transaction(live, "recording the swap", || {
-            catalog::record_swap(helper.id, Some(position), Some(&fresh_created_at))
+            catalog::tasks::record_swap(helper.id, Some(position), Some(&fresh_created_at))
         })?;
         let uid = with_retry(live, "swapping the indexes", || {
             client.swap_indexes(&held.index_uid, &helper.index_uid)
@@ -240,7 +246,9 @@ impl Swap<'_> {
             // Forget the recorded swap so that a restarted helper tries it again; should that
             // fail too, the restarted helper reads the index's createdAt to tell whether it
             // happened.
-            if let Err(error) = worker_transaction(|| catalog::record_swap(helper.id, None, None)) {
+            if let Err(error) =
+                worker_transaction(|| catalog::tasks::record_swap(helper.id, None, None))
+            {
                 warning!(
                     "pg_meili_sync task {}: could not clear the recorded swap: {}",
                     helper.id,
@@ -288,7 +296,7 @@ impl Swap<'_> {
                     helper.id
                 );
                 in_transaction(live, "clearing the recorded swap", || {
-                    catalog::record_swap(helper.id, None, None)
+                    catalog::tasks::record_swap(helper.id, None, None)
                 })?;
                 Ok(false)
             }
@@ -300,9 +308,9 @@ impl Swap<'_> {
     fn hand_over(&self, position: u64) -> Result<(), Stop> {
         let (helper, held) = (self.helper, self.held);
         in_transaction(self.live, "handing the swapped index over", || {
-            catalog::finish_swap(helper.id, held, position)
+            catalog::tasks::finish_swap(helper.id, held, position)
         })?;
-        shmem::wake_launcher();
+        shmem::launchers::wake_launcher();
         log!(
             "pg_meili_sync task {}: resync swapped in the new index \"{}\"; streaming goes on from {}",
             held.id,
@@ -326,13 +334,13 @@ impl Swap<'_> {
             await_meili_task(live, client, uid, "deleting the old index")?;
         }
         in_transaction(live, "removing the resync helper", || {
-            catalog::delete_task(helper)?;
-            if catalog::slot_wal_status(&helper.slot_name)?.is_some() {
-                catalog::drop_slot(&helper.slot_name)?;
+            catalog::tasks::delete_task(helper)?;
+            if catalog::replication::slot_wal_status(&helper.slot_name)?.is_some() {
+                catalog::replication::drop_slot(&helper.slot_name)?;
             }
             Ok(())
         })?;
-        shmem::wake_launcher();
+        shmem::launchers::wake_launcher();
         Ok(())
     }
 }

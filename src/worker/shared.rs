@@ -30,11 +30,14 @@ use pg_meili_sync_core::task::options::TaskOptions;
 use pg_meili_sync_core::task::pg_catalog::SlotStatus;
 use pg_meili_sync_core::wal::route::Router;
 
-use crate::catalog::{self, SharedTask, TaskRecord};
+use crate::catalog::{self, shared::SharedTask, tasks::TaskRecord};
 use crate::decode::session::{DecodingSession, MessageSink};
 use crate::error::SyncError;
 use crate::plan::{build_plan, recheck_source, ColumnRules, ViewPlan};
-use crate::shmem::{self, LiveStatus, Phase, WorkerId};
+use crate::shmem::{
+    self,
+    live::{LiveStatus, Phase, WorkerId},
+};
 use crate::worker::control::{
     fail, in_transaction, in_user_transaction, open_dispatcher, worker_main, worker_transaction,
     Stop,
@@ -111,7 +114,8 @@ struct SharedDecoder {
     /// Tables the shared publication holds, as last made.
     published: Vec<pg_sys::Oid>,
     last_refresh: Option<Instant>,
-    /// `shmem::tasks_changed` at the last refresh: a task resumed or started joins at once.
+    /// `shmem::commits::tasks_changed` at the last refresh: a task resumed or started joins at
+    /// once.
     tasks_seen: Option<u64>,
     last_store: Instant,
     /// See `load_lowest_elsewhere`; read again whenever tasks join, leave or get a position.
@@ -154,14 +158,14 @@ impl SharedDecoder {
     /// whose task ids start again at 1: this decoder exits rather than serve them from its slot.
     fn read_tasks(&self) -> Result<Vec<SharedTask>, Stop> {
         let tasks = in_transaction(self.live, "reading the shared tasks", || {
-            if catalog::shared_name()? != self.name {
+            if catalog::shared::shared_name()? != self.name {
                 return Ok(None);
             }
             // A task whose table was dropped fails alone; the others are published on.
-            for task_id in catalog::fail_tasks_of_dropped_sources()? {
+            for task_id in catalog::tasks::fail_tasks_of_dropped_sources()? {
                 warning!("pg_meili_sync task {task_id} stopped: its table or view was dropped");
             }
-            catalog::shared_tasks().map(Some)
+            catalog::shared::shared_tasks().map(Some)
         })?;
         tasks.ok_or_else(|| {
             log!(
@@ -178,9 +182,9 @@ impl SharedDecoder {
         // Someone else dropped or changed the publication while the slot decoded with it: the
         // decoder starts again, and mends it before it reads (`run`).
         let check = in_transaction(self.live, "checking the shared publication", || {
-            catalog::check_publication(&self.name, &[], &self.published, false)
+            catalog::replication::check_publication(&self.name, &[], &self.published, false)
         })?;
-        if let catalog::PublicationCheck::Mended(what) = check {
+        if let catalog::replication::PublicationCheck::Mended(what) = check {
             warning!(
                 "pg_meili_sync: the shared publication \"{}\" {what}; the shared decoder starts again to mend it",
                 self.name
@@ -190,14 +194,14 @@ impl SharedDecoder {
         let relids = self.tables_to_publish(&tasks)?;
         if relids != self.published {
             in_transaction(self.live, "publishing the shared tables", || {
-                catalog::publish_exactly(&self.name, &relids)
+                catalog::shared::publish_exactly(&self.name, &relids)
             })?;
             self.published = relids;
         }
         if tasks.iter().any(|task| task.position.is_none()) {
             let confirmed = session.confirmed();
             for task_id in in_transaction(self.live, "giving new tasks their position", || {
-                catalog::assign_positions(confirmed)
+                catalog::shared::assign_positions(confirmed)
             })? {
                 log!("pg_meili_sync task {task_id}: has its position in the shared decoding pass");
             }
@@ -228,7 +232,7 @@ impl SharedDecoder {
             })
             // The task worker that did the copy may still be exiting: join once it is gone.
             .filter(|task| {
-                shmem::attached_pid(task.id)
+                shmem::live::attached_pid(task.id)
                     .is_none_or(|other| other == pid || !shmem::backend_alive(other))
             })
             .collect())
@@ -260,7 +264,7 @@ impl SharedDecoder {
             }
         }
         let record = in_transaction(self.live, "reading the task", || {
-            catalog::load_task(task.id)
+            catalog::tasks::load_task(task.id)
         })?;
         let Some(record) = record else {
             return Ok(Vec::new());
@@ -298,7 +302,7 @@ impl SharedDecoder {
     /// resume (joining from the slot's position now would skip them silently).
     fn stop_tasks_without_changes(&self) -> Result<(), Stop> {
         let lost = in_transaction(self.live, "reading the tasks without a position", || {
-            catalog::tasks_without_changes()
+            catalog::shared::tasks_without_changes()
         })?;
         for task_id in lost {
             let message = format!(
@@ -306,7 +310,7 @@ impl SharedDecoder {
             );
             warning!("pg_meili_sync task {task_id} stopped: {message}");
             in_transaction(self.live, "stopping a task whose changes were lost", || {
-                catalog::set_error_state(task_id, &message)
+                catalog::tasks::set_error_state(task_id, &message)
             })?;
         }
         Ok(())
@@ -316,14 +320,14 @@ impl SharedDecoder {
     /// task only.
     fn open_pipeline(&mut self, joining: &SharedTask) -> Result<Option<Pipeline>, Stop> {
         let Some(task) = in_transaction(self.live, "reading the task", || {
-            catalog::load_task(joining.id)
+            catalog::tasks::load_task(joining.id)
         })?
         else {
             return Ok(None);
         };
-        let index = match shmem::attach(WorkerId::Task(task.id), self.pid) {
+        let index = match shmem::live::attach(WorkerId::Task(task.id), self.pid) {
             Ok(index) => index,
-            Err(shmem::NoEntry::Full) => {
+            Err(shmem::live::NoEntry::Full) => {
                 warning!(
                     "pg_meili_sync: no free shared-memory entry for task {} (meili_sync.max_tasks is {})",
                     task.id,
@@ -332,7 +336,7 @@ impl SharedDecoder {
                 return Ok(None);
             }
             // A DDL command waits for the database: this decoder is being stopped.
-            Err(shmem::NoEntry::DatabasePaused) => return Err(Stop::Terminated),
+            Err(shmem::live::NoEntry::DatabasePaused) => return Err(Stop::Terminated),
         };
         let live = LiveStatus::new(index);
         live.set_served_by_shared_decoder();
@@ -528,7 +532,7 @@ impl SharedDecoder {
                 .collect();
             if !moved.is_empty() {
                 in_transaction(self.live, "storing the tasks' positions", || {
-                    catalog::store_positions(&moved)
+                    catalog::shared::store_positions(&moved)
                 })?;
             }
             for (task_id, position) in moved {
@@ -555,7 +559,7 @@ impl SharedDecoder {
     fn load_lowest_elsewhere(&mut self) -> Result<(), Stop> {
         let here: Vec<i64> = self.pipelines.keys().copied().collect();
         self.lowest_elsewhere = in_transaction(self.live, "reading the tasks' positions", || {
-            catalog::lowest_position_except(&here)
+            catalog::shared::lowest_position_except(&here)
         })?;
         Ok(())
     }
@@ -567,7 +571,7 @@ impl SharedDecoder {
         let mut held = pipeline.stored;
         if pipeline.position > pipeline.stored {
             let stored = in_transaction(self.live, "storing a leaving task's position", || {
-                catalog::store_positions(&[(task_id, pipeline.position)])
+                catalog::shared::store_positions(&[(task_id, pipeline.position)])
             });
             match stored {
                 Ok(()) => held = pipeline.position,
@@ -643,7 +647,7 @@ impl SharedDecoder {
 
     fn run(&mut self) -> Result<(), Stop> {
         in_transaction(self.live, "preparing the shared slot", || {
-            catalog::set_output_formats(false)
+            catalog::source::set_output_formats(false)
         })?;
         let remake_slot = self.refresh_publication()?;
         self.ensure_slot(remake_slot)?;
@@ -665,18 +669,18 @@ impl SharedDecoder {
         let (slot_exists, positions_held) =
             in_transaction(self.live, "reading the shared slot", || {
                 Ok((
-                    catalog::slot_wal_status(&self.name)?.is_some(),
-                    catalog::any_shared_position()?,
+                    catalog::replication::slot_wal_status(&self.name)?.is_some(),
+                    catalog::shared::any_shared_position()?,
                 ))
             })?;
         let check = in_transaction(self.live, "publishing the shared tables", || {
-            catalog::publish_exactly(&self.name, &relids)
+            catalog::shared::publish_exactly(&self.name, &relids)
         })?;
         self.published = relids;
         let what = match check {
-            catalog::PublicationCheck::Mended(what) => what,
+            catalog::replication::PublicationCheck::Mended(what) => what,
             // Made while the slot holds positions: dropped before this install recorded it.
-            catalog::PublicationCheck::Made if slot_exists && positions_held => {
+            catalog::replication::PublicationCheck::Made if slot_exists && positions_held => {
                 "was missing".to_owned()
             }
             _ => return Ok(false),
@@ -686,7 +690,7 @@ impl SharedDecoder {
             self.name
         );
         let copying = in_transaction(self.live, "copying the shared tasks again", || {
-            catalog::copy_shared_tasks_again(&message)
+            catalog::shared::copy_shared_tasks_again(&message)
         })?;
         warn_publication_mended(&self.name, &what, &copying);
         Ok(slot_exists)
@@ -696,12 +700,12 @@ impl SharedDecoder {
     /// lost the changes it kept: they stop with an error asking for a new copy.
     fn ensure_slot(&mut self, remake: bool) -> Result<(), Stop> {
         let status = in_transaction(self.live, "reading the shared slot", || {
-            catalog::slot_wal_status(&self.name)
+            catalog::replication::slot_wal_status(&self.name)
         })?;
         if remake && status.is_some() {
             // No task holds a position in it any more (`refresh_publication`).
             in_transaction(self.live, "dropping the shared slot", || {
-                catalog::drop_slot(&self.name)
+                catalog::replication::drop_slot(&self.name)
             })?;
             return self.create_slot();
         }
@@ -719,13 +723,13 @@ impl SharedDecoder {
         for task_id in in_transaction(
             self.live,
             "stopping the tasks whose changes were lost",
-            || catalog::forget_positions(&self.name, what),
+            || catalog::shared::forget_positions(&self.name, what),
         )? {
             warning!("pg_meili_sync task {task_id} stopped: the shared replication slot \"{}\" is {what}, so the changes it kept for this task are lost", self.name);
         }
         if status.is_some() {
             in_transaction(self.live, "dropping the invalidated shared slot", || {
-                catalog::drop_slot(&self.name)
+                catalog::replication::drop_slot(&self.name)
             })?;
         }
         self.create_slot()
@@ -733,7 +737,7 @@ impl SharedDecoder {
 
     fn create_slot(&mut self) -> Result<(), Stop> {
         in_transaction(self.live, "creating the shared slot", || {
-            catalog::create_slot(&self.name)
+            catalog::replication::create_slot(&self.name)
         })?;
         log!(
             "pg_meili_sync: created the shared replication slot \"{}\"",
@@ -765,7 +769,7 @@ impl Pass for SharedDecoder {
         session: &mut DecodingSession,
         caught_up: bool,
     ) -> Result<Turn, Stop> {
-        let tasks_changed = shmem::tasks_changed();
+        let tasks_changed = shmem::commits::tasks_changed();
         if self.tasks_seen != Some(tasks_changed)
             || self
                 .last_refresh
@@ -828,7 +832,7 @@ impl Pass for SharedDecoder {
                 // backend waits in meili_sync_wait for the task's position to move, or the task
                 // has just become quiet (what Meilisearch confirmed last shows at once).
                 let awaited = pipeline.position != pipeline.published_position
-                    && shmem::has_waiters(*task_id);
+                    && shmem::waiters::has_waiters(*task_id);
                 if !awaited
                     && pipeline.published_quiet
                     && pipeline.published.elapsed() < QUIET_PUBLISH_INTERVAL
@@ -897,7 +901,7 @@ fn fail_task(task: &TaskRecord, live: LiveStatus, failure: &Failure) {
         failure.kind.as_str()
     );
     live.set_error(&message);
-    if let Err(error) = worker_transaction(|| catalog::set_error_state(task.id, &message)) {
+    if let Err(error) = worker_transaction(|| catalog::tasks::set_error_state(task.id, &message)) {
         warning!(
             "pg_meili_sync task {}: could not set state error: {}",
             task.id,
@@ -913,13 +917,17 @@ pub extern "C-unwind" fn meili_sync_shared_decoder_main(_arg: pg_sys::Datum) {
 }
 
 fn run(live: LiveStatus, pid: i32) -> Result<(), Stop> {
-    let name = in_transaction(live, "reading the shared slot's name", catalog::shared_name)?;
+    let name = in_transaction(
+        live,
+        "reading the shared slot's name",
+        catalog::shared::shared_name,
+    )?;
     let mut decoder = SharedDecoder {
         live,
         pid,
         name,
         // Partitions' changes come under their own OIDs; the catalog says whose they are.
-        router: Router::new(Box::new(catalog::partition_ancestors)),
+        router: Router::new(Box::new(catalog::source::partition_ancestors)),
         pipelines: HashMap::new(),
         published: Vec::new(),
         last_refresh: None,

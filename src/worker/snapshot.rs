@@ -15,7 +15,7 @@
 //! key and row count. When the copy is done and the index held documents before it, `verify::prune`
 //! deletes the documents whose rows are gone, then streaming begins. The copy and the stream give
 //! the same bytes because both read each value's text output, with the output settings fixed for
-//! the worker's session (`catalog::set_output_formats`).
+//! the worker's session (`catalog::source::set_output_formats`).
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -28,7 +28,7 @@ use pg_meili_sync_core::pipeline::dispatch::{DeadLetter, Dispatcher, Progress};
 use pg_meili_sync_core::task::failure::FailureKind;
 
 use crate::plan::{PageSizer, SnapshotPlan};
-use crate::shmem::{LiveStatus, Phase};
+use crate::shmem::live::{LiveStatus, Phase};
 use crate::worker::control::{fail, in_transaction, report_progress, should_stop, Stop};
 use crate::{catalog, security};
 
@@ -79,7 +79,7 @@ impl Copy<'_> {
         };
         self.page_ends = self.page_ends.split_off(&(page + 1));
         in_transaction(self.live, "saving the copy's progress", || {
-            catalog::save_snapshot_progress(self.task_id, &key, rows)
+            catalog::tasks::save_snapshot_progress(self.task_id, &key, rows)
         })?;
         self.rows_confirmed = rows;
         self.live.set_progress(
@@ -120,7 +120,7 @@ impl Copy<'_> {
             let through = range.through.as_slice();
             let rows = in_transaction(self.live, "reading a batch of the table again", || {
                 security::as_table_owner(plan.table_owner, || {
-                    catalog::read_range(query, after, through, plan.shape.columns().len())
+                    catalog::source::read_range(query, after, through, plan.shape.columns().len())
                 })
             })?;
             log!(
@@ -166,7 +166,7 @@ fn encode_rows(plan: &SnapshotPlan, rows: &[Vec<Option<String>>]) -> Vec<u8> {
 }
 
 pub fn run(
-    task: &catalog::TaskRecord,
+    task: &catalog::tasks::TaskRecord,
     plan: &SnapshotPlan,
     dispatcher: &mut Dispatcher,
     live: LiveStatus,
@@ -192,7 +192,7 @@ pub fn run(
     let shard = task.shard_filter();
     live.set_phase(Phase::Snapshot);
     in_transaction(live, "starting the copy", || {
-        catalog::mark_snapshot_started(
+        catalog::tasks::mark_snapshot_started(
             task.id,
             (!plan.partitioned_roots.is_empty()).then_some(plan.partitions.as_slice()),
         )
@@ -220,7 +220,7 @@ pub fn run(
             let limit = pages.rows();
             let rows = in_transaction(live, "reading a page of the table", || {
                 security::as_table_owner(plan.table_owner, || {
-                    catalog::read_page(query, key, limit, column_count)
+                    catalog::source::read_page(query, key, limit, column_count)
                 })
             })?;
             pages.read(&rows);

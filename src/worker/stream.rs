@@ -21,7 +21,7 @@ use pg_meili_sync_core::wal::state_change;
 use crate::catalog;
 use crate::decode::session::MessageSink;
 use crate::plan::ColumnRules;
-use crate::shmem::LiveStatus;
+use crate::shmem::live::LiveStatus;
 use crate::worker::columns_added::ColumnsAddedWatch;
 use crate::worker::control::{rewind_dispatcher, should_stop, Stop};
 use crate::worker::drive::{DueWork, PassStream, Settlement, TaskStream};
@@ -72,7 +72,7 @@ pub struct Streamer<D: BorrowMut<Dispatcher>> {
 
 impl<D: BorrowMut<Dispatcher>> Streamer<D> {
     pub fn new(
-        task: &catalog::TaskRecord,
+        task: &catalog::tasks::TaskRecord,
         live: LiveStatus,
         dispatcher: D,
         rules: ColumnRules,

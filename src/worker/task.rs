@@ -22,10 +22,16 @@ use pg_meili_sync_core::task::failure::{Failure, FailureKind};
 use pg_meili_sync_core::task::options::TaskOptions;
 use pg_meili_sync_core::task::pg_catalog::SlotStatus;
 
-use crate::catalog::{self, TaskRecord, TaskState};
+use crate::catalog::{
+    self,
+    tasks::{TaskRecord, TaskState},
+};
 use crate::error::SyncError;
 use crate::plan::{build_plan, recheck_source, ColumnRules, SnapshotPlan, ViewPlan};
-use crate::shmem::{self, LiveStatus, Phase, WorkerId};
+use crate::shmem::{
+    self,
+    live::{LiveStatus, Phase, WorkerId},
+};
 use crate::worker::control::{
     await_meili_task, fail, in_transaction, open_dispatcher, with_retry, worker_main, Stop,
 };
@@ -120,7 +126,7 @@ fn prepare_embedders(
 ) -> Result<(), Stop> {
     let uid = &task.index_uid;
     let info = in_transaction(live, "reading the table's columns", || {
-        catalog::relation_info(task.relid)
+        catalog::source::relation_info(task.relid)
     })?;
     let mut wanted = Vec::new();
     for (embedder, column) in &options.vectors {
@@ -167,7 +173,7 @@ struct PreparedIndex {
 /// asking for a new copy.
 fn ensure_slot(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
     match in_transaction(live, "reading the replication slot", || {
-        catalog::slot_wal_status(&task.slot_name)
+        catalog::replication::slot_wal_status(&task.slot_name)
     })? {
         Some(SlotStatus::Lost) => {
             if task.state != TaskState::Snapshot {
@@ -180,7 +186,7 @@ fn ensure_slot(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
                 ));
             }
             in_transaction(live, "dropping the invalidated slot", || {
-                catalog::drop_slot(&task.slot_name)
+                catalog::replication::drop_slot(&task.slot_name)
             })?;
             copy_over(task, live, "was invalidated")?;
         }
@@ -202,7 +208,7 @@ fn ensure_slot(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
     }
     // Slot creation must come first in its transaction; changes after its LSN will be streamed.
     in_transaction(live, "creating the replication slot", || {
-        catalog::create_slot(&task.slot_name)
+        catalog::replication::create_slot(&task.slot_name)
     })?;
     log!(
         "pg_meili_sync task {}: created replication slot \"{}\"",
@@ -215,10 +221,10 @@ fn ensure_slot(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
 /// A view task's publication must hold every table its view reads now. One that lacks a table
 /// (the view was replaced) is brought up to date. Before a copy, the copy then holds what the
 /// publication missed; a task past its copy is out of shape from then on, so that its documents
-/// are brought in line as after any change of shape (`catalog::note_unfollowed_changes`).
+/// are brought in line as after any change of shape (`catalog::tasks::note_unfollowed_changes`).
 fn follow_every_table(task: &TaskRecord, view: &ViewPlan, live: LiveStatus) -> Result<(), Stop> {
     let published = in_transaction(live, "reading the task's publication", || {
-        catalog::published_tables(&task.publication_name)
+        catalog::shared::published_tables(&task.publication_name)
     })?;
     let missing: Vec<String> = view
         .tables
@@ -231,9 +237,9 @@ fn follow_every_table(task: &TaskRecord, view: &ViewPlan, live: LiveStatus) -> R
     }
     let copied = task.state != TaskState::Snapshot;
     in_transaction(live, "publishing the tables of the view", || {
-        catalog::set_published_tables(&task.publication_name, &view.published_tables())?;
+        catalog::shared::set_published_tables(&task.publication_name, &view.published_tables())?;
         if copied {
-            catalog::note_unfollowed_changes(task.id)?;
+            catalog::tasks::note_unfollowed_changes(task.id)?;
         }
         Ok(())
     })?;
@@ -247,9 +253,9 @@ fn follow_every_table(task: &TaskRecord, view: &ViewPlan, live: LiveStatus) -> R
 }
 
 /// The task's own publication must be as this install left it before its slot decodes with it
-/// (`catalog::check_publication`). One that someone else dropped, made again or changed is
-/// mended; what the slot decoded with it may have gone out wrongly or not at all, so the slot is
-/// dropped and the task copies its table again, on a new worker (the generation changed).
+/// (`catalog::replication::check_publication`). One that someone else dropped, made again or
+/// changed is mended; what the slot decoded with it may have gone out wrongly or not at all, so the
+/// slot is dropped and the task copies its table again, on a new worker (the generation changed).
 fn check_own_publication(
     task: &TaskRecord,
     view: Option<&ViewPlan>,
@@ -265,21 +271,25 @@ fn check_own_publication(
     };
     let checked = in_transaction(live, "checking the task's publication", || {
         // A publication made again for a task dropped meanwhile would be left behind.
-        if !catalog::hold_task_at(task.id, task.generation)? {
+        if !catalog::tasks::hold_task_at(task.id, task.generation)? {
             return Ok(None);
         }
-        let slot_exists = catalog::slot_wal_status(&task.slot_name)?.is_some();
-        let check =
-            catalog::check_publication(&task.publication_name, &create_with, &must_hold, true)?;
+        let slot_exists = catalog::replication::slot_wal_status(&task.slot_name)?.is_some();
+        let check = catalog::replication::check_publication(
+            &task.publication_name,
+            &create_with,
+            &must_hold,
+            true,
+        )?;
         Ok(Some((check, slot_exists)))
     })?;
     let Some((check, slot_exists)) = checked else {
         return Err(Stop::Terminated);
     };
     let what = match check {
-        catalog::PublicationCheck::Mended(what) => what,
+        catalog::replication::PublicationCheck::Mended(what) => what,
         // Made while its slot exists: dropped before this install recorded it.
-        catalog::PublicationCheck::Made if slot_exists => "was missing".to_owned(),
+        catalog::replication::PublicationCheck::Made if slot_exists => "was missing".to_owned(),
         _ => return Ok(()),
     };
     let message = format!(
@@ -287,7 +297,7 @@ fn check_own_publication(
         task.publication_name
     );
     in_transaction(live, "copying the table again", || {
-        catalog::copy_again(task.id, &task.slot_name, &message)
+        catalog::tasks::copy_again(task.id, &task.slot_name, &message)
     })?;
     // The next worker keeps this entry's error until it has one of its own.
     live.set_error(&message);
@@ -303,7 +313,9 @@ fn await_position(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
         if !BackgroundWorker::wait_latch(Some(Duration::from_millis(100))) {
             return Err(Stop::Terminated);
         }
-        let reloaded = in_transaction(live, "reading the task", || catalog::load_task(task.id))?;
+        let reloaded = in_transaction(live, "reading the task", || {
+            catalog::tasks::load_task(task.id)
+        })?;
         let Some(reloaded) = reloaded else {
             return Err(Stop::Terminated);
         };
@@ -315,7 +327,7 @@ fn await_position(task: &mut TaskRecord, live: LiveStatus) -> Result<(), Stop> {
 /// The slot the copy relied on is gone: the copy starts over (on the new slot ensure_slot makes).
 fn copy_over(task: &mut TaskRecord, live: LiveStatus, what_happened: &str) -> Result<(), Stop> {
     in_transaction(live, "starting the copy over", || {
-        catalog::restart_copy(task.id)
+        catalog::tasks::restart_copy(task.id)
     })?;
     task.snapshot_key = None;
     task.rows_copied = 0;
@@ -329,8 +341,8 @@ fn copy_over(task: &mut TaskRecord, live: LiveStatus, what_happened: &str) -> Re
 
 fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
     let task = in_transaction(live, "reading the task", || {
-        catalog::set_output_formats(false)?;
-        catalog::load_task(task_id)
+        catalog::source::set_output_formats(false)?;
+        catalog::tasks::load_task(task_id)
     })?;
     let Some(mut task) = task else {
         return Err(Stop::Terminated);
@@ -355,7 +367,7 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
     let held = match task.resync_of {
         Some(held_id) => {
             let held = in_transaction(live, "reading the task to rebuild", || {
-                catalog::load_task(held_id)
+                catalog::tasks::load_task(held_id)
             })?
             .ok_or(Stop::Terminated)?;
             let swap = resync::Swap {
@@ -401,7 +413,7 @@ fn run(task_id: i64, live: LiveStatus) -> Result<(), Stop> {
     // A resync helper writes to its shard's server, whose network the shard's own worker sets.
     if task.shard.is_some() && task.resync_of.is_none() {
         let shards = in_transaction(live, "reading the task's shards", || {
-            catalog::shard_servers(task.replica_of.unwrap_or(task.id))
+            catalog::tasks::shard_servers(task.replica_of.unwrap_or(task.id))
         })?;
         rebalance::set_network(live, &client, &task, &shards)?;
     }
@@ -462,7 +474,7 @@ fn copy_then_stream(
                     prune_index(task, live)?;
                 }
                 in_transaction(live, "finishing the copy", || {
-                    catalog::finish_snapshot(task.id, rows)
+                    catalog::tasks::finish_snapshot(task.id, rows)
                 })?;
                 log!(
                     "pg_meili_sync task {}: snapshot of {} finished, {rows} rows",
@@ -478,7 +490,7 @@ fn copy_then_stream(
     }
     if task.shared && !task.moving {
         // The shared decoder streams it from here on.
-        shmem::wake_launcher();
+        shmem::launchers::wake_launcher();
         return Err(Stop::Terminated);
     }
     if let Some(view) = view {
