@@ -19,7 +19,7 @@ use pg_meili_sync_core::document::encode::{
 };
 use pg_meili_sync_core::document::shard::ShardFilter;
 use pg_meili_sync_core::meili::client::{Client, MeiliError, HTTP_TIMEOUT, TASK_WAIT};
-use pg_meili_sync_core::pipeline::batch::Operation;
+use pg_meili_sync_core::meili::request::Operation;
 use pg_meili_sync_core::task::options::{TaskOptions, WriteMode};
 
 use crate::catalog::{self, source::KeyMatch, tasks::TaskRecord};

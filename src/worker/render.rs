@@ -27,7 +27,8 @@ use std::time::Instant;
 use pgrx::prelude::*;
 
 use pg_meili_sync_core::document::encode::{encode_id, encode_row, ColumnValue};
-use pg_meili_sync_core::pipeline::batch::{BatchLimits, ChangeBatcher, Operation};
+use pg_meili_sync_core::meili::request::Operation;
+use pg_meili_sync_core::pipeline::batch::{BatchLimits, ChangeBatcher};
 use pg_meili_sync_core::pipeline::dispatch::{DeadLetter, Dispatcher};
 use pg_meili_sync_core::task::failure::Advice;
 use pg_meili_sync_core::task::options::TaskOptions;

@@ -23,7 +23,8 @@ use std::time::{Duration, Instant};
 use pgrx::prelude::*;
 
 use pg_meili_sync_core::document::encode::{encode_row, ColumnValue};
-use pg_meili_sync_core::pipeline::batch::{Batch, Batcher, Operation};
+use pg_meili_sync_core::meili::request::{Batch, Operation};
+use pg_meili_sync_core::pipeline::batch::Batcher;
 use pg_meili_sync_core::pipeline::dispatch::{DeadLetter, Dispatcher, Progress};
 use pg_meili_sync_core::task::failure::FailureKind;
 

@@ -19,8 +19,9 @@ use flate2::Compression;
 use pg_meili_sync_core::document::encode::{
     encode_document, write_value, Column, ColumnValue, DocumentShape, ValueKind,
 };
+use pg_meili_sync_core::meili::request::{Batch, Operation};
 use pg_meili_sync_core::meili::writer::gzip;
-use pg_meili_sync_core::pipeline::batch::{Batch, BatchLimits, Batcher, Operation};
+use pg_meili_sync_core::pipeline::batch::{BatchLimits, Batcher};
 use pg_meili_sync_core::task::failure::{Failure, FailureKind};
 use pg_meili_sync_core::wal::changes::{ChangeMapper, RelationShape};
 use pg_meili_sync_core::wal::pgoutput::{parse, Message, Relation};

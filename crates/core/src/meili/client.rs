@@ -21,7 +21,7 @@ use ureq::unversioned::transport::{
 use ureq::Agent;
 
 use super::waiting_tcp::{SocketWait, WaitingTcpConnector};
-use crate::pipeline::batch::Operation;
+use crate::meili::request::Operation;
 
 /// Responses larger than this are refused (a page of documents is the
 /// largest thing the sync reads).

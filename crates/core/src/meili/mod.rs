@@ -5,6 +5,7 @@
 
 pub mod client;
 pub mod network;
+pub mod request;
 pub mod retry;
 pub mod search;
 pub mod waiting_tcp;

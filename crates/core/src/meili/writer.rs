@@ -36,7 +36,7 @@ use flate2::Compression;
 
 use super::client::{Client, MeiliError, MeiliErrorBody, MeiliTaskStatus};
 use super::retry::Backoff;
-use crate::pipeline::batch::{Batch, Operation};
+use crate::meili::request::{Batch, Operation};
 
 /// Task uids asked about in one `GET /tasks` request, to keep URLs short.
 const MAX_UIDS_PER_POLL: usize = 500;

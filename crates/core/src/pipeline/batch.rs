@@ -17,19 +17,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::document::shard::ShardFilter;
-
-/// What a batch asks Meilisearch to do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Operation {
-    /// Add or replace whole documents: `POST /indexes/{uid}/documents`, NDJSON.
-    Replace,
-    /// Add or update fields of documents: `PUT /indexes/{uid}/documents`, NDJSON.
-    Update,
-    /// Delete by id: `POST /indexes/{uid}/documents/delete-batch`, a JSON array of ids.
-    Delete,
-    /// Delete every document: `DELETE /indexes/{uid}/documents`, no body.
-    DeleteAll,
-}
+use crate::meili::request::{Batch, Operation};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchLimits {
@@ -39,33 +27,6 @@ pub struct BatchLimits {
     pub max_bytes: usize,
     /// How long a batch may stay open before [`Batcher::flush_due`] closes it.
     pub max_age: Duration,
-}
-
-impl Operation {
-    /// How dead letters name the operation.
-    pub fn name(self) -> &'static str {
-        match self {
-            Operation::Replace => "replace",
-            Operation::Update => "update",
-            Operation::Delete => "delete",
-            Operation::DeleteAll => "delete_all",
-        }
-    }
-}
-
-/// One request's worth of items.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Batch {
-    /// 1 for the first batch of a [`Batcher`], then increasing by 1.
-    pub seq: u64,
-    pub op: Operation,
-    /// NDJSON for `Replace`/`Update`, `[id,…]` for `Delete`, empty for `DeleteAll`. Shared so that
-    /// the sender and the dispatcher (which may need to split a failed batch) hold one copy.
-    pub body: Arc<Vec<u8>>,
-    /// Items in the batch (documents, ids, or merged delete-alls).
-    pub docs: usize,
-    /// The newest checkpoint that this batch completes, if any.
-    pub checkpoint: Option<u64>,
 }
 
 struct OpenBatch {

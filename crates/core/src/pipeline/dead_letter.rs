@@ -5,7 +5,7 @@
 
 use serde_json::Value;
 
-use crate::pipeline::batch::Operation;
+use crate::meili::request::Operation;
 use crate::pipeline::dispatch::{item_id, DeadLetter};
 
 impl DeadLetter {

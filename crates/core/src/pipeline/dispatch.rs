@@ -17,9 +17,10 @@ use std::time::{Duration, Instant};
 use serde_json::Value;
 
 use crate::meili::client::{MeiliError, MeiliErrorBody};
+use crate::meili::request::{Batch, Operation};
 use crate::meili::retry::Backoff;
 use crate::meili::writer::{WriteError, Writer, WriterEvent};
-use crate::pipeline::batch::{Batch, ChangeBatcher, Operation, Watermark};
+use crate::pipeline::batch::{ChangeBatcher, Watermark};
 
 /// How many times a batch is sent again whole because a document of another task failed
 /// Meilisearch's batch, before it is split like one refused for its own documents.

@@ -13,7 +13,8 @@ use std::time::Instant;
 
 use crate::document::encode::{encode_id, encode_row, ColumnValue, DocumentShape};
 use crate::document::shard::ShardFilter;
-use crate::pipeline::batch::{Batch, BatchLimits, ChangeBatcher, Operation};
+use crate::meili::request::{Batch, Operation};
+use crate::pipeline::batch::{BatchLimits, ChangeBatcher};
 use crate::task::failure::{Advice, Failure, FailureKind};
 use crate::wal::pgoutput::{Message, Relation, Tuple, TupleValue};
 
