@@ -19,8 +19,9 @@ in_background() {
     local name=$1
     shift
     (
-        renice -n 19 -p "$BASHPID" > /dev/null
-        ionice -c 3 -p "$BASHPID"
+        # Lower priorities only: where one cannot be set, the build runs at the normal one.
+        renice -n 19 -p "$BASHPID" > /dev/null 2>&1 || true
+        ionice -c 3 -p "$BASHPID" 2> /dev/null || true
         "$@"
     ) > "target/background/$name.log" 2>&1 &
     background_pid[$name]=$!
