@@ -737,6 +737,17 @@ fn latency(transactions: usize, per_second: u64) {
         session.run(&products::insert_sql(n, n));
         session.run(&format!("SELECT meili_sync_wait({})", setup.task));
         let took = started.elapsed();
+        if took > Duration::from_secs(2) {
+            // A wait far past the others: what the task and the server said meanwhile.
+            eprintln!(
+                "wait {n} took {took:?}; status: {}\n--- server log tail ---\n{}",
+                setup.cluster.psql(&format!(
+                    "SELECT row_to_json(s) FROM pg_stat_meili_sync s WHERE task = {}",
+                    setup.task
+                )),
+                setup.cluster.tail_log()
+            );
+        }
         waited.push(took);
         std::thread::sleep(interval.saturating_sub(took));
     }
