@@ -12,8 +12,6 @@ mod ddl_guard;
 mod decode;
 mod error;
 mod gucs;
-mod jsonb;
-mod materialized;
 mod plan;
 mod resync_request;
 mod rules;

@@ -445,7 +445,7 @@ mod tests {
                 "SELECT $1::text = $2::jsonb::text AND $1 = $2::jsonb
                         AND pg_catalog.jsonb_typeof($1) = pg_catalog.jsonb_typeof($2::jsonb)",
                 &[
-                    crate::jsonb::DirectJsonb(value).into(),
+                    crate::search::jsonb::DirectJsonb(value).into(),
                     text.as_str().into(),
                 ],
             )
@@ -459,7 +459,7 @@ mod tests {
     fn jsonb_built_in_place_refuses_nul() {
         let refused = PgTryBuilder::new(|| {
             let value = serde_json::json!({"name": "a\u{0}b"});
-            crate::jsonb::DirectJsonb(value).into_datum();
+            crate::search::jsonb::DirectJsonb(value).into_datum();
             "built".to_owned()
         })
         .catch_when(

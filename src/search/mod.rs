@@ -2,6 +2,14 @@
 //! backend makes on its own thread and whose socket waits are latch waits, so that a cancel or a
 //! `statement_timeout` ends a search at once (as postgres_fdw waits for its server). Meilisearch's
 //! refusals become ERRORs with its message and code.
+//!
+//! The folder holds what a backend's search needs besides its SQL entry points (`src/api/search.rs`)
+//! and the SPI that lists a task's servers (`src/catalog/search_targets.rs`): the client here, the
+//! hits built into `jsonb` in place (`jsonb`), and the rows handed to Postgres in one call
+//! (`materialized`).
+
+pub mod jsonb;
+pub mod materialized;
 
 use std::cell::{Cell, RefCell};
 use std::collections::HashMap;
