@@ -347,6 +347,8 @@ pub fn delete_index(record: &catalog::tasks::TaskRecord, index_uid: &str) -> Res
         .map_err(failed)?;
     match task.status {
         MeiliTaskStatus::Succeeded => Ok(()),
+        // Gone before this deletion ran (another deletion was queued first): gone, as asked.
+        MeiliTaskStatus::Failed if task.found_no_index() => Ok(()),
         MeiliTaskStatus::Enqueued | MeiliTaskStatus::Processing => {
             pgrx::notice!(
                 "Meilisearch has not yet deleted index \"{index_uid}\": its task {uid} is still \

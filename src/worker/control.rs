@@ -333,6 +333,21 @@ pub fn await_meili_task(
     meili_task_succeeded(&state, what)
 }
 
+/// Waits for the deletion of an index (Meilisearch task `uid`): one that found no index counts as
+/// done, since the index is gone as asked; any other failure stops the worker.
+pub fn await_index_deletion(
+    live: LiveStatus,
+    client: &Client,
+    uid: u64,
+    what: &str,
+) -> Result<(), Stop> {
+    let state = with_retry(live, what, || client.wait_task(uid, TASK_WAIT))?;
+    if state.found_no_index() {
+        return Ok(());
+    }
+    meili_task_succeeded(&state, what)
+}
+
 /// A Meilisearch task that did not succeed (or finish) stops the worker, naming the task's error.
 pub fn meili_task_succeeded(state: &MeiliTask, what: &str) -> Result<(), Stop> {
     match state.failure() {

@@ -31,8 +31,8 @@ use crate::shmem::{
     live::{LiveStatus, Phase},
 };
 use crate::worker::control::{
-    await_meili_task, in_transaction, meili_task_succeeded, should_stop, with_retry,
-    worker_transaction, Stop,
+    await_index_deletion, await_meili_task, in_transaction, meili_task_succeeded, should_stop,
+    with_retry, worker_transaction, Stop,
 };
 use crate::worker::drive::{Reading, SwapGate};
 
@@ -61,7 +61,7 @@ pub fn prepare_fresh_index(
             let uid = with_retry(live, "deleting an old resync index", || {
                 client.delete_index(fresh_uid)
             })?;
-            await_meili_task(live, client, uid, "deleting an old resync index")?;
+            await_index_deletion(live, client, uid, "deleting an old resync index")?;
         }
         let uid = with_retry(live, "creating the resync index", || {
             client.create_index(fresh_uid, key_attribute)
@@ -331,7 +331,7 @@ impl Swap<'_> {
             let uid = with_retry(live, "deleting the old index", || {
                 client.delete_index(&helper.index_uid)
             })?;
-            await_meili_task(live, client, uid, "deleting the old index")?;
+            await_index_deletion(live, client, uid, "deleting the old index")?;
         }
         in_transaction(live, "removing the resync helper", || {
             catalog::tasks::delete_task(helper)?;

@@ -485,6 +485,42 @@ fn a_deletion_meilisearch_fails_is_an_error_and_drops_nothing() {
 }
 
 #[test]
+fn a_deletion_that_finds_the_index_gone_is_done() {
+    let Some((cluster, meili)) = with_test_server() else {
+        return;
+    };
+    cluster.psql(&products::insert_sql(1, 100));
+    let (index, task) = start_task(&cluster, &meili, None, "products", json!({}));
+    cluster.wait_snapshot_done(task, CONVERGE);
+    // Another deletion of the index waits in Meilisearch's queue (as one a worker enqueued before
+    // it restarted does): the drop still sees the index, and its own deletion then fails with
+    // index_not_found. The index is gone, as the drop asked: that is no error (the soak's resync
+    // helpers stopped in error on it).
+    faults(&meili).set_task_delay(Duration::from_millis(500));
+    let (status, _) = meili.request(Method::DELETE, &format!("/indexes/{index}"), None);
+    assert_eq!(status, 202, "the first deletion was not enqueued");
+    cluster.psql(&format!(
+        "SELECT meili_sync_drop({task}, drop_index => true)"
+    ));
+    assert!(meili.index(&index).is_none(), "the index is still there");
+    assert_eq!(cluster.psql("SELECT count(*) FROM meili_sync.tasks"), "0");
+    // The drop's own deletion ran, and found no index.
+    let (_, tasks) = meili.request(
+        Method::GET,
+        &format!("/tasks?types=indexDeletion&indexUids={index}"),
+        None,
+    );
+    let codes: Vec<&str> = tasks["results"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|task| task["error"]["code"].as_str().unwrap_or("none"))
+        .collect();
+    assert_eq!(codes.len(), 2, "{tasks}");
+    assert!(codes.contains(&"index_not_found"), "{tasks}");
+}
+
+#[test]
 fn a_wrong_key_waits_for_meili_sync_alter_and_loses_nothing() {
     // Works against a real server when it has a master key (a wrong key is then refused).
     let meili = Meili::from_env();

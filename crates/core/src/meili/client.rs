@@ -206,6 +206,17 @@ impl MeiliTask {
 
     /// Why the task did not succeed, in words (None when it did): Meilisearch's error and its
     /// code, that it was canceled, or that it had not finished when the wait ended.
+    /// A deletion that failed because the index was not there: the index is gone, as the
+    /// deletion asked. A second deletion enqueued before the first ran ends so (a worker that
+    /// restarted while its first one waited in Meilisearch's queue enqueues another).
+    pub fn found_no_index(&self) -> bool {
+        self.status == MeiliTaskStatus::Failed
+            && self
+                .error
+                .as_ref()
+                .is_some_and(|error| error.code == "index_not_found")
+    }
+
     pub fn failure(&self) -> Option<String> {
         let uid = self.uid;
         match self.status {
@@ -1092,6 +1103,21 @@ mod tests {
             let settings = json!({"filterableAttributes": ["genre"]});
             succeeded(&client, client.update_settings("books", &settings));
             succeeded(&client, client.delete_index("books"));
+            assert_eq!(client.get_index("books"), Ok(None));
+        }
+
+        #[test]
+        fn a_second_deletion_of_an_index_finds_no_index() {
+            let (_server, client) = start();
+            succeeded(&client, client.create_index("books", "id"));
+            let first = client.delete_index("books").expect("enqueued");
+            let second = client.delete_index("books").expect("enqueued");
+            let first = client.wait_task(first, WAIT).expect("task state");
+            let second = client.wait_task(second, WAIT).expect("task state");
+            assert_eq!(first.status, MeiliTaskStatus::Succeeded, "{first:?}");
+            assert!(!first.found_no_index(), "{first:?}");
+            assert_eq!(second.status, MeiliTaskStatus::Failed, "{second:?}");
+            assert!(second.found_no_index(), "{second:?}");
             assert_eq!(client.get_index("books"), Ok(None));
         }
 
