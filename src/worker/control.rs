@@ -329,8 +329,7 @@ pub fn await_meili_task(
     uid: u64,
     what: &str,
 ) -> Result<(), Stop> {
-    let state = with_retry(live, what, || client.wait_task(uid, TASK_WAIT))?;
-    meili_task_succeeded(&state, what)
+    await_meili_task_unless(live, client, uid, what, |_| false)
 }
 
 /// Waits for the deletion of an index (Meilisearch task `uid`): one that found no index counts as
@@ -341,8 +340,20 @@ pub fn await_index_deletion(
     uid: u64,
     what: &str,
 ) -> Result<(), Stop> {
+    await_meili_task_unless(live, client, uid, what, MeiliTask::found_no_index)
+}
+
+/// Waits for a Meilisearch task; a failure is a permanent error unless `as_asked` says the
+/// failed task left things as the caller wanted them.
+fn await_meili_task_unless(
+    live: LiveStatus,
+    client: &Client,
+    uid: u64,
+    what: &str,
+    as_asked: fn(&MeiliTask) -> bool,
+) -> Result<(), Stop> {
     let state = with_retry(live, what, || client.wait_task(uid, TASK_WAIT))?;
-    if state.found_no_index() {
+    if as_asked(&state) {
         return Ok(());
     }
     meili_task_succeeded(&state, what)
