@@ -172,6 +172,10 @@ struct Context {
 
 impl Context {
     fn new(task: TaskRecord) -> Result<Context, SyncError> {
+        // The plan's columns are read in one statement and the pages in later ones: without the
+        // lock, a column dropped in between fails them ("column … does not exist" when the values
+        // of an ADD COLUMN were sent while a DROP COLUMN committed: a task stopped in error).
+        catalog::source::hold_against_alter(task.relid);
         let options = TaskOptions::parse(&task.options)?;
         catalog::source::set_output_formats(true)?;
         let plan = build_plan(&task, &options)?;

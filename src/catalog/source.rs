@@ -134,6 +134,16 @@ pub fn relation_info(relid: pg_sys::Oid) -> CatalogResult<RelationInfo> {
     })
 }
 
+/// Holds `relid` against ALTER TABLE until the transaction ends, as a query on it would, and
+/// before its columns are read: a DROP COLUMN committed meanwhile is then seen by the reads
+/// that follow (taking the lock processes its invalidations), and one not yet committed waits
+/// for this transaction, so that the columns read stay the table's for the queries built on them.
+pub fn hold_against_alter(relid: pg_sys::Oid) {
+    // SAFETY: a heavyweight lock by OID inside a transaction, released at its end; an OID of a
+    // relation dropped meanwhile is locked harmlessly.
+    unsafe { pg_sys::LockRelationOid(relid, pg_sys::AccessShareLock as pg_sys::LOCKMODE) };
+}
+
 /// The leaf partitions of the partitioned table `root` now, each with whether it has pages on
 /// disk (`pg_relation_size`). One that has none holds no row, so a partition new to a task
 /// (created ahead, or attached empty) needs nothing but its later changes; one that has may hold
