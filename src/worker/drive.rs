@@ -30,6 +30,7 @@ use pg_meili_sync_core::pipeline::due::Due;
 use pg_meili_sync_core::pipeline::meter::CommitAges;
 use pg_meili_sync_core::pipeline::pacing::{BusyNap, Throttle};
 use pg_meili_sync_core::task::failure::{Failure, FailureKind};
+use pg_meili_sync_core::wal::pgoutput::{self, Message, ParseError};
 
 use crate::catalog::{self, tasks::TaskRecord};
 use crate::decode::session::{DecodingSession, MessageSink};
@@ -86,9 +87,23 @@ pub trait DueWork {
     }
 }
 
+/// Takes each decoded message, parsed once by the pass that read it (the task's own slot, or the
+/// shared pass, whose router hands the same parsed message to every task it concerns).
+pub trait ParsedSink {
+    fn message(&mut self, lsn: u64, message: &Message<'_>);
+}
+
+/// A pgoutput message that does not parse: a permanent failure of the pass that read it.
+pub fn unparsable(error: ParseError) -> Failure {
+    Failure::new(
+        FailureKind::Decoding,
+        format!("cannot parse a pgoutput message: {error}"),
+    )
+}
+
 /// What the drive loop asks of a task's stream. It is also the decoding callback's sink: reading
 /// hands it each message, and everything it must do outside a callback happens in the other calls.
-pub trait TaskStream: MessageSink {
+pub trait TaskStream: ParsedSink {
     /// The task's shared-memory status.
     fn live(&self) -> LiveStatus;
 
@@ -327,6 +342,7 @@ pub fn drive(
         gate,
         draining: false,
         gate_checks: Throttle::new(GATE_CHECK_INTERVAL),
+        parse_failure: None,
     };
     drive_pass(&mut own_slot, &task.slot_name, &task.publication_name)
 }
@@ -448,6 +464,21 @@ struct OwnSlot<'a, 'gate, S: TaskStream> {
     /// The gate asked to drain: nothing more is read.
     draining: bool,
     gate_checks: Throttle,
+    /// A message of the last read that could not be parsed: it stops the task.
+    parse_failure: Option<Failure>,
+}
+
+/// The read's sink: each message is parsed here, once, and handed to the task's stream.
+impl<S: TaskStream> MessageSink for OwnSlot<'_, '_, S> {
+    fn message(&mut self, lsn: u64, data: &[u8]) {
+        if self.parse_failure.is_some() {
+            return;
+        }
+        match pgoutput::parse(data) {
+            Ok(message) => self.stream.message(lsn, &message),
+            Err(error) => self.parse_failure = Some(unparsable(error)),
+        }
+    }
 }
 
 impl<S: TaskStream> Pass for OwnSlot<'_, '_, S> {
@@ -512,10 +543,13 @@ impl<S: TaskStream> Pass for OwnSlot<'_, '_, S> {
     }
 
     fn sink(&mut self) -> &mut dyn MessageSink {
-        self.stream
+        self
     }
 
     fn after_read(&mut self, session: &DecodingSession, caught_up: bool) -> Result<bool, Stop> {
+        if let Some(failure) = self.parse_failure.take() {
+            return Err(Stop::Failed(failure));
+        }
         if self.stream.has_ended() {
             // The task's state changed at this position: the slot keeps everything from the
             // last confirmed commit on, and the next worker (if any) goes on from there.

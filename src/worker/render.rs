@@ -33,17 +33,17 @@ use pg_meili_sync_core::pipeline::dispatch::{DeadLetter, Dispatcher};
 use pg_meili_sync_core::task::failure::Advice;
 use pg_meili_sync_core::task::options::TaskOptions;
 use pg_meili_sync_core::wal::affected::{AffectedKeys, Window};
+use pg_meili_sync_core::wal::pgoutput;
 use pg_meili_sync_core::wal::state_change;
 
 use crate::catalog;
-use crate::decode::session::MessageSink;
 use crate::plan::{self, SnapshotPlan, ViewPlan};
 use crate::security;
 use crate::shmem::{self, live::LiveStatus};
 use crate::worker::control::{in_transaction, in_user_transaction, should_stop, Stop};
-use crate::worker::drive::{DueWork, PassStream, Settlement, TaskStream};
+use crate::worker::drive::{DueWork, ParsedSink, PassStream, Settlement, TaskStream};
 use crate::worker::partitions::PartitionWatch;
-use crate::worker::stream::parse_noting_commits;
+use crate::worker::stream::note_commit;
 
 /// What to do when the view's or a mapping's query fails at run time: a render failed, so the
 /// documents are rendered again from the source.
@@ -643,20 +643,17 @@ impl PassStream for ViewStream<Dispatcher> {
     }
 }
 
-impl<D: BorrowMut<Dispatcher>> MessageSink for ViewStream<D> {
-    fn message(&mut self, _lsn: u64, data: &[u8]) {
+impl<D: BorrowMut<Dispatcher>> ParsedSink for ViewStream<D> {
+    fn message(&mut self, _lsn: u64, message: &pgoutput::Message<'_>) {
         if self.settlement.has_failed() || self.ended {
             return;
         }
-        let (task_id, generation) = (self.task.id, i64::from(self.task.generation));
-        let applied = parse_noting_commits(data, self.settlement.ages()).and_then(|message| {
-            if state_change::ends_stream(&message, task_id, generation) {
-                self.ended = true;
-                return Ok(());
-            }
-            self.keys.apply(&message, &Instant::now)
-        });
-        if let Err(error) = applied {
+        note_commit(message, self.settlement.ages());
+        if state_change::ends_stream(message, self.task.id, i64::from(self.task.generation)) {
+            self.ended = true;
+            return;
+        }
+        if let Err(error) = self.keys.apply(message, &Instant::now) {
             self.settlement.fail(error);
         }
     }

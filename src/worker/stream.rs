@@ -12,19 +12,17 @@ use pg_meili_sync_core::document::shard::ShardFilter;
 use pg_meili_sync_core::pipeline::batch::BatchLimits;
 use pg_meili_sync_core::pipeline::dispatch::{DeadLetter, Dispatcher};
 use pg_meili_sync_core::pipeline::meter::CommitAges;
-use pg_meili_sync_core::task::failure::{Failure, FailureKind};
 use pg_meili_sync_core::task::options::{TaskOptions, WriteMode};
 use pg_meili_sync_core::wal::changes::ChangeMapper;
 use pg_meili_sync_core::wal::pgoutput;
 use pg_meili_sync_core::wal::state_change;
 
 use crate::catalog;
-use crate::decode::session::MessageSink;
 use crate::plan::ColumnRules;
 use crate::shmem::live::LiveStatus;
 use crate::worker::columns_added::ColumnsAddedWatch;
 use crate::worker::control::{rewind_dispatcher, should_stop, Stop};
-use crate::worker::drive::{DueWork, PassStream, Settlement, TaskStream};
+use crate::worker::drive::{DueWork, ParsedSink, PassStream, Settlement, TaskStream};
 use crate::worker::partitions::PartitionWatch;
 
 /// How long a task of the shared pass may hold up the shared reader while its Meilisearch
@@ -382,31 +380,20 @@ enum Leaving {
     Unconfirmed(Duration),
 }
 
-/// Parses a pgoutput message and notes a commit's time (for `lag_seconds`); a message that does
-/// not parse is a permanent failure of the task.
-pub fn parse_noting_commits<'a>(
-    data: &'a [u8],
-    ages: &mut CommitAges,
-) -> Result<pgoutput::Message<'a>, Failure> {
-    let message = pgoutput::parse(data).map_err(|error| {
-        Failure::new(
-            FailureKind::Decoding,
-            format!("cannot parse a pgoutput message: {error}"),
-        )
-    })?;
+/// Notes a commit's time, for `lag_seconds`.
+pub fn note_commit(message: &pgoutput::Message<'_>, ages: &mut CommitAges) {
     if let pgoutput::Message::Commit {
         end_lsn,
         commit_time,
         ..
-    } = &message
+    } = message
     {
         ages.committed(*end_lsn, *commit_time);
     }
-    Ok(message)
 }
 
-impl<D: BorrowMut<Dispatcher>> MessageSink for Streamer<D> {
-    fn message(&mut self, _lsn: u64, data: &[u8]) {
+impl<D: BorrowMut<Dispatcher>> ParsedSink for Streamer<D> {
+    fn message(&mut self, _lsn: u64, message: &pgoutput::Message<'_>) {
         if self.settlement.has_failed()
             || self.left.is_some()
             || self.ended
@@ -414,18 +401,12 @@ impl<D: BorrowMut<Dispatcher>> MessageSink for Streamer<D> {
         {
             return;
         }
-        let message = match parse_noting_commits(data, self.settlement.ages()) {
-            Ok(message) => message,
-            Err(error) => {
-                self.settlement.fail(error);
-                return;
-            }
-        };
-        if state_change::ends_stream(&message, self.task_id, self.generation) {
+        note_commit(message, self.settlement.ages());
+        if state_change::ends_stream(message, self.task_id, self.generation) {
             self.ended = true;
             return;
         }
-        match (&message, self.partitioned.as_mut()) {
+        match (message, self.partitioned.as_mut()) {
             (pgoutput::Message::Begin { final_lsn, .. }, _) => self.transaction_commit = *final_lsn,
             (pgoutput::Message::Truncate { relations, .. }, Some(partitioned))
                 if partitioned.is_partial_truncate(relations) =>

@@ -298,7 +298,7 @@ impl DiscardingSink {
 fn feed(mapper: &mut ChangeMapper, data: &[u8], sink: &mut DiscardingSink) {
     let message = parse(data).expect("the bench's messages are well formed");
     mapper
-        .apply(message, &Instant::now, &mut products_shape)
+        .apply(&message, &Instant::now, &mut products_shape)
         .expect("the products relation maps");
     sink.skipped += mapper.take_skipped().len();
     while let Some(batch) = mapper.next_ready() {
@@ -519,7 +519,7 @@ fn pipeline(c: &mut Criterion) {
     for message in &messages {
         let message = parse(message).expect("the bench's messages are well formed");
         mapper
-            .apply(message, &Instant::now, &mut products_shape)
+            .apply(&message, &Instant::now, &mut products_shape)
             .expect("the products relation maps");
         if let Some(batch) = mapper.next_ready() {
             first_batch = Some(batch);

@@ -76,16 +76,16 @@ impl ChangeMapper {
     /// is read only when a batch opens, so most messages do not read the clock.
     pub fn apply(
         &mut self,
-        message: Message<'_>,
+        message: &Message<'_>,
         now: &dyn Fn() -> Instant,
         shape_for: &mut dyn FnMut(&Relation) -> Result<RelationShape, Failure>,
     ) -> Result<(), Failure> {
         match message {
             Message::Relation(relation) => {
-                let shape = shape_for(&relation)?;
+                let shape = shape_for(relation)?;
                 self.relations.insert(relation.oid, shape);
             }
-            Message::Insert { relation, new } => self.upsert_row(relation, &new, now),
+            Message::Insert { relation, new } => self.upsert_row(*relation, new, now),
             Message::Update {
                 relation,
                 key,
@@ -93,23 +93,23 @@ impl ChangeMapper {
                 new,
             } => {
                 if let Some(old_row) = key.as_ref().or(old.as_ref()) {
-                    self.require_old_key(relation, old_row, "an UPDATE")?;
-                    let old_id = self.row_id(relation, old_row);
-                    let new_id = self.row_id(relation, &new);
+                    self.require_old_key(*relation, old_row, "an UPDATE")?;
+                    let old_id = self.row_id(*relation, old_row);
+                    let new_id = self.row_id(*relation, new);
                     if let (Some(old_id), Some(new_id)) = (old_id, new_id) {
                         if old_id != new_id {
                             self.delete(&old_id, now);
                         }
                     }
                 }
-                self.upsert_row(relation, &new, now);
+                self.upsert_row(*relation, new, now);
             }
             Message::Delete { relation, key, old } => {
                 let Some(old_row) = key.as_ref().or(old.as_ref()) else {
-                    return Err(self.lost_old_key(relation, "a DELETE"));
+                    return Err(self.lost_old_key(*relation, "a DELETE"));
                 };
-                self.require_old_key(relation, old_row, "a DELETE")?;
-                if let Some(id) = self.row_id(relation, old_row) {
+                self.require_old_key(*relation, old_row, "a DELETE")?;
+                if let Some(id) = self.row_id(*relation, old_row) {
                     self.delete(&id, now);
                 }
             }
@@ -118,7 +118,7 @@ impl ChangeMapper {
             {
                 self.batcher.push(Operation::DeleteAll, &[], &[], now);
             }
-            Message::Commit { end_lsn, .. } => self.batcher.mark_checkpoint(end_lsn),
+            Message::Commit { end_lsn, .. } => self.batcher.mark_checkpoint(*end_lsn),
             _ => {}
         }
         Ok(())
@@ -408,7 +408,11 @@ mod tests {
         };
         let mut mapper = ChangeMapper::new(limits, upsert);
         mapper
-            .apply(Message::Relation(relation()), &Instant::now, &mut shape_for)
+            .apply(
+                &Message::Relation(relation()),
+                &Instant::now,
+                &mut shape_for,
+            )
             .expect("relation");
         mapper
     }
@@ -424,7 +428,7 @@ mod tests {
 
     fn apply(mapper: &mut ChangeMapper, message: Message<'_>) {
         mapper
-            .apply(message, &Instant::now, &mut shape_for)
+            .apply(&message, &Instant::now, &mut shape_for)
             .expect("apply");
     }
 
@@ -505,7 +509,7 @@ mod tests {
         ] {
             let mut mapper = mapper(100, false);
             let error = mapper
-                .apply(message, &Instant::now, &mut shape_for)
+                .apply(&message, &Instant::now, &mut shape_for)
                 .expect_err("a change whose document cannot be known")
                 .last_error(Some(9));
             assert!(
@@ -727,7 +731,7 @@ mod tests {
             max_age: Duration::from_secs(1),
         };
         let mut mapper = ChangeMapper::new(limits, false);
-        let result = mapper.apply(Message::Relation(relation()), &Instant::now, &mut |_| {
+        let result = mapper.apply(&Message::Relation(relation()), &Instant::now, &mut |_| {
             Err(Failure::new(FailureKind::Source, "key column dropped"))
         });
         assert_eq!(

@@ -2,6 +2,10 @@
 //! framed as a stream of its own (Begin, the Relation messages it has not seen, its changes,
 //! Commit), so that each task's `ChangeMapper` works exactly as on a slot of its own.
 //!
+//! Each message is parsed once, by the pass that read it: the router and every task it reaches
+//! share the parsed message (a Begin and a Relation are kept, parsed, for the tasks they reach
+//! later).
+//!
 //! The shared slot can be confirmed only to the lowest position any task still needs, so the
 //! stream is read again from there whenever a task joins (new, resumed, or back from a full
 //! queue). Each task therefore skips, by itself, every transaction that committed before the
@@ -9,7 +13,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use crate::wal::pgoutput::{self, Message, ParseError};
+use crate::wal::pgoutput::{Message, Relation};
 use crate::wal::state_change;
 
 pub type TaskId = i64;
@@ -29,7 +33,8 @@ struct Route {
 /// so a task sees no transactions of other tables.
 struct Transaction {
     final_lsn: u64,
-    begin: Vec<u8>,
+    /// The transaction's Begin, as it reaches each task with the task's first change.
+    begin: Message<'static>,
     begun: Vec<TaskId>,
 }
 
@@ -42,7 +47,7 @@ pub struct Router {
     /// Which tasks each relation's changes go to.
     subscribers: HashMap<u32, Vec<TaskId>>,
     /// The newest Relation message of each relation this decoding session described.
-    descriptions: HashMap<u32, Vec<u8>>,
+    descriptions: HashMap<u32, Message<'static>>,
     /// The partitioned ancestors of each described relation that is a partition: a change to a
     /// partition also goes to the tasks of its partitioned tables. pgoutput (with
     /// `publish_via_partition_root` off) sends a partition's changes under the partition's own
@@ -123,18 +128,27 @@ impl Router {
         self.transaction = None;
     }
 
-    /// Routes one pgoutput message: `deliver(task, lsn, message)` for each task it concerns.
+    /// Routes one parsed pgoutput message: `deliver(task, lsn, message)` for each task it
+    /// concerns.
     pub fn route(
         &mut self,
         lsn: u64,
-        data: &[u8],
-        deliver: &mut dyn FnMut(TaskId, u64, &[u8]),
-    ) -> Result<(), ParseError> {
-        match pgoutput::parse(data)? {
-            Message::Begin { final_lsn, .. } => {
+        message: &Message<'_>,
+        deliver: &mut dyn FnMut(TaskId, u64, &Message<'_>),
+    ) {
+        match message {
+            &Message::Begin {
+                final_lsn,
+                commit_time,
+                xid,
+            } => {
                 self.transaction = Some(Transaction {
                     final_lsn,
-                    begin: data.to_vec(),
+                    begin: Message::Begin {
+                        final_lsn,
+                        commit_time,
+                        xid,
+                    },
                     begun: Vec::new(),
                 });
             }
@@ -143,54 +157,60 @@ impl Router {
                 for route in self.routes.values_mut() {
                     route.described.remove(&relation.oid);
                 }
-                self.descriptions.insert(relation.oid, data.to_vec());
-                let ancestors = (self.ancestors_of)(relation.oid);
-                if ancestors.is_empty() {
-                    self.ancestors.remove(&relation.oid);
-                } else {
-                    self.ancestors.insert(relation.oid, ancestors);
-                }
+                self.describe(relation);
             }
             Message::Insert { relation, .. }
             | Message::Update { relation, .. }
             | Message::Delete { relation, .. } => {
-                self.deliver_change(&[relation], lsn, data, deliver);
+                self.deliver_change(&[*relation], lsn, message, deliver);
             }
             Message::Truncate { relations, .. } => {
-                self.deliver_change(&relations, lsn, data, deliver);
+                self.deliver_change(relations, lsn, message, deliver);
             }
             Message::Commit { .. } => {
                 if let Some(transaction) = self.transaction.take() {
                     for task in transaction.begun {
-                        deliver(task, lsn, data);
+                        deliver(task, lsn, message);
                     }
                 }
             }
-            message @ Message::Emitted { .. } => {
+            Message::Emitted { .. } => {
                 // A task's state change goes to that task, at its place in the transaction.
-                if let Some(task) = state_change::task_of(&message) {
-                    self.deliver_state_change(task, lsn, data, deliver);
+                if let Some(task) = state_change::task_of(message) {
+                    self.deliver_state_change(task, lsn, message, deliver);
                 }
             }
             // Types and origins carry nothing a task maps.
             _ => {}
         }
-        Ok(())
+    }
+
+    /// Keeps a relation's newest description for the tasks it reaches, and looks up again the
+    /// partitioned tables it is a partition of.
+    fn describe(&mut self, relation: &Relation) {
+        self.descriptions
+            .insert(relation.oid, Message::Relation(relation.clone()));
+        let ancestors = (self.ancestors_of)(relation.oid);
+        if ancestors.is_empty() {
+            self.ancestors.remove(&relation.oid);
+        } else {
+            self.ancestors.insert(relation.oid, ancestors);
+        }
     }
 
     fn deliver_state_change(
         &mut self,
         task: TaskId,
         lsn: u64,
-        data: &[u8],
-        deliver: &mut dyn FnMut(TaskId, u64, &[u8]),
+        message: &Message<'_>,
+        deliver: &mut dyn FnMut(TaskId, u64, &Message<'_>),
     ) {
         let (Some(transaction), Some(route)) = (self.transaction.as_ref(), self.routes.get(&task))
         else {
             return;
         };
         if transaction.final_lsn >= route.skip_before {
-            deliver(task, lsn, data);
+            deliver(task, lsn, message);
         }
     }
 
@@ -198,8 +218,8 @@ impl Router {
         &mut self,
         relations: &[u32],
         lsn: u64,
-        data: &[u8],
-        deliver: &mut dyn FnMut(TaskId, u64, &[u8]),
+        message: &Message<'_>,
+        deliver: &mut dyn FnMut(TaskId, u64, &Message<'_>),
     ) {
         let Some(transaction) = self.transaction.as_mut() else {
             return;
@@ -240,7 +260,7 @@ impl Router {
                     route.described.insert(*relation);
                 }
             }
-            deliver(task, lsn, data);
+            deliver(task, lsn, message);
         }
     }
 }
@@ -248,6 +268,7 @@ impl Router {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wal::pgoutput;
 
     fn begin(final_lsn: u64) -> Vec<u8> {
         let mut message = vec![b'B'];
@@ -317,8 +338,8 @@ mod tests {
     struct Received(HashMap<TaskId, Vec<String>>);
 
     impl Received {
-        fn push(&mut self, task: TaskId, data: &[u8]) {
-            let label = match pgoutput::parse(data).expect("a routed message parses") {
+        fn push(&mut self, task: TaskId, message: &Message<'_>) {
+            let label = match message {
                 Message::Begin { final_lsn, .. } => format!("B{final_lsn}"),
                 Message::Commit { end_lsn, .. } => format!("C{end_lsn}"),
                 Message::Relation(relation) => format!("R{}", relation.name),
@@ -344,9 +365,10 @@ mod tests {
 
     fn feed(router: &mut Router, received: &mut Received, messages: &[Vec<u8>]) {
         for message in messages {
-            router
-                .route(0, message, &mut |task, _, data| received.push(task, data))
-                .expect("valid message");
+            let message = pgoutput::parse(message).expect("valid message");
+            router.route(0, &message, &mut |task, _, message| {
+                received.push(task, message)
+            });
         }
     }
 
@@ -394,6 +416,29 @@ mod tests {
             ["B1000", "Ritems", "I100:a", "C1010", "B3000", "I100:c", "C3010"]
         );
         assert_eq!(received.of(2), ["B1000", "Rother", "I200:b", "C1010"]);
+    }
+
+    #[test]
+    fn every_task_a_change_reaches_gets_the_message_parsed_once() {
+        let mut router = Router::default();
+        router.attach(1, &[100], 0);
+        router.attach(2, &[100], 0);
+        let mut received = Received::default();
+        feed(
+            &mut router,
+            &mut received,
+            &transaction(1000, &[], &[(100, "items")])[..2],
+        );
+        let data = insert(100, "a");
+        let parsed = pgoutput::parse(&data).expect("valid message");
+        let mut delivered = Vec::new();
+        router.route(0, &parsed, &mut |task, _, message| {
+            if matches!(message, Message::Insert { .. }) {
+                delivered.push((task, std::ptr::eq(message, &parsed)));
+            }
+        });
+        // The very message the pass parsed, not a copy parsed again per task.
+        assert_eq!(delivered, [(1, true), (2, true)]);
     }
 
     #[test]
