@@ -19,3 +19,10 @@ pg_config_of() {
 }
 
 PG_CONFIG=$(pg_config_of "$PG_MAJOR")
+
+# Where scripts/package.sh puts the Debian package of a major.
+package_of() {
+    local version
+    version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n 1)
+    echo "$PWD/target/packages/postgresql-$1-pg-meili-sync_$version-1_amd64.deb"
+}

@@ -13,7 +13,7 @@ source "$(dirname "$0")/pg-config.sh"
 SUDO=""
 [ "$(id -u)" -eq 0 ] || SUDO="sudo"
 
-packages=(postgresql-15 postgresql-server-dev-15 postgresql-15-wal2json postgresql-15-postgis-3 libclang-dev clang sudo build-essential pkg-config libssl-dev bison flex zlib1g-dev unzip curl)
+packages=(postgresql-15 postgresql-server-dev-15 postgresql-15-wal2json postgresql-15-postgis-3 libclang-dev clang sudo build-essential pkg-config libssl-dev bison flex zlib1g-dev unzip curl lintian)
 missing=()
 for package in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -5,6 +5,7 @@
 # 15; then the golden files and an end-to-end set on 16, 17 and 18 (scripts/test-major.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source scripts/pg-config.sh
 bash scripts/setup.sh
 # The tests build with the ci profile: release without link-time optimisation (Cargo.toml).
 export PG_MEILI_SYNC_PROFILE=ci
@@ -45,11 +46,14 @@ stop_background() {
         kill "$pid" 2> /dev/null || true
     done
 }
+# The extension for 16, 17 and 18, installed into each (scripts/install.sh), and its Debian package
+# made of that same build (scripts/package.sh), checked by lintian.
 build_majors() {
     for major in 16 17 18; do
         echo "== $(date -u +%H:%M:%S) PostgreSQL $major: build and install"
         PG_MAJOR=$major CARGO_TARGET_DIR="$PWD/target/majors" bash scripts/install.sh
     done
+    CARGO_TARGET_DIR="$PWD/target/majors" bash scripts/package.sh 16 17 18
 }
 
 echo "== $(date -u +%H:%M:%S) tier 0: no cycle among the modules of the extension and of the core crate"
@@ -81,6 +85,10 @@ else
 fi
 
 bash scripts/install.sh
+# Tiers 3, 4 and 4b test what the package installs, and its removal is checked at the end.
+echo "== $(date -u +%H:%M:%S) tier 2b: the Debian package for PostgreSQL 15, installed as a user installs it"
+bash scripts/package.sh 15
+bash scripts/test-package.sh install "$(package_of 15)"
 echo "== $(date -u +%H:%M:%S) tier 3: golden SQL files (tests/pg_regress)"
 bash scripts/regress.sh
 
@@ -97,7 +105,8 @@ await_background majors
 in_background clippy env CARGO_TARGET_DIR="$PWD/target/clippy" \
     cargo clippy --workspace --release --all-targets -- -D warnings
 for major in 16 17 18; do
-    echo "== $(date -u +%H:%M:%S) tiers 3 and 4 on PostgreSQL $major"
+    echo "== $(date -u +%H:%M:%S) tiers 3 and 4 on PostgreSQL $major, on exactly the files of its package"
+    bash scripts/test-package.sh load "$major" "$(package_of "$major")"
     bash scripts/test-major.sh "$major" --installed
 done
 
@@ -128,5 +137,7 @@ if [ -n "${MEILI_BIN:-}" ] && [ -z "${MEILI_URL:-}" ]; then
     E2E_MEILI=real cargo nextest run --cargo-profile ci -p pg_meili_sync_e2e \
         -E 'binary(views) & test(/^a_view_over_a_hot_lookup_table/)'
 fi
+echo "== $(date -u +%H:%M:%S) the package for PostgreSQL 15 removed"
+bash scripts/test-package.sh remove
 await_background clippy
 echo "== $(date -u +%H:%M:%S) done"
