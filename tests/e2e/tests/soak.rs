@@ -106,6 +106,15 @@ const FAULTS: [&str; 11] = [
     "partition rotation",
 ];
 
+/// Raises its flag when dropped, on the way out of a scope whether it returns or unwinds.
+struct StopOnDrop<'a>(&'a AtomicBool);
+
+impl Drop for StopOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+}
+
 struct Soak<'a> {
     cluster: &'a Cluster,
     meili: &'a Meili,
@@ -330,6 +339,9 @@ fn a_soak_with_random_faults_loses_nothing_and_every_task_catches_up() {
     let started = Instant::now();
     std::thread::scope(|scope| {
         let writing = scope.spawn(writer);
+        // A fault that fails the soak unwinds through here: the writer stops, so that the scope
+        // can end and the failure be reported, instead of writing on for ever.
+        let _stop_writer = StopOnDrop(&stop);
         let mut prng = Prng(seed);
         while started.elapsed().as_secs_f64() < minutes * 60.0 {
             std::thread::sleep(Duration::from_secs(3 + prng.below(6)));
