@@ -30,7 +30,7 @@ use pg_meili_sync_core::pipeline::due::Due;
 use pg_meili_sync_core::pipeline::meter::CommitAges;
 use pg_meili_sync_core::pipeline::pacing::{BusyNap, Throttle};
 use pg_meili_sync_core::task::failure::{Failure, FailureKind};
-use pg_meili_sync_core::wal::pgoutput::{self, Message, ParseError};
+use pg_meili_sync_core::wal::pgoutput::{self, Message};
 
 use crate::catalog::{self, tasks::TaskRecord};
 use crate::decode::session::{DecodingSession, MessageSink};
@@ -93,12 +93,23 @@ pub trait ParsedSink {
     fn message(&mut self, lsn: u64, message: &Message<'_>);
 }
 
-/// A pgoutput message that does not parse: a permanent failure of the pass that read it.
-pub fn unparsable(error: ParseError) -> Failure {
-    Failure::new(
-        FailureKind::Decoding,
-        format!("cannot parse a pgoutput message: {error}"),
-    )
+/// Parses one message of a read, for the pass's sink. A message that does not parse is a
+/// permanent failure of the pass that read it, kept in `failure`; nothing after it is parsed or
+/// handed on.
+pub fn parse_in_read<'a>(data: &'a [u8], failure: &mut Option<Failure>) -> Option<Message<'a>> {
+    if failure.is_some() {
+        return None;
+    }
+    match pgoutput::parse(data) {
+        Ok(message) => Some(message),
+        Err(error) => {
+            *failure = Some(Failure::new(
+                FailureKind::Decoding,
+                format!("cannot parse a pgoutput message: {error}"),
+            ));
+            None
+        }
+    }
 }
 
 /// What the drive loop asks of a task's stream. It is also the decoding callback's sink: reading
@@ -471,12 +482,8 @@ struct OwnSlot<'a, 'gate, S: TaskStream> {
 /// The read's sink: each message is parsed here, once, and handed to the task's stream.
 impl<S: TaskStream> MessageSink for OwnSlot<'_, '_, S> {
     fn message(&mut self, lsn: u64, data: &[u8]) {
-        if self.parse_failure.is_some() {
-            return;
-        }
-        match pgoutput::parse(data) {
-            Ok(message) => self.stream.message(lsn, &message),
-            Err(error) => self.parse_failure = Some(unparsable(error)),
+        if let Some(message) = parse_in_read(data, &mut self.parse_failure) {
+            self.stream.message(lsn, &message);
         }
     }
 }

@@ -28,7 +28,6 @@ use pg_meili_sync_core::meili::client::HTTP_TIMEOUT;
 use pg_meili_sync_core::task::failure::{Advice, Failure, FailureKind};
 use pg_meili_sync_core::task::options::TaskOptions;
 use pg_meili_sync_core::task::pg_catalog::SlotStatus;
-use pg_meili_sync_core::wal::pgoutput;
 use pg_meili_sync_core::wal::route::Router;
 
 use crate::catalog::{self, shared::SharedTask, tasks::TaskRecord};
@@ -44,7 +43,8 @@ use crate::worker::control::{
     Stop,
 };
 use crate::worker::drive::{
-    drive_pass, log_rewind, log_state_change, unparsable, IndexWatch, Nap, Pass, PassStream, Turn,
+    drive_pass, log_rewind, log_state_change, parse_in_read, IndexWatch, Nap, Pass, PassStream,
+    Turn,
 };
 use crate::worker::partitions::PartitionWatch;
 use crate::worker::render::{follow_new_tables, ViewStream};
@@ -137,16 +137,9 @@ struct SharedDecoder {
 /// the tasks' streams.
 impl MessageSink for SharedDecoder {
     fn message(&mut self, lsn: u64, data: &[u8]) {
-        if self.parse_failure.is_some() {
-            return;
-        }
         // Parsed once here: the router and every task it reaches share the parsed message.
-        let message = match pgoutput::parse(data) {
-            Ok(message) => message,
-            Err(error) => {
-                self.parse_failure = Some(unparsable(error));
-                return;
-            }
+        let Some(message) = parse_in_read(data, &mut self.parse_failure) else {
+            return;
         };
         let pipelines = &mut self.pipelines;
         self.router.route(lsn, &message, &mut |task, lsn, message| {
