@@ -5,8 +5,9 @@
 #   bash scripts/package.sh 15 17        those majors
 #
 # into target/packages/postgresql-<major>-pg-meili-sync_<version>-1_amd64.deb. Each holds the
-# library, the control file and every install and update script, in Debian's layout for its major
-# (/usr/lib/postgresql/<major>/lib, /usr/share/postgresql/<major>/extension), and depends on that
+# library, the control file, every install and update script and bin/pg_meili_sync_replica, in
+# Debian's layout for its major (/usr/lib/postgresql/<major>/lib and bin,
+# /usr/share/postgresql/<major>/extension), and depends on that
 # major's server package, postgresql-<major>, as PGDG's and Debian's builds of it provide. lintian
 # checks each package when it is installed, and a package with an error in it fails the script.
 #
@@ -84,9 +85,12 @@ for major in "${majors[@]}"; do
         exit 1
     fi
     libdir=$root/usr/lib/postgresql/$major/lib
+    bindir=$root/usr/lib/postgresql/$major/bin
     extdir=$root/usr/share/postgresql/$major/extension
     docdir=$root/usr/share/doc/$package
-    install -d "$libdir" "$extdir" "$docdir" "$root/DEBIAN"
+    install -d "$libdir" "$bindir" "$extdir" "$docdir" "$root/DEBIAN"
+    # The search replica's helper, beside the major's own programs (README: Managed PostgreSQL).
+    install -m 755 bin/pg_meili_sync_replica "$bindir/"
     install -m 644 "$library" "$libdir/"
     strip --strip-unneeded --remove-section=.comment --remove-section=.note "$libdir/pg_meili_sync.so"
     install -m 644 "$control" "$(dirname "$control")"/pg_meili_sync--*.sql "$extdir/"

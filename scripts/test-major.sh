@@ -55,5 +55,9 @@ e2e upgrade a_restored_dump_brings_the_tasks_back_stopped_until_they_copy_again
 e2e databases rename_and_template_copy_work_while_a_task_streams_and_a_copy_runs_none_of_its_tasks
 e2e versions the_slots_are_failover_slots_from_postgresql_17_on \
     a_failover_loses_nothing_and_the_index_never_holds_what_the_standby_lacks
+# A search replica of a stock publisher: 15 → 18 and 18 → 18 (tier 4 runs 17 → 15).
+if [ "$PG_MAJOR" = 18 ]; then
+    e2e replica a_replica_of_a_stock_postgresql_15_stays_exact a_replica_of_a_stock_postgresql_18_stays_exact
+fi
 PATH="$("$PG_CONFIG" --bindir):$PATH" cargo nextest run --cargo-profile ci -p pg_meili_sync_e2e \
     -E "${filter# | }"

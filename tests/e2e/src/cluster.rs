@@ -42,8 +42,6 @@ fn free_port() -> u16 {
 impl Cluster {
     /// initdb + start with the extension preloaded and logical WAL; `extra` adds settings.
     pub fn start(extra: &[&str]) -> Cluster {
-        let as_postgres = running_as_root();
-        let (data_dir, socket_dir) = new_directories(as_postgres);
         let mut settings: Vec<String> = [
             "shared_preload_libraries=pg_meili_sync",
             "wal_level=logical",
@@ -58,11 +56,28 @@ impl Cluster {
         .map(|s| s.to_string())
         .collect();
         settings.extend(extra.iter().map(|s| s.to_string()));
+        Self::start_from(pg_bin_dir(), settings)
+    }
+
+    /// A stock PostgreSQL from `bin_dir` (another major's, say), without the extension's library:
+    /// a publisher as a managed service runs it, with logical WAL; `extra` adds settings.
+    pub fn start_stock(bin_dir: PathBuf, extra: &[&str]) -> Cluster {
+        let settings = ["wal_level=logical", "fsync=off"]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect();
+        Self::start_from(bin_dir, settings)
+    }
+
+    fn start_from(bin_dir: PathBuf, settings: Vec<String>) -> Cluster {
+        let as_postgres = running_as_root();
+        let (data_dir, socket_dir) = new_directories(as_postgres);
         let cluster = Cluster {
             data_dir,
             socket_dir,
             port: free_port(),
-            bin_dir: pg_bin_dir(),
+            bin_dir,
             as_postgres,
             settings,
             database: std::sync::Mutex::new("postgres".to_owned()),
@@ -197,6 +212,20 @@ impl Cluster {
         } else {
             Command::new(program)
         }
+    }
+
+    /// Where the server's programs are (pg_dump, psql...).
+    pub fn bin_dir(&self) -> &Path {
+        &self.bin_dir
+    }
+
+    /// A connection string to the cluster's database `postgres` as `user`, over its socket.
+    pub fn conninfo(&self, user: &str) -> String {
+        format!(
+            "host={} port={} user={user} dbname=postgres",
+            path_str(&self.socket_dir),
+            self.port
+        )
     }
 
     fn run_pg(&self, program: &str, args: &[&str]) -> Output {
