@@ -64,9 +64,6 @@ echo "== $(date -u +%H:%M:%S) tier 0: cargo fmt --check (cargo clippy runs in th
 cargo fmt --all --check
 # The 0.1.0 library, for the upgrade test in tier 4.
 in_background library bash scripts/build-0.1.0.sh
-# The packages for 16, 17 and 18, for their tiers after tier 4: from the start, since at the lowest
-# priority they take only what the foreground leaves (the link steps and the tests' waits).
-in_background majors build_majors
 
 echo "== $(date -u +%H:%M:%S) tier 0b: the pure core crate under plain cargo test (no Postgres)"
 cargo test --profile ci -p pg_meili_sync_core
@@ -94,6 +91,9 @@ bash scripts/regress.sh
 
 echo "== $(date -u +%H:%M:%S) tier 4: end to end (three tests at a time)"
 await_background library
+# The packages for 16, 17 and 18, while tier 4 waits (their tiers follow it). Started earlier, at
+# the lowest priority all the same, they slowed the compiles of tiers 0b to 2b by 2.5 minutes.
+in_background majors build_majors
 # Three at a time: the tests mostly wait on PostgreSQL and Meilisearch, and those that measure a
 # delay run alone (.config/nextest.toml). Of the search replicas, the publisher of 17 (15 → 18
 # and 18 → 18 run in PostgreSQL 18's tier).

@@ -161,14 +161,18 @@ GRANT SELECT ON @extschema@.pg_stat_meili_sync TO pg_monitor, meili_sync_admin;
 -- Read-your-writes: true once Meilisearch confirmed, for the task, every change committed up to
 -- lsn (by default: everything this session committed), false after timeout. With replicas: on
 -- each of them ('all'), or on one ('any'; the session's searches then ask only those that have it).
+-- On a search replica, publisher_lsn is a position in the publisher's WAL (its
+-- pg_current_wal_lsn() after a commit there): true once that commit is searchable.
 CREATE FUNCTION @extschema@.meili_sync_wait(task bigint,
                                            lsn pg_catalog.pg_lsn DEFAULT pg_catalog.pg_current_wal_lsn(),
                                            timeout interval DEFAULT '30 seconds',
-                                           replicas text DEFAULT 'all')
+                                           replicas text DEFAULT 'all',
+                                           publisher_lsn pg_catalog.pg_lsn DEFAULT NULL)
 RETURNS boolean LANGUAGE sql VOLATILE
 AS $$
     SELECT @extschema@.meili_sync_wait_at($1, pg_catalog.pg_wal_lsn_diff($2, '0/0')::bigint,
-                                          pg_catalog.date_part('epoch', $3) OPERATOR(pg_catalog.*) 1000, $4)
+                                          pg_catalog.date_part('epoch', $3) OPERATOR(pg_catalog.*) 1000, $4,
+                                          pg_catalog.pg_wal_lsn_diff($5, '0/0')::bigint)
 $$;
 
 -- Every backend keeps the tasks it searched through (catalog::search_targets); these triggers
@@ -221,5 +225,5 @@ ALTER FUNCTION @extschema@.meili_search(text, text, text, jsonb, text, text) ROW
 GRANT EXECUTE ON FUNCTION @extschema@.meili_search(bigint, text, jsonb),
                           @extschema@.meili_facets(bigint, text, text[], jsonb),
                           @extschema@.meili_search_raw(bigint, jsonb),
-                          @extschema@.meili_sync_wait(bigint, pg_catalog.pg_lsn, interval, text),
-                          @extschema@.meili_sync_wait_at(bigint, bigint, double precision, text) TO PUBLIC;
+                          @extschema@.meili_sync_wait(bigint, pg_catalog.pg_lsn, interval, text, pg_catalog.pg_lsn),
+                          @extschema@.meili_sync_wait_at(bigint, bigint, double precision, text, bigint) TO PUBLIC;

@@ -1,7 +1,7 @@
 //! Searching a task's index from SQL, and waiting for a task to confirm a position.
 
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pgrx::prelude::*;
 use pgrx::JsonB;
@@ -387,13 +387,17 @@ fn meili_search_raw(task: Option<i64>, body: Option<JsonB>) -> DirectJsonb {
 /// The engine of `meili_sync_wait` (which `sql/views.sql` defines with `pg_lsn` and `interval`
 /// arguments): true once the task confirmed every change committed up to `lsn` (a WAL position
 /// in bytes), false after `timeout_ms`. A task with replicas: each of them (`replicas` 'all'),
-/// or one (`'any'`). Needs SELECT on the task's table.
+/// or one (`'any'`). With `publisher_lsn` (a search replica's task, whose table a subscription
+/// fills): first until every subscription feeding the task has applied its publisher's WAL up to
+/// there, then until the task confirmed what this server had written by then. Needs SELECT on the
+/// task's table.
 #[pg_extern(volatile, parallel_unsafe)]
 fn meili_sync_wait_at(
     task: Option<i64>,
     lsn: Option<i64>,
     timeout_ms: Option<f64>,
     replicas: Option<&str>,
+    publisher_lsn: Option<i64>,
 ) -> bool {
     let result = (|| {
         let target = readable_target(task)?;
@@ -441,11 +445,22 @@ fn meili_sync_wait_at(
         let tasks: Vec<i64> = std::iter::once(target.task_id)
             .chain(target.replicas.iter().map(|replica| replica.task_id))
             .collect();
-        let lsn = u64::try_from(lsn).unwrap_or(0);
+        let mut lsn = u64::try_from(lsn).unwrap_or(0);
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms as u64);
+        if let Some(publisher_lsn) = publisher_lsn {
+            match wait_for_subscriptions(
+                &target,
+                u64::try_from(publisher_lsn).unwrap_or(0),
+                deadline,
+            )? {
+                Some(applied_at) => lsn = lsn.max(applied_at),
+                None => return Ok(false),
+            }
+        }
         let confirmed = shmem::waiters::wait_confirmed(
             &tasks,
             lsn,
-            Duration::from_millis(timeout_ms as u64),
+            deadline.saturating_duration_since(Instant::now()),
             any,
         );
         if confirmed {
@@ -456,6 +471,40 @@ fn meili_sync_wait_at(
         Ok(confirmed)
     })();
     result.or_raise()
+}
+
+/// Waits until every subscription that feeds the task's table (or, for a view, the tables it
+/// reads) has applied its publisher's WAL up to `publisher_lsn`, and returns where this server's
+/// WAL was then: every change applied by then is before it. None when `deadline` comes first (a
+/// subscription disabled, behind, or still copying a table).
+fn wait_for_subscriptions(
+    target: &SearchTarget,
+    publisher_lsn: u64,
+    deadline: Instant,
+) -> Result<Option<u64>, SyncError> {
+    let relations = catalog::replication::relations_fed_for(target.relid)?;
+    loop {
+        let feeds = catalog::replication::subscriptions_feeding(&relations)?;
+        if feeds.is_empty() {
+            return Err(SyncError::new(
+                ErrorKind::Prerequisite,
+                format!(
+                    "no subscription feeds the table of meili_sync task {}",
+                    target.task_id
+                ),
+            )
+            .detail("publisher_lsn is a position in the WAL of the publisher a subscription copies the task's table from.")
+            .hint("Leave out publisher_lsn to wait for this server's own writes (lsn), or run the wait on the search replica the subscription fills."));
+        }
+        if feeds.iter().all(|feed| feed.has_applied(publisher_lsn)) {
+            return Ok(Some(catalog::source::wal_insert_position()?));
+        }
+        if Instant::now() >= deadline {
+            return Ok(None);
+        }
+        // The apply workers set no latch of ours: look again shortly.
+        shmem::waiters::nap(Duration::from_millis(10));
+    }
 }
 
 /// The triggers on `meili_sync.tasks` and `meili_sync.task_secrets` that keep every backend's

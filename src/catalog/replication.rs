@@ -393,6 +393,77 @@ pub fn qualified_names(relids: &[pg_sys::Oid]) -> CatalogResult<Vec<String>> {
     })
 }
 
+/// The relations a subscription may fill for a task on `relid`: the table and its partitions,
+/// or, for a view, the tables it reads and theirs.
+pub fn relations_fed_for(relid: pg_sys::Oid) -> CatalogResult<Vec<pg_sys::Oid>> {
+    let roots: Vec<pg_sys::Oid> = if super::source::relation_info(relid)?.is_view() {
+        super::view::base_tables(relid)?
+            .into_iter()
+            .map(|table| table.relid)
+            .collect()
+    } else {
+        vec![relid]
+    };
+    Spi::connect(|client| {
+        let mut relations = Vec::new();
+        for row in client.select(
+            "SELECT r.relid FROM pg_catalog.unnest($1::pg_catalog.oid[]) AS r(relid)
+             UNION
+             SELECT t.relid::pg_catalog.oid
+               FROM pg_catalog.unnest($1::pg_catalog.oid[]) AS r(relid),
+                    LATERAL pg_catalog.pg_partition_tree(r.relid) t",
+            None,
+            &[roots.into()],
+        )? {
+            if let Some(relation) = row.get::<pg_sys::Oid>(1)? {
+                relations.push(relation);
+            }
+        }
+        Ok(relations)
+    })
+}
+
+/// A subscription of this database that fills some of a task's relations, and how far it is.
+pub struct SubscriptionFeed {
+    /// Where its apply worker has applied the publisher's WAL to (the position the publisher last
+    /// reported, once what came before it was applied); None while no apply worker runs.
+    pub applied: Option<u64>,
+    /// Whether each of the task's relations it fills has finished its first copy.
+    pub ready: bool,
+}
+
+impl SubscriptionFeed {
+    pub fn has_applied(&self, publisher_lsn: u64) -> bool {
+        self.ready && self.applied.is_some_and(|applied| applied >= publisher_lsn)
+    }
+}
+
+/// The subscriptions that fill any of `relations` (pg_subscription_rel), each with how far its
+/// apply worker is (pg_stat_subscription, which every role may read).
+pub fn subscriptions_feeding(relations: &[pg_sys::Oid]) -> CatalogResult<Vec<SubscriptionFeed>> {
+    Spi::connect(|client| {
+        let rows = client.select(
+            "SELECT (SELECT (pg_catalog.max(w.latest_end_lsn) OPERATOR(pg_catalog.-) '0/0'::pg_catalog.pg_lsn)::bigint
+                       FROM pg_catalog.pg_stat_subscription w
+                      WHERE w.subid OPERATOR(pg_catalog.=) r.srsubid AND w.relid IS NULL),
+                    pg_catalog.bool_and(r.srsubstate OPERATOR(pg_catalog.=) 'r')
+               FROM pg_catalog.pg_subscription_rel r
+              WHERE r.srrelid OPERATOR(pg_catalog.=) ANY ($1::pg_catalog.oid[])
+              GROUP BY r.srsubid",
+            None,
+            &[relations.to_vec().into()],
+        )?;
+        let mut feeds = Vec::new();
+        for row in rows {
+            feeds.push(SubscriptionFeed {
+                applied: row.get::<i64>(1)?.and_then(|lsn| u64::try_from(lsn).ok()),
+                ready: row.get::<bool>(2)?.unwrap_or(false),
+            });
+        }
+        Ok(feeds)
+    })
+}
+
 pub fn drop_publication(name: &str) -> CatalogResult<()> {
     Spi::run(&format!(
         "DROP PUBLICATION IF EXISTS {}",

@@ -129,6 +129,23 @@ fn free_waiter_places_at_exit_once() {
 /// replicas; with `any`, one of them) at or past `lsn` (true) or `timeout` passes (false). The
 /// worker that publishes a confirmation sets the latch; a cancel or `statement_timeout` ends the
 /// wait with its ERROR.
+/// Sleeps `duration` on this backend's latch, and answers a cancel or a terminate at once.
+pub fn nap(duration: std::time::Duration) {
+    let millis = duration.as_millis().clamp(1, i32::MAX as u128) as i64;
+    // SAFETY: waits on this backend's own latch (MyLatch) with a timeout; WL_EXIT_ON_PM_DEATH ends
+    // the backend if the postmaster dies. The latch is reset after, as its other waits expect.
+    unsafe {
+        pg_sys::WaitLatch(
+            pg_sys::MyLatch,
+            (pg_sys::WL_LATCH_SET | pg_sys::WL_TIMEOUT | pg_sys::WL_EXIT_ON_PM_DEATH) as i32,
+            millis,
+            pg_sys::PG_WAIT_EXTENSION,
+        );
+        pg_sys::ResetLatch(pg_sys::MyLatch);
+    }
+    pgrx::check_for_interrupts!();
+}
+
 pub fn wait_confirmed(tasks: &[i64], lsn: u64, timeout: std::time::Duration, any: bool) -> bool {
     // SAFETY: MyProc is this backend's PGPROC, in shared memory at the same address everywhere.
     let latch = unsafe { &raw mut (*pg_sys::MyProc).procLatch } as usize;

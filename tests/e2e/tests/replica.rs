@@ -10,10 +10,10 @@
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pg_meili_sync_e2e::cluster::Cluster;
-use pg_meili_sync_e2e::meili::Meili;
+use pg_meili_sync_e2e::meili::{Meili, Method};
 use pg_meili_sync_e2e::{assert_no_crash, wait_for, wait_index_matches_table};
 use serde_json::json;
 
@@ -260,14 +260,57 @@ fn the_replica_stays_exact(publisher_major: u32) {
     subscriber.pg_ctl_start();
     indexes_match_the_publisher(&publisher, &meili, &subscriber, &indexes);
 
-    // The subscription disabled while writes go on, then enabled.
+    // The subscription disabled while writes go on, then enabled. Meanwhile a wait for the
+    // publisher's position times out (false), and the lag once the changes are applied counts from
+    // the publisher's commit, not from the replica's.
+    let products_task =
+        subscriber.psql("SELECT id FROM meili_sync.tasks WHERE source = 'products'::regclass");
+    // meili_sync_wait on the replica for a position in the publisher's WAL: "t" or "f".
+    let wait_for_publisher = |position: &str, timeout: &str| {
+        subscriber.psql(&format!(
+            "SELECT meili_sync_wait({products_task}, publisher_lsn => '{position}', timeout => '{timeout}')"
+        ))
+    };
     subscriber.psql("ALTER SUBSCRIPTION meili_sync_replica DISABLE");
     publisher.psql_script(
         "DELETE FROM items WHERE id > 250;
          INSERT INTO products VALUES (1003, 'while disabled', 3, '{}');",
     );
+    let committed = Instant::now();
+    let position = publisher.psql("SELECT pg_current_wal_lsn()");
+    assert_eq!(
+        wait_for_publisher(&position, "1 second"),
+        "f",
+        "a wait for a position the disabled subscription never applied must time out"
+    );
+    std::thread::sleep(Duration::from_secs(4).saturating_sub(committed.elapsed()));
+    let stalled = meili.can_go_down();
+    if stalled {
+        meili.freeze();
+    }
     subscriber.psql("ALTER SUBSCRIPTION meili_sync_replica ENABLE");
+    wait_for("the subscription to apply row 1003", CONVERGE, || {
+        (subscriber.psql("SELECT count(*) FROM products WHERE id = 1003") == "1").then_some(())
+    });
+    let applied = Instant::now();
+    if stalled {
+        let lag = wait_for("the task's lag while Meilisearch is down", CONVERGE, || {
+            subscriber
+                .status(products_task.parse().unwrap_or(0))
+                .get("lag_seconds")
+                .and_then(|lag| lag.parse::<f64>().ok())
+                .filter(|lag| *lag > 0.0)
+        });
+        let since_commit = committed.elapsed().as_secs_f64();
+        let since_apply = applied.elapsed().as_secs_f64();
+        assert!(
+            lag > since_apply + 2.0 && lag <= since_commit + 1.0,
+            "the lag ({lag} s) must count from the publisher's commit ({since_commit:.1} s ago), not from the replica's ({since_apply:.1} s ago)"
+        );
+        meili.thaw();
+    }
     indexes_match_the_publisher(&publisher, &meili, &subscriber, &indexes);
+    assert_eq!(wait_for_publisher(&position, "30 seconds"), "t");
 
     // A column added on both sides, the subscriber first; then TRUNCATE and new rows.
     subscriber.psql("ALTER TABLE products ADD COLUMN stock int");
@@ -302,6 +345,37 @@ fn the_replica_stays_exact(publisher_major: u32) {
     publisher.psql("INSERT INTO reviews VALUES (81, 1, 'after the refresh')");
     wait_index_matches_table(&publisher, &meili, &indexes.reviews, "reviews", CONVERGE);
     indexes_match_the_publisher(&publisher, &meili, &subscriber, &indexes);
+    // Read-your-writes across the managed boundary: a commit on the publisher, its position there,
+    // the wait on the replica, and the index has the change at once; 30 times out of 30.
+    for round in 0..30 {
+        let id = 5000 + round / 2;
+        if round % 2 == 0 {
+            publisher.psql(&format!(
+                "INSERT INTO products (id, name, price, tags, stock) VALUES ({id}, 'written {round}', {round}, '{{}}', 1)"
+            ));
+        } else {
+            publisher.psql(&format!(
+                "UPDATE products SET name = 'written {round}' WHERE id = {id}"
+            ));
+        }
+        let position = publisher.psql("SELECT pg_current_wal_lsn()");
+        assert_eq!(
+            wait_for_publisher(&position, "30 seconds"),
+            "t",
+            "round {round}: the wait timed out"
+        );
+        let (status, document) = meili.request(
+            Method::GET,
+            &format!("/indexes/{}/documents/{id}", indexes.products),
+            None,
+        );
+        assert_eq!(
+            (status, document["name"].clone()),
+            (200, json!(format!("written {round}"))),
+            "round {round}: the index lacks the write the wait returned for: {document}"
+        );
+    }
+
     // No task stopped on the way.
     let failed = wait_for("every task in a running state", CONVERGE, || {
         let states =

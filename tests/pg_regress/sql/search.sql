@@ -34,6 +34,10 @@ SELECT meili_sync_wait(:task, timeout => '-1 second');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
 SELECT meili_sync_wait(:task, timeout => '2 days');
 \echo SQLSTATE :LAST_ERROR_SQLSTATE
+-- A publisher's position is for a search replica, whose table a subscription fills: this one's
+-- is filled by none.
+SELECT meili_sync_wait(:task, timeout => '0', publisher_lsn => '0/1');
+\echo SQLSTATE :LAST_ERROR_SQLSTATE
 -- The search key is a secret like the api_key: in task_secrets only.
 SELECT count(*) AS search_keys FROM meili_sync.task_secrets WHERE search_api_key = 'search-only-k3y';
 SELECT count(*) AS keys_in_options FROM meili_sync.tasks WHERE options::text LIKE '%search-only-k3y%';
