@@ -279,10 +279,19 @@ fn a_restored_dump_brings_the_tasks_back_stopped_until_they_copy_again() {
         .arg(&dump)
         .output()
         .expect("pg_restore");
+    // The target's launcher may make the shared publication (named after the tasks table's OID,
+    // the same in both fresh clusters) before pg_restore gets to the dumped one: those two errors
+    // are harmless, as docs/operations.md says (the publication is ours either way). Any other
+    // error fails the restore.
+    let errors = String::from_utf8_lossy(&restored.stderr).into_owned();
+    let other_errors: Vec<&str> = errors
+        .lines()
+        .filter(|line| line.contains("error:"))
+        .filter(|line| !(line.contains("publication \"meili_sync_") && line.contains("_shared\"")))
+        .collect();
     assert!(
-        restored.status.success(),
-        "pg_restore: {}",
-        String::from_utf8_lossy(&restored.stderr)
+        restored.status.success() || other_errors.is_empty(),
+        "pg_restore: {errors}"
     );
     for task in [own, shared] {
         let status = target.wait_error(task, CONVERGE);
