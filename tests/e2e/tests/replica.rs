@@ -215,6 +215,19 @@ fn the_replica_stays_exact(publisher_major: u32) {
         assert_eq!(made_on(&subscriber), "0 tables, 0 tasks, 0 subscriptions");
     }
 
+    // A trap for the helper, which runs as the subscriber's superuser: a role that may create in
+    // the extension's schema plants a meili_sync_start matching text arguments better than the
+    // real one, which would record who called it. It must never run.
+    subscriber.psql_script(
+        "CREATE ROLE mallory LOGIN;
+         GRANT CREATE ON SCHEMA public TO mallory;
+         CREATE TABLE public.trap_calls (caller text);
+         ALTER TABLE public.trap_calls OWNER TO mallory;
+         SET ROLE mallory;
+         CREATE FUNCTION public.meili_sync_start(text, text, text) RETURNS bigint LANGUAGE sql
+             AS 'INSERT INTO public.trap_calls SELECT current_user; SELECT 0::bigint';
+         RESET ROLE;",
+    );
     // The replica: definitions, tasks and the subscription, then a view task over two tables.
     let made = setup(&[&products, "public.brands", &items]);
     assert!(
@@ -224,12 +237,20 @@ fn the_replica_stays_exact(publisher_major: u32) {
         text(&made.stderr)
     );
     assert!(text(&made.stdout).contains("subscription \"meili_sync_replica\" created"));
+    assert_eq!(
+        subscriber.psql(
+            "SELECT (SELECT count(*) FROM public.trap_calls) || ' trap calls, '
+                 || (SELECT count(*) FROM meili_sync.tasks) || ' tasks'"
+        ),
+        "0 trap calls, 3 tasks",
+        "the helper called the planted function instead of the extension's"
+    );
     subscriber.psql(
         "CREATE VIEW item_docs AS
              SELECT i.id, i.title, b.name AS brand FROM public.items i JOIN public.brands b ON b.id = i.brand_id",
     );
     subscriber.psql(&format!(
-        "SELECT meili_sync_start('item_docs', '{}', '{}')",
+        "SELECT meili_sync_start('item_docs'::regclass, '{}', '{}'::jsonb)",
         indexes.item_docs,
         meili.options(json!({
             "primary_key": "id",
